@@ -1,0 +1,2 @@
+// (placeholder translation unit so the base library is never empty)
+namespace shardgpt {}

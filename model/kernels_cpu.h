@@ -1,0 +1,71 @@
+// CPU kernels of the GPT forward and backward pass (fp32).
+//
+// Each kernel's forward sits next to its backward, with mirrored signatures (outputs,
+// inputs, weights, sizes; the backward puts its d-prefixed gradients first). Backward
+// kernels ACCUMULATE into parameter gradients (dw, db: +=) and into activation gradients
+// (dinp: +=) unless the comment says "writes"; callers zero gradient buffers explicitly.
+//
+// Dimension letters, used in every shape comment:
+//   B batch, T sequence length, C channels (n_embd), NH heads, hs = C/NH head size,
+//   V real vocabulary, Vp padded vocabulary (multiple of 128), N = B*T rows, OC out channels.
+//
+// Threading: kernels use OpenMP over the rows; matmuls use OpenBLAS cblas_sgemm with its
+// own thread pool. Both are sized by SetComputeThreads() so they never oversubscribe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace shardgpt {
+
+// Sets the OpenMP and OpenBLAS thread counts used by all kernels (>= 1).
+void SetComputeThreads(int threads);
+int ComputeThreads();
+
+// out[B,T,C] = wte[tokens[b,t], :] + wpe[t, :]
+void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C);
+// dwte[tokens[b,t], :] += dout[b,t,:];  dwpe[t,:] += sum_b dout[b,t,:]
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C);
+
+// y = (x - mean) * rstd * w + b over the last dim. out[N,C]; mean, rstd [N] (saved for backward).
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N, int C);
+// dinp[N,C] +=, dw[C] +=, db[C] += ; fused: one pass over each row.
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                        const float* mean, const float* rstd, int N, int C);
+
+// out[N,OC] = inp[N,C] @ w[OC,C]^T + bias[OC]   (bias may be null)
+void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C, int OC);
+// dinp[N,C] += dout @ w;  dw[OC,C] += dout^T @ inp;  dbias[OC] += sum_n dout (dbias may be null;
+// dinp may be null when the input gradient is not needed).
+void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+                     int N, int C, int OC);
+
+// Causal multi-head self-attention, memory O(B*T*C + B*NH*T), not O(B*NH*T*T):
+// scores are recomputed in backward from the saved per-row log-sum-exp (flash-attention style).
+// qkv[B,T,3C] holds q, k, v for each position (in that order, heads contiguous within each).
+// out[B,T,C] (writes), lse[B,NH,T] (writes). scale = 1/sqrt(hs).
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+// dqkv[B,T,3C] +=; needs the forward's out and lse.
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                        int B, int T, int C, int NH);
+
+// GELU, tanh approximation: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+void gelu_forward(float* out, const float* inp, size_t n);
+// dinp[n] += dout * gelu'(inp)
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
+
+// out[n] = a + b  (writes)
+void residual_forward(float* out, const float* a, const float* b, size_t n);
+// da += dout; db += dout
+void residual_backward(float* da, float* db, const float* dout, size_t n);
+
+// Fused softmax + cross-entropy over the real vocabulary V of logits[N,Vp] (padded columns
+// [V,Vp) are ignored: they never win and never get probability).
+// losses[n] (writes) = -log softmax(logits[n])[targets[n]].
+// If dloss_scale != 0, logits are overwritten IN PLACE by the gradient of
+// (dloss_scale * sum_n losses[n]): (softmax - onehot) * dloss_scale, padded columns set to 0.
+// Returns sum_n losses[n] in double.
+double crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+                            float dloss_scale);
+
+}  // namespace shardgpt
