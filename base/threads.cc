@@ -1,2 +1,0 @@
-// (placeholder translation unit so the base library is never empty)
-namespace shardgpt {}
