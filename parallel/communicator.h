@@ -1,0 +1,236 @@
+// Communicator: the one interface through which the engine talks to other ranks
+// (all-reduce, reduce-scatter, all-gather, broadcast, plus a few blocking control helpers),
+// like PyTorch's ProcessGroup. MpiCommunicator (parallel/mpi_communicator.h) implements it
+// over host memory; a NCCL communicator for the CUDA backend implements the same interface,
+// so the engine does not change. Not here: sharding plans, bucketing, topology.
+//
+// Rank contract. Every method below is COLLECTIVE: every rank of the communicator calls it,
+// in the same order, with matching arguments (same count, dtype, op and root). A rank that
+// skips a call, or calls in another order, makes the others wait forever; nothing here can
+// detect that. Argument checks that fail (bad root, null buffer, count too large) make the
+// returned Work complete at once with an error and send nothing; they are meant to fail on
+// every rank alike.
+//
+// Threading contract (asynchronous collectives and their order).
+//  - AllReduce / ReduceScatter / AllGather / Broadcast return at once with a Work handle;
+//    the collective runs later. All of them are executed strictly in CALL ORDER, one at a
+//    time: the communicator owns a single FIFO of work. A Work that is complete implies all
+//    earlier Works of the same communicator are complete.
+//  - Completion of a Work (Wait() returned, or IsCompleted() returned true) means the output
+//    buffer is final and may be read, and the input buffer may be reused. Until then the
+//    caller must keep every buffer alive, must not write the input and must not read or write
+//    the output. Buffers are owned by the caller; the communicator never frees them.
+//  - Barrier, AllTrue and AllReduceScalar block the caller, and go through the same FIFO:
+//    they return after every collective queued before them has completed.
+//  - IsCompleted() never calls the communication library from the calling thread; it only
+//    reads a flag. So the caller can compute while the collective progresses.
+//  - A communicator is driven by ONE caller thread (or by callers that serialise their calls
+//    themselves): the queue is thread-safe, but the ledger is not, and the call order across
+//    ranks must be well defined anyway.
+//  - CPU (MpiCommunicator): one communication thread per communicator runs the FIFO with
+//    blocking MPI calls, which is what makes collectives progress while the caller computes
+//    (MPI's nonblocking collectives only progress inside MPI calls). NCCL maps the same FIFO
+//    onto its own CUDA stream: launching enqueues the kernel on the comm stream after an
+//    event recorded on the compute stream (the buffers' producer), and the Work is a CUDA
+//    event recorded after it; Wait() makes the compute stream wait on that event, and
+//    IsCompleted() is cudaEventQuery. Stream order gives the same in-call-order guarantee.
+//
+// Ring-model accounting (CommLedger). Every collective is counted at ENQUEUE time in the
+// caller's ledger: one call, plus the bytes this rank SENDS under a ring algorithm, with the
+// (N-1)/N factor included, N = world size (N = 1 sends nothing). With e = element size
+// (fp32 4, bf16 2) and the count argument of the call:
+//   all_reduce(count)          2*(N-1)*count/N elements   (reduce-scatter + all-gather ring)
+//   reduce_scatter(recv_count) (N-1)*recv_count elements  (= (N-1)*S/N, S = N*recv_count*e)
+//   all_gather(send_count)     (N-1)*send_count elements  (= (N-1)*S/N, S = N*send_count*e)
+//   broadcast(count)           (N-1)*count/N elements     (pipelined ring: N-1 ranks forward
+//                                                          S bytes; this is the per-rank mean)
+// Integer arithmetic on element counts; a division by N rounds DOWN to whole elements, then
+// the result is multiplied by e. Reduce-scatter and all-gather are exact. For all-reduce and
+// broadcast the floor is the per-rank mean of the exact ring total (the total over ranks is
+// exactly 2*(N-1)*count resp. (N-1)*count elements); it loses less than one element per call,
+// and nothing when N divides count (as for padded shards). Counted bytes are the model, not
+// what the MPI library happens to send; the engine compares them with the seed's 4Psi / 6Psi
+// formulas. Control traffic (Barrier, AllTrue, AllReduceScalar) is kept apart in
+// `control`, counted as raw payload bytes per call (0, sizeof(int), sizeof(double)), so the
+// big-collective totals stay exactly comparable with the formulas.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "base/status.h"
+
+namespace shardgpt {
+
+// Element types a collective moves. bf16 travels as raw uint16_t bits (parallel/bf16.h).
+enum class DType { kF32, kBF16 };
+inline size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+inline const char* DTypeName(DType t) { return t == DType::kF32 ? "f32" : "bf16"; }
+
+// kAvg = sum over ranks divided by the world size. For bf16 the sum is accumulated pairwise
+// with each partial sum rounded to bf16 (RNE), then divided in fp32 and rounded once more.
+// Rounding of avg is backend-specific (NCCL pre-multiplies by 1/N), but within one run every
+// rank gets the same bits.
+enum class ReduceOp { kSum, kAvg };
+
+enum class CollKind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kCount };
+constexpr size_t kNumCollKinds = static_cast<size_t>(CollKind::kCount);
+
+// "all_reduce", "reduce_scatter", "all_gather", "broadcast".
+inline const char* CollKindName(CollKind kind) {
+  switch (kind) {
+    case CollKind::kAllReduce: return "all_reduce";
+    case CollKind::kReduceScatter: return "reduce_scatter";
+    case CollKind::kAllGather: return "all_gather";
+    case CollKind::kBroadcast: return "broadcast";
+    case CollKind::kCount: break;
+  }
+  return "unknown";
+}
+
+// Per-rank traffic counters, by collective kind (ring model, see the header comment).
+// Not thread-safe: updated by the calling thread when a collective is enqueued.
+struct CommLedger {
+  struct Counter {
+    uint64_t bytes_sent = 0;
+    uint64_t calls = 0;
+  };
+  std::array<Counter, kNumCollKinds> kinds{};
+  Counter control;  // Barrier / AllTrue / AllReduceScalar: raw payload bytes, not ring-model.
+
+  const Counter& operator[](CollKind k) const { return kinds[static_cast<size_t>(k)]; }
+  void Add(CollKind k, uint64_t bytes) {
+    Counter& c = kinds[static_cast<size_t>(k)];
+    c.bytes_sent += bytes;
+    c.calls += 1;
+  }
+  void AddControl(uint64_t bytes) {
+    control.bytes_sent += bytes;
+    control.calls += 1;
+  }
+  void Reset() { *this = CommLedger(); }
+  // Sum over the four big collectives; control traffic excluded.
+  Counter Total() const {
+    Counter t;
+    for (const Counter& c : kinds) {
+      t.bytes_sent += c.bytes_sent;
+      t.calls += c.calls;
+    }
+    return t;
+  }
+  // One line per kind with calls and bytes, then total and control.
+  std::string ToString() const {
+    std::string out;
+    auto line = [&out](const char* name, const Counter& c) {
+      out += std::string(name) + ": calls=" + std::to_string(c.calls) +
+             " bytes_sent=" + std::to_string(c.bytes_sent) + "\n";
+    };
+    for (size_t k = 0; k < kNumCollKinds; ++k) line(CollKindName(static_cast<CollKind>(k)), kinds[k]);
+    line("total", Total());
+    line("control", control);
+    return out;
+  }
+
+  // Bytes one rank sends for one collective of `kind` with the call's count argument (the
+  // formula table above). Pure; also used by tests and the engine's traffic check.
+  static uint64_t RingBytes(CollKind kind, uint64_t count, DType dtype, int world) {
+    if (world <= 1) return 0;
+    const uint64_t n = static_cast<uint64_t>(world);
+    uint64_t elems = 0;
+    switch (kind) {
+      case CollKind::kAllReduce: elems = 2 * (n - 1) * count / n; break;
+      case CollKind::kReduceScatter: elems = (n - 1) * count; break;
+      case CollKind::kAllGather: elems = (n - 1) * count; break;
+      case CollKind::kBroadcast: elems = (n - 1) * count / n; break;
+      case CollKind::kCount: break;
+    }
+    return elems * DTypeSize(dtype);
+  }
+  // nccl-tests' bus-bandwidth factor: busbw = algbw * factor, algbw = S / time, S being the
+  // all-reduce buffer, the reduce-scatter input / all-gather output of all ranks, or the
+  // broadcast buffer. all_reduce 2(N-1)/N, reduce_scatter and all_gather (N-1)/N, broadcast 1.
+  static double BusBandwidthFactor(CollKind kind, int world) {
+    const double n = world;
+    switch (kind) {
+      case CollKind::kAllReduce: return 2.0 * (n - 1) / n;
+      case CollKind::kReduceScatter:
+      case CollKind::kAllGather: return (n - 1) / n;
+      case CollKind::kBroadcast: return 1.0;
+      case CollKind::kCount: break;
+    }
+    return 0.0;
+  }
+};
+
+// Handle to one queued collective. Shared by the caller and the communicator; may outlive
+// the communicator (it is complete by then).
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the collective is complete (output final). Safe to call more than once.
+  virtual void Wait() = 0;
+  // Non-blocking; never calls the communication library from the calling thread.
+  virtual bool IsCompleted() = 0;
+  // The outcome. Blocks until complete, then returns OK or the error (an MPI error string,
+  // or a refused argument). After an error the output buffer's content is unspecified.
+  virtual Status status() {
+    Wait();
+    return Status::OK();
+  }
+};
+
+// A Work that is complete from the start: the result of a refused call, or of a backend
+// that finishes synchronously.
+class CompletedWork final : public Work {
+ public:
+  explicit CompletedWork(Status s = Status::OK()) : status_(std::move(s)) {}
+  void Wait() override {}
+  bool IsCompleted() override { return true; }
+  Status status() override { return status_; }
+
+ private:
+  Status status_;
+};
+
+// See the header comment for the rank and threading contracts; every method is collective.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+
+  // In place: buf holds count elements; afterwards every rank holds the reduction.
+  virtual std::shared_ptr<Work> AllReduce(void* buf, size_t count, DType dtype, ReduceOp op) = 0;
+  // send holds world*recv_count elements (block b = elements [b*recv_count, (b+1)*recv_count));
+  // rank r receives in recv the reduction over ranks of block r. recv may lie inside send.
+  virtual std::shared_ptr<Work> ReduceScatter(const void* send, void* recv, size_t recv_count,
+                                              DType dtype, ReduceOp op) = 0;
+  // recv holds world*send_count elements; block r comes from rank r. send may be exactly
+  // rank r's block of recv (in place, as an FSDP flat buffer holding its own shard); any other
+  // overlap is refused.
+  virtual std::shared_ptr<Work> AllGather(const void* send, void* recv, size_t send_count,
+                                          DType dtype) = 0;
+  // buf holds count elements; afterwards every rank holds root's.
+  virtual std::shared_ptr<Work> Broadcast(void* buf, size_t count, DType dtype, int root) = 0;
+
+  // Blocking: returns when all ranks have entered it and all earlier work is complete.
+  virtual Status Barrier() = 0;
+  // Blocking agreement helpers for errors: every rank gets the same answer. AllTrue is the
+  // logical AND over ranks (false if the communication itself fails). AllReduceScalar is a
+  // sum or mean over ranks of one double (grad norm, loss); NaN if the communication fails.
+  virtual bool AllTrue(bool local) = 0;
+  virtual double AllReduceScalar(double value, ReduceOp op) = 0;
+
+  // This rank's traffic counters. Reset it whenever a measurement starts.
+  virtual CommLedger& ledger() = 0;
+};
+
+}  // namespace shardgpt

@@ -1,0 +1,305 @@
+// MpiCommunicator: one FIFO, one communication thread, blocking MPI calls (see the header).
+#include "parallel/mpi_communicator.h"
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "parallel/bf16.h"
+
+namespace shardgpt {
+
+// Completion flag plus outcome, set once by the communication thread.
+class MpiWork final : public Work {
+ public:
+  void Wait() override {
+    if (done_.load(std::memory_order_acquire)) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return done_.load(std::memory_order_acquire); });
+  }
+  // Only reads the flag: never touches MPI. The release/acquire pair makes the output
+  // buffer written by the communication thread visible to the caller.
+  bool IsCompleted() override { return done_.load(std::memory_order_acquire); }
+  Status status() override {
+    Wait();
+    return status_;  // written before done_ was released, never after
+  }
+  void Complete(Status s) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      status_ = std::move(s);
+      done_.store(true, std::memory_order_release);
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<bool> done_{false};
+  Status status_;
+};
+
+namespace {
+
+// MPI counts are int: all-reduce and broadcast are split into chunks of this many elements.
+constexpr size_t kMaxChunk = size_t{1} << 30;
+
+Status MpiError(int rc, const char* call) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = 0;
+  return Status::Internal(std::string(call) + " failed: " +
+                          (len > 0 ? std::string(text, len) : "MPI error " + std::to_string(rc)));
+}
+
+// Converts an MPI error code to a Status at the call.
+#define SHARDGPT_MPI_CALL(call, name)                   \
+  do {                                                  \
+    int _rc = (call);                                   \
+    if (_rc != MPI_SUCCESS) return MpiError(_rc, name); \
+  } while (0)
+
+MPI_Datatype MpiType(DType dtype) { return dtype == DType::kF32 ? MPI_FLOAT : MPI_UINT16_T; }
+
+// User-defined reduction for bf16 bits: inout[i] = bf16(fp32(in[i]) + fp32(inout[i])).
+// Commutative (fp32 addition is), so MPI may use any tree.
+void Bf16Sum(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  const int n = *len;
+  for (int i = 0; i < n; ++i) b[i] = FloatToBf16(Bf16ToFloat(a[i]) + Bf16ToFloat(b[i]));
+}
+
+// kAvg after a sum: divide by the world size. Division (not a multiply by 1/N) is exact
+// whenever the quotient is representable.
+void DivideInPlace(void* buf, size_t count, DType dtype, int world) {
+  const float n = static_cast<float>(world);
+  if (dtype == DType::kF32) {
+    float* p = static_cast<float*>(buf);
+    for (size_t i = 0; i < count; ++i) p[i] /= n;
+  } else {
+    uint16_t* p = static_cast<uint16_t*>(buf);
+    for (size_t i = 0; i < count; ++i) p[i] = FloatToBf16(Bf16ToFloat(p[i]) / n);
+  }
+}
+
+bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a);
+  const auto y = reinterpret_cast<uintptr_t>(b);
+  return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
+}
+
+std::shared_ptr<Work> Refused(std::string msg) {
+  return std::make_shared<CompletedWork>(Status::InvalidArgument(std::move(msg)));
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(MPI_Comm comm) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) {
+    return Status::Internal("MpiCommunicator: MPI is not initialised (call MPI_Init_thread first)");
+  }
+  int provided = MPI_THREAD_SINGLE;
+  SHARDGPT_MPI_CALL(MPI_Query_thread(&provided), "MPI_Query_thread");
+  if (provided < MPI_THREAD_SERIALIZED) {
+    return Status::Internal(
+        "MpiCommunicator: MPI thread level " + std::to_string(provided) +
+        " is too low; the communication thread needs MPI_THREAD_SERIALIZED (" +
+        std::to_string(MPI_THREAD_SERIALIZED) + ") or better from MPI_Init_thread");
+  }
+  if (comm == MPI_COMM_NULL) return Status::InvalidArgument("MpiCommunicator: MPI_COMM_NULL");
+  MPI_Comm dup = MPI_COMM_NULL;
+  SHARDGPT_MPI_CALL(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup");
+  // Errors come back as codes and become Status, instead of aborting the job.
+  MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+  int rank = 0;
+  int world = 0;
+  MPI_Comm_rank(dup, &rank);
+  MPI_Comm_size(dup, &world);
+  MPI_Op op = MPI_OP_NULL;
+  int rc = MPI_Op_create(&Bf16Sum, /*commute=*/1, &op);
+  if (rc != MPI_SUCCESS) {
+    MPI_Comm_free(&dup);
+    return MpiError(rc, "MPI_Op_create");
+  }
+  return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(dup, rank, world, op));
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, int rank, int world, MPI_Op bf16_sum)
+    : comm_(comm), rank_(rank), world_(world), bf16_sum_(bf16_sum) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_one();
+  thread_.join();  // Loop() drains the queue before it returns
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) {
+    MPI_Op_free(&bf16_sum_);
+    MPI_Comm_free(&comm_);
+  }
+}
+
+void MpiCommunicator::Loop() {
+  for (;;) {
+    Item item;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop requested and nothing left
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    item.work->Complete(item.task());
+  }
+}
+
+std::shared_ptr<Work> MpiCommunicator::Enqueue(Task task) {
+  auto work = std::make_shared<MpiWork>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(Item{std::move(task), work});
+  }
+  cv_.notify_one();
+  return work;
+}
+
+MPI_Op MpiCommunicator::SumOp(DType dtype) const { return dtype == DType::kF32 ? MPI_SUM : bf16_sum_; }
+
+std::shared_ptr<Work> MpiCommunicator::AllReduce(void* buf, size_t count, DType dtype, ReduceOp op) {
+  if (count > 0 && buf == nullptr) return Refused("AllReduce: null buffer with count " + std::to_string(count));
+  ledger_.Add(CollKind::kAllReduce, CommLedger::RingBytes(CollKind::kAllReduce, count, dtype, world_));
+  return Enqueue([this, buf, count, dtype, op]() -> Status {
+    char* p = static_cast<char*>(buf);
+    const size_t esize = DTypeSize(dtype);
+    size_t done = 0;
+    do {  // at least one call, so count 0 is a real (empty) collective on every rank
+      const size_t n = std::min(kMaxChunk, count - done);
+      SHARDGPT_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, p + done * esize, static_cast<int>(n), MpiType(dtype),
+                                      SumOp(dtype), comm_),
+                        "MPI_Allreduce");
+      done += n;
+    } while (done < count);
+    if (op == ReduceOp::kAvg && world_ > 1) DivideInPlace(buf, count, dtype, world_);
+    return Status::OK();
+  });
+}
+
+std::shared_ptr<Work> MpiCommunicator::ReduceScatter(const void* send, void* recv, size_t recv_count,
+                                                     DType dtype, ReduceOp op) {
+  if (recv_count > static_cast<size_t>(INT_MAX)) {
+    return Refused("ReduceScatter: recv_count " + std::to_string(recv_count) + " exceeds INT_MAX");
+  }
+  if (recv_count > 0 && (send == nullptr || recv == nullptr)) {
+    return Refused("ReduceScatter: null buffer with recv_count " + std::to_string(recv_count));
+  }
+  ledger_.Add(CollKind::kReduceScatter,
+              CommLedger::RingBytes(CollKind::kReduceScatter, recv_count, dtype, world_));
+  return Enqueue([this, send, recv, recv_count, dtype, op]() -> Status {
+    const size_t esize = DTypeSize(dtype);
+    const size_t recv_bytes = recv_count * esize;
+    // MPI forbids aliasing send and recv (its MPI_IN_PLACE means something else here), so
+    // a recv inside send goes through a temporary.
+    const bool alias = Overlaps(send, recv_bytes * world_, recv, recv_bytes);
+    std::vector<char> tmp(alias ? recv_bytes : 0);
+    void* out = alias ? tmp.data() : recv;
+    SHARDGPT_MPI_CALL(MPI_Reduce_scatter_block(send, out, static_cast<int>(recv_count), MpiType(dtype),
+                                               SumOp(dtype), comm_),
+                      "MPI_Reduce_scatter_block");
+    if (alias) std::memcpy(recv, tmp.data(), recv_bytes);
+    if (op == ReduceOp::kAvg && world_ > 1) DivideInPlace(recv, recv_count, dtype, world_);
+    return Status::OK();
+  });
+}
+
+std::shared_ptr<Work> MpiCommunicator::AllGather(const void* send, void* recv, size_t send_count, DType dtype) {
+  if (send_count > static_cast<size_t>(INT_MAX)) {
+    return Refused("AllGather: send_count " + std::to_string(send_count) + " exceeds INT_MAX");
+  }
+  if (send_count > 0 && (send == nullptr || recv == nullptr)) {
+    return Refused("AllGather: null buffer with send_count " + std::to_string(send_count));
+  }
+  const size_t esize = DTypeSize(dtype);
+  const void* own_block = static_cast<const char*>(recv) + static_cast<size_t>(rank_) * send_count * esize;
+  const bool in_place = send_count > 0 && send == own_block;
+  if (!in_place && Overlaps(send, send_count * esize, recv, send_count * esize * world_)) {
+    return Refused("AllGather: send overlaps recv but is not this rank's block of it");
+  }
+  ledger_.Add(CollKind::kAllGather, CommLedger::RingBytes(CollKind::kAllGather, send_count, dtype, world_));
+  return Enqueue([this, send, recv, send_count, dtype, in_place]() -> Status {
+    const MPI_Datatype type = MpiType(dtype);
+    const int n = static_cast<int>(send_count);
+    SHARDGPT_MPI_CALL(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, type, recv, n, type, comm_),
+                      "MPI_Allgather");
+    return Status::OK();
+  });
+}
+
+std::shared_ptr<Work> MpiCommunicator::Broadcast(void* buf, size_t count, DType dtype, int root) {
+  if (root < 0 || root >= world_) {
+    return Refused("Broadcast: root " + std::to_string(root) + " outside [0, " + std::to_string(world_) + ")");
+  }
+  if (count > 0 && buf == nullptr) return Refused("Broadcast: null buffer with count " + std::to_string(count));
+  ledger_.Add(CollKind::kBroadcast, CommLedger::RingBytes(CollKind::kBroadcast, count, dtype, world_));
+  return Enqueue([this, buf, count, dtype, root]() -> Status {
+    char* p = static_cast<char*>(buf);
+    const size_t esize = DTypeSize(dtype);
+    size_t done = 0;
+    do {
+      const size_t n = std::min(kMaxChunk, count - done);
+      SHARDGPT_MPI_CALL(MPI_Bcast(p + done * esize, static_cast<int>(n), MpiType(dtype), root, comm_), "MPI_Bcast");
+      done += n;
+    } while (done < count);
+    return Status::OK();
+  });
+}
+
+Status MpiCommunicator::Barrier() {
+  ledger_.AddControl(0);
+  auto work = Enqueue([this]() -> Status {
+    SHARDGPT_MPI_CALL(MPI_Barrier(comm_), "MPI_Barrier");
+    return Status::OK();
+  });
+  return work->status();
+}
+
+bool MpiCommunicator::AllTrue(bool local) {
+  ledger_.AddControl(sizeof(int));
+  int value = local ? 1 : 0;
+  Status s = Enqueue([this, &value]() -> Status {
+               SHARDGPT_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_LAND, comm_),
+                                 "MPI_Allreduce(AllTrue)");
+               return Status::OK();
+             })->status();
+  return s.ok() && value != 0;
+}
+
+double MpiCommunicator::AllReduceScalar(double value, ReduceOp op) {
+  ledger_.AddControl(sizeof(double));
+  double v = value;
+  Status s = Enqueue([this, &v]() -> Status {
+               SHARDGPT_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, comm_),
+                                 "MPI_Allreduce(AllReduceScalar)");
+               return Status::OK();
+             })->status();
+  if (!s.ok()) return std::nan("");
+  return op == ReduceOp::kAvg ? v / world_ : v;
+}
+
+}  // namespace shardgpt

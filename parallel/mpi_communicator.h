@@ -1,0 +1,88 @@
+// MpiCommunicator: the Communicator of the CPU backend, over host memory with MPI.
+//
+// Every call (collective or blocking helper) is queued, in call order, to ONE communication
+// thread owned by this object, which runs it with a blocking MPI call (MPI_Allreduce,
+// MPI_Reduce_scatter_block, MPI_Allgather, MPI_Bcast, MPI_Barrier). That thread is what makes
+// a collective progress while the caller computes. It sleeps on a condition variable when
+// the queue is empty (no busy spin); inside an MPI call, Open MPI itself may poll.
+//
+// MPI use: the communicator duplicates the given MPI_Comm (so its traffic never matches
+// anyone else's messages) and, after construction, calls MPI only from its thread, one call
+// at a time. That needs MPI_THREAD_SERIALIZED or better; Create() refuses less. Other code
+// may call MPI on its own communicators from other threads only if MPI was initialised with
+// MPI_THREAD_MULTIPLE (under SERIALIZED it must not while work is queued here).
+//
+// bf16: MPI has no bf16 type, so bf16 buffers travel as MPI_UINT16_T and are reduced by a
+// user-defined commutative MPI_Op that widens to fp32, adds and rounds back (RNE).
+// kAvg divides the sum by the world size in the communication thread, after the MPI call.
+//
+// Lifetime: create after MPI_Init_thread and destroy before MPI_Finalize. The destructor
+// runs what is still queued (so remote ranks are not left waiting), then joins the thread;
+// like every call it is collective. Not copyable; owned by the caller of Create().
+#pragma once
+
+#include <mpi.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "base/status.h"
+#include "parallel/communicator.h"
+
+namespace shardgpt {
+
+class MpiWork;
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Collective over `comm`. Errors: MPI not initialised, thread level below
+  // MPI_THREAD_SERIALIZED, MPI_COMM_NULL, or a failing MPI call (message names it).
+  static StatusOr<std::unique_ptr<MpiCommunicator>> Create(MPI_Comm comm);
+  ~MpiCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+
+  std::shared_ptr<Work> AllReduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
+  std::shared_ptr<Work> ReduceScatter(const void* send, void* recv, size_t recv_count, DType dtype,
+                                      ReduceOp op) override;
+  std::shared_ptr<Work> AllGather(const void* send, void* recv, size_t send_count,
+                                  DType dtype) override;
+  std::shared_ptr<Work> Broadcast(void* buf, size_t count, DType dtype, int root) override;
+
+  Status Barrier() override;
+  bool AllTrue(bool local) override;
+  double AllReduceScalar(double value, ReduceOp op) override;
+
+  CommLedger& ledger() override { return ledger_; }
+
+ private:
+  using Task = std::function<Status()>;  // runs on the communication thread
+  struct Item {
+    Task task;
+    std::shared_ptr<MpiWork> work;
+  };
+
+  MpiCommunicator(MPI_Comm comm, int rank, int world, MPI_Op bf16_sum);
+  std::shared_ptr<Work> Enqueue(Task task);
+  void Loop();
+  MPI_Op SumOp(DType dtype) const;
+
+  MPI_Comm comm_;   // our duplicate; freed in the destructor
+  const int rank_;
+  const int world_;
+  MPI_Op bf16_sum_;  // freed in the destructor
+  CommLedger ledger_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;  // guarded by mu_
+  bool stop_ = false;       // guarded by mu_
+  std::thread thread_;      // started last in the constructor
+};
+
+}  // namespace shardgpt
