@@ -1,3 +1,4 @@
-// shardgpt executable entry point (work in progress: subcommands are being wired up).
-#include <cstdio>
-int main() { std::fprintf(stderr, "shardgpt: not built yet\n"); return 1; }
+// shardgpt executable: MPI set-up, then one subcommand (train, prepare, sample, plan).
+#include "app/cli.h"
+
+int main(int argc, char** argv) { return shardgpt::Main(argc, argv); }

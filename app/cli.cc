@@ -1,0 +1,231 @@
+#include "app/cli.h"
+
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <map>
+#include <thread>
+
+#include "app/commands.h"
+#include "app/report.h"
+#include "app/train.h"
+#include "parallel/mpi_communicator.h"
+
+namespace shardgpt {
+
+namespace {
+
+const std::map<std::string, DType> kDTypes{{"fp32", DType::kF32}, {"bf16", DType::kBF16}};
+
+// Flags that describe the model: a preset, then explicit overrides.
+struct ModelFlags {
+  std::string preset = "tiny";
+  int n_layer = 0, n_head = 0, n_embd = 0, max_seq_len = 0, vocab_size = 0;
+  void Add(CLI::App* app) {
+    app->add_option("--model", preset, "preset: tiny, d6, d12 (GPT-2 124M), d24, d36, d48")->capture_default_str();
+    app->add_option("--n-layer", n_layer, "override the preset's number of layers");
+    app->add_option("--n-head", n_head, "override the preset's number of heads");
+    app->add_option("--n-embd", n_embd, "override the preset's channels");
+    app->add_option("--max-seq-len", max_seq_len, "override the preset's maximum sequence length (position rows)");
+    app->add_option("--vocab-size", vocab_size, "override the preset's vocabulary (256 for byte-level data)");
+  }
+  StatusOr<GPTConfig> Resolve(int seq_len) const {
+    auto c = PresetConfig(preset);
+    if (!c.ok()) return c.status();
+    GPTConfig cfg = c.value();
+    if (n_layer) cfg.n_layer = n_layer;
+    if (n_head) cfg.n_head = n_head;
+    if (n_embd) cfg.n_embd = n_embd;
+    if (vocab_size) cfg.vocab_size = vocab_size;
+    if (max_seq_len) cfg.max_seq_len = max_seq_len;
+    else if (seq_len > cfg.max_seq_len && (n_layer || n_head || n_embd)) cfg.max_seq_len = seq_len;
+    SHARDGPT_RETURN_IF_ERROR(cfg.Validate());
+    return cfg;
+  }
+};
+
+// Flags of the data-parallel engine, shared by train and plan.
+struct EngineFlags {
+  int zero_stage = 0;
+  std::string dtype = "fp32", reduce_dtype, reduce_grads = "every-micro";
+  double bucket_mb = 25.0;
+  bool reshard_after_forward = true;
+  void Add(CLI::App* app) {
+    app->add_option("--zero-stage", zero_stage, "0 = DDP, 1 = shard optimizer state, 2 = + gradients, 3 = + parameters")
+        ->check(CLI::Range(0, 3))->capture_default_str();
+    app->add_option("--dtype", dtype, "parameter/gradient storage: fp32 or bf16 (compute is fp32; bf16 keeps fp32 "
+                                      "master weights and AdamW moments)")
+        ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
+    app->add_option("--reduce-dtype", reduce_dtype, "dtype gradients travel in (default: --dtype)")
+        ->check(CLI::IsMember({"fp32", "bf16"}));
+    app->add_option("--bucket-mb", bucket_mb, "stage 0 gradient bucket size in MiB")->capture_default_str();
+    app->add_option("--reshard-after-forward", reshard_after_forward,
+                    "stage 3: free block parameters after forward (re-gathered in backward)")->capture_default_str();
+    app->add_option("--reduce-grads", reduce_grads,
+                    "stages 2/3 with --grad-accum > 1: every-micro (sharded memory, traffic x A) or last-micro "
+                    "(traffic x 1, full-gradient memory)")
+        ->check(CLI::IsMember({"every-micro", "last-micro"}))->capture_default_str();
+  }
+  EngineOptions Resolve() const {
+    EngineOptions e;
+    e.zero_stage = zero_stage;
+    e.dtype = kDTypes.at(dtype);
+    e.reduce_dtype = reduce_dtype.empty() ? e.dtype : kDTypes.at(reduce_dtype);
+    e.bucket_mb = bucket_mb;
+    e.reshard_after_forward = reshard_after_forward;
+    e.reduce_every_micro = reduce_grads == "every-micro";
+    return e;
+  }
+};
+
+// Threads per rank: the cores of this node divided among the ranks on it.
+int DefaultThreads() {
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+  int local_size = 1;
+  MPI_Comm_size(local, &local_size);
+  MPI_Comm_free(&local);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / local_size);
+}
+
+}  // namespace
+
+int Main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const int default_threads = DefaultThreads();
+
+  CLI::App app{"shardgpt: train GPT models with DDP / ZeRO-1/2/3 over MPI"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all");
+
+  // ---- train ----
+  TrainOptions t;
+  ModelFlags model_flags;
+  EngineFlags engine_flags;
+  std::string schedule = "cosine", device = "cpu";
+  bool no_shuffle = false;
+  CLI::App* train = app.add_subcommand("train", "train a GPT on token shards (llm.c format)");
+  model_flags.Add(train);
+  engine_flags.Add(train);
+  train->add_option("--init", t.init_file, "start from an llm.c model .bin (version 3 fp32 or 5 bf16)");
+  train->add_option("--data", t.data, "glob of training token shards")->capture_default_str();
+  train->add_option("--val-data", t.val_data, "glob of validation token shards");
+  train->add_option("-b,--micro-batch", t.micro_batch, "sequences per rank per micro-batch")->capture_default_str();
+  train->add_option("-t,--seq-len", t.seq_len, "tokens per sequence")->capture_default_str();
+  train->add_option("--grad-accum", t.grad_accum, "micro-batches per step")->capture_default_str();
+  train->add_option("--batch-tokens", t.batch_tokens, "global tokens per step (derives --grad-accum)");
+  train->add_option("--steps", t.steps, "optimizer steps")->capture_default_str();
+  train->add_option("--lr", t.schedule.max_lr, "peak learning rate")->capture_default_str();
+  train->add_option("--min-lr-frac", t.schedule.min_lr_frac, "learning-rate floor as a fraction of --lr")->capture_default_str();
+  train->add_option("--warmup-steps", t.schedule.warmup_steps, "linear warmup steps")->capture_default_str();
+  train->add_option("--lr-schedule", schedule, "cosine, linear, constant or wsd")
+      ->check(CLI::IsMember({"cosine", "linear", "constant", "wsd"}))->capture_default_str();
+  train->add_option("--wsd-decay-frac", t.schedule.decay_frac, "wsd: fraction of steps spent decaying")->capture_default_str();
+  train->add_option("--weight-decay", t.engine.adamw.weight_decay, "AdamW weight decay (2-D weights, embeddings)")->capture_default_str();
+  train->add_option("--grad-clip", t.grad_clip, "global gradient-norm clip (0 disables)")->capture_default_str();
+  train->add_option("--eval-every", t.eval_every, "validation every N steps (0: only at the end)")->capture_default_str();
+  train->add_option("--val-batches", t.val_batches, "micro-batches per validation")->capture_default_str();
+  train->add_option("--seed", t.seed, "seed of initialisation and data order")->capture_default_str();
+  train->add_flag("--no-shuffle", no_shuffle, "visit the training windows in file order");
+  train->add_option("--device", device, "cpu (cuda: not implemented yet)")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  train->add_flag("--quiet", t.quiet, "print only the final loss and sample");
+  train->add_option("--threads", t.threads, "compute threads per rank (default: cores / ranks on the node)");
+  train->add_option("--log", t.log_file, "write one JSON line per step to this file");
+  train->add_option("--save-model", t.save_model, "write the final model as an llm.c .bin (version 3)");
+  train->add_option("--sample-tokens", t.sample_tokens, "print a sample of N tokens after training")->capture_default_str();
+  train->add_option("--sample-prompt", t.sample_prompt, "prompt of that sample");
+
+  // ---- prepare ----
+  std::vector<std::string> prep_inputs;
+  std::string prep_out;
+  double val_fraction = 0.05;
+  CLI::App* prepare = app.add_subcommand("prepare", "turn text files into byte-level token shards train.bin / val.bin");
+  prepare->add_option("--input", prep_inputs, "text files")->required()->expected(1, -1);
+  prepare->add_option("--output", prep_out, "output directory")->required();
+  prepare->add_option("--val-fraction", val_fraction, "share of tokens (the end of the text) for val.bin")->capture_default_str();
+
+  // ---- sample ----
+  SampleOptions s;
+  CLI::App* sample = app.add_subcommand("sample", "generate text from a trained model");
+  sample->add_option("--model-file", s.model_file, "llm.c model .bin (as written by train --save-model)")->required();
+  sample->add_option("--tokenizer", s.tokenizer_file, "llm.c tokenizer .bin to decode GPT-2 ids (default: bytes)");
+  sample->add_option("--prompt", s.prompt, "prompt text (byte-level models) ")->capture_default_str();
+  sample->add_option("--prompt-ids", s.prompt_ids, "prompt as token ids (any tokenizer)");
+  sample->add_option("-n,--tokens", s.tokens, "tokens to generate")->capture_default_str();
+  sample->add_option("--temperature", s.temperature, "softmax temperature (0: greedy)")->capture_default_str();
+  sample->add_option("--top-k", s.top_k, "sample among the k most likely tokens (0: all)")->capture_default_str();
+  sample->add_option("--seed", s.seed, "sampling seed")->capture_default_str();
+
+  // ---- plan ----
+  PlanOptions p;
+  ModelFlags plan_model;
+  EngineFlags plan_engine;
+  CLI::App* plan = app.add_subcommand("plan", "print per-rank memory and per-step traffic for a configuration, without training");
+  plan_model.Add(plan);
+  plan_engine.Add(plan);
+  plan->add_option("--ranks", p.ranks, "data-parallel ranks")->capture_default_str();
+  plan->add_option("-b,--micro-batch", p.micro_batch, "sequences per rank per micro-batch")->capture_default_str();
+  plan->add_option("-t,--seq-len", p.seq_len, "tokens per sequence")->capture_default_str();
+  plan->add_option("--grad-accum", p.grad_accum, "micro-batches per step")->capture_default_str();
+
+  int rc = 0;
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (rank == 0) {
+      if (e.get_exit_code() == 0) app.exit(e);  // --help
+      else std::fprintf(stderr, "shardgpt: error: %s (see --help)\n", e.what());
+    }
+    MPI_Finalize();
+    return e.get_exit_code() == 0 ? 0 : 2;
+  }
+
+  Status st;
+  if (*train) {
+    auto comm = MpiCommunicator::Create(MPI_COMM_WORLD);
+    if (!comm.ok()) {
+      st = comm.status();
+    } else {
+      if (device == "cuda")
+        st = Status::Unimplemented("--device cuda: the CUDA backend is not implemented yet (use --device cpu)");
+      auto cfg = model_flags.Resolve(t.seq_len);
+      if (st.ok() && !cfg.ok()) st = cfg.status();
+      if (st.ok()) {
+        t.model = cfg.value();
+        t.engine = [&] { EngineOptions e = engine_flags.Resolve(); e.adamw = t.engine.adamw; return e; }();
+        t.shuffle = !no_shuffle;
+        t.schedule.kind = LrSchedule::ParseKind(schedule).value();
+        if (t.threads <= 0) t.threads = default_threads;
+        st = RunTrain(t, *comm.value());
+      }
+      st = Agree(*comm.value(), st);
+    }
+  } else if (*prepare) {
+    if (rank == 0) st = RunPrepare(prep_inputs, prep_out, val_fraction);
+  } else if (*sample) {
+    if (rank == 0) st = RunSample(s, default_threads);
+  } else if (*plan) {
+    auto cfg = plan_model.Resolve(p.seq_len);
+    if (!cfg.ok()) st = cfg.status();
+    else {
+      p.model = cfg.value();
+      p.engine = plan_engine.Resolve();
+      if (rank == 0) st = RunPlan(p);
+    }
+  }
+  if (!st.ok()) {
+    if (!st.message().empty()) std::fprintf(stderr, "shardgpt: error: %s\n", st.message().c_str());
+    rc = 1;
+  }
+  std::fflush(stdout);
+  MPI_Finalize();
+  return rc;
+}
+
+}  // namespace shardgpt

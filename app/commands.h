@@ -1,0 +1,38 @@
+// The small subcommands: prepare (text -> token shards), sample (text from a model file) and
+// plan (memory and traffic of a configuration, without training).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "model/config.h"
+#include "parallel/engine.h"
+
+namespace shardgpt {
+
+Status RunPrepare(const std::vector<std::string>& inputs, const std::string& out_dir, double val_fraction);
+
+struct SampleOptions {
+  std::string model_file;
+  std::string tokenizer_file;
+  std::string prompt = "\n";
+  std::vector<int> prompt_ids;
+  int tokens = 200;
+  float temperature = 1.0f;
+  int top_k = 40;
+  uint64_t seed = 1337;
+};
+Status RunSample(const SampleOptions& options, int threads);
+
+struct PlanOptions {
+  GPTConfig model;
+  EngineOptions engine;
+  int ranks = 2;
+  int micro_batch = 8;
+  int seq_len = 128;
+  int grad_accum = 1;
+};
+Status RunPlan(const PlanOptions& options);
+
+}  // namespace shardgpt

@@ -1,0 +1,87 @@
+#include "app/report.h"
+
+#include <cstdio>
+
+namespace shardgpt {
+
+namespace {
+double MiB(double b) { return b / (1024.0 * 1024.0); }
+
+struct KindFormula {
+  double params, grads, optimizer;
+};
+// Per-kind split of Formula::ModelStateBytes (same arithmetic, by kind).
+KindFormula FormulaByKind(double psi, int N, const EngineOptions& o) {
+  const double p = DTypeSize(o.dtype), k = o.dtype == DType::kBF16 ? 12 : 8;
+  const bool sharded_grads = o.zero_stage >= 2 && o.reduce_every_micro;
+  return KindFormula{o.zero_stage >= 3 ? p * psi / N : p * psi, sharded_grads ? p * psi / N : p * psi,
+                     o.zero_stage >= 1 ? k * psi / N : k * psi};
+}
+}  // namespace
+
+void PrintStartupReport(Engine& engine, const ParamLayout& layout, int A) {
+  const EngineOptions& o = engine.options();
+  const int N = engine.plan().world_size();
+  const double psi = static_cast<double>(layout.total_numel());
+  const KindFormula f = FormulaByKind(psi, N, o);
+  MemoryLedger& m = engine.memory();
+  std::printf("model state per rank (measured allocations | seed formula, Psi=%.0f, N=%d, stage %d, %s):\n", psi, N,
+              o.zero_stage, DTypeName(o.dtype));
+  std::printf("  params     %10.3f MiB | %10.3f MiB\n", MiB(m.current(MemKind::kParams)), MiB(f.params));
+  std::printf("  grads      %10.3f MiB | %10.3f MiB\n", MiB(m.current(MemKind::kGrads)), MiB(f.grads));
+  std::printf("  optimizer  %10.3f MiB | %10.3f MiB\n", MiB(m.current(MemKind::kOptimizer)), MiB(f.optimizer));
+  std::printf("  total      %10.3f MiB | %10.3f MiB (padding: %zu elements per full copy)\n", MiB(m.Total()),
+              MiB(f.params + f.grads + f.optimizer), engine.plan().total_padding());
+  std::printf("traffic per rank per step (seed formula, ring model, x(N-1)/N): %.3f MiB\n",
+              MiB(Formula::TrafficBytes(psi, N, o.zero_stage, o.dtype, o.reduce_dtype, A, o.reduce_every_micro)));
+  if (o.zero_stage >= 2 && A > 1)
+    std::printf("gradient accumulation (A=%d): %s\n", A,
+                o.reduce_every_micro
+                    ? "reduce-scatter every micro-batch: gradient memory stays sharded, gradient traffic x A "
+                      "(--reduce-grads last-micro: traffic x1, full-gradient memory)"
+                    : "accumulate full local gradients, reduce-scatter once: traffic x1, full-gradient memory "
+                      "(--reduce-grads every-micro keeps memory sharded, traffic x A)");
+}
+
+nlohmann::json StepJson(const StepReport& r, const Engine& engine, const ParamLayout& layout, int A) {
+  const EngineOptions& o = engine.options();
+  const int N = engine.plan().world_size();
+  const double psi = static_cast<double>(layout.total_numel());
+  nlohmann::json comm;
+  for (size_t k = 0; k < kNumCollKinds; k++)
+    comm[CollKindName(static_cast<CollKind>(k))] = r.comm.kinds[k].bytes_sent;
+  comm["total"] = r.comm.Total().bytes_sent;
+  nlohmann::json j;
+  j["comm_bytes"] = comm;
+  j["comm_bytes_formula"] = Formula::TrafficBytes(psi, N, o.zero_stage, o.dtype, o.reduce_dtype, A, o.reduce_every_micro);
+  j["model_state_bytes"] = r.model_state_bytes;
+  j["model_state_bytes_by_kind"] = {{"params", r.params_bytes}, {"grads", r.grads_bytes}, {"optimizer", r.optimizer_bytes}};
+  j["model_state_bytes_formula"] = Formula::ModelStateBytes(psi, N, o.zero_stage, o.dtype);
+  j["peak_grads_bytes"] = r.peak_grads_bytes;
+  j["peak_params_bytes"] = r.peak_params_bytes;
+  j["exposed_comm_ms"] = r.exposed_comm_s * 1e3;
+  return j;
+}
+
+std::vector<uint64_t> GatherPerRank(Communicator& comm, uint64_t value) {
+  // all-gather moves bytes only, so a uint64 travels exactly as two 4-byte elements
+  std::vector<uint64_t> all(comm.world_size(), 0);
+  all[comm.rank()] = value;
+  comm.AllGather(&all[comm.rank()], all.data(), 2, DType::kF32)->Wait();
+  return all;
+}
+
+Status Agree(Communicator& comm, Status local) {
+  if (comm.AllTrue(local.ok())) return Status::OK();
+  // 2: failed with a message, 1: failed because another rank did (empty message), 0: ok
+  const uint64_t code = local.ok() ? 0 : local.message().empty() ? 1 : 2;
+  const std::vector<uint64_t> codes = GatherPerRank(comm, code);
+  int speaker = -1;
+  for (int want = 2; want >= 1 && speaker < 0; want--)
+    for (int r = 0; r < comm.world_size() && speaker < 0; r++)
+      if (codes[r] == static_cast<uint64_t>(want)) speaker = r;
+  if (speaker == comm.rank()) return local;
+  return local.ok() ? Status::Internal("") : Status(Status::Internal(""));
+}
+
+}  // namespace shardgpt

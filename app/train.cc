@@ -1,0 +1,217 @@
+#include "app/train.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "app/report.h"
+#include "io/data_loader.h"
+#include "io/llmc_model.h"
+#include "io/tokenizer.h"
+#include "model/gpt.h"
+#include "model/kernels_cpu.h"
+#include "model/sampler.h"
+
+namespace shardgpt {
+
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Mean validation loss over val_batches global micro-batches (the same ones every time).
+float Evaluate(GPT& model, Engine& engine, DataLoader& val, int batches, int B, int T) {
+  std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
+  val.Reset();
+  double sum = 0;
+  for (int i = 0; i < batches; i++) {
+    val.NextBatch(x.data(), y.data());
+    sum += model.Forward(engine, x.data(), y.data(), B, T, 0.0f);
+  }
+  engine.ReleaseAll();
+  return static_cast<float>(engine.comm().AllReduceScalar(sum / batches, ReduceOp::kAvg));
+}
+
+// Text from the trained model, on rank 0 (parameters gathered first: a collective).
+std::string Sample(const ParamLayout& layout, Engine& engine, const TrainOptions& o) {
+  LocalParams local(layout);
+  engine.GatherFullParams(local.params());
+  if (engine.comm().rank() != 0) return "";
+  Tokenizer tok = Tokenizer::ByteLevel();
+  std::vector<int32_t> ctx;
+  for (uint16_t t : ByteLevelTokenizer::Encode(o.sample_prompt))
+    if (t < layout.config().vocab_size) ctx.push_back(t);
+  if (ctx.empty()) ctx.push_back(0);
+  const int maxT = layout.config().max_seq_len, V = layout.config().vocab_size, Vp = layout.config().padded_vocab();
+  GPT model(layout.config(), 1, maxT);
+  Rng rng(o.seed, 7);
+  std::string text;
+  for (int i = 0; i < o.sample_tokens; i++) {
+    const int T = std::min(static_cast<int>(ctx.size()), maxT);
+    model.Forward(local, ctx.data() + ctx.size() - T, nullptr, 1, T, 0.0f);
+    int next = SampleToken(model.logits() + static_cast<size_t>(T - 1) * Vp, V, 1.0f, 40, rng);
+    ctx.push_back(next);
+    text += tok.Decode(next);
+  }
+  return text;
+}
+
+std::string ProgressBar(int step, int total) {
+  const int width = 20, filled = total > 0 ? width * step / total : width;
+  return "[" + std::string(filled, '#') + std::string(width - filled, '.') + "] ";
+}
+
+}  // namespace
+
+Status RunTrain(TrainOptions o, Communicator& comm) {
+  const int rank = comm.rank(), world = comm.world_size();
+  const bool lead = rank == 0;
+  SetComputeThreads(o.threads);
+
+  // ---- model and parameters ----
+  std::unique_ptr<LlmcModel> init;
+  if (!o.init_file.empty()) {
+    auto m = ReadLlmcModel(o.init_file);
+    SHARDGPT_RETURN_IF_ERROR(Agree(comm, m.status()));
+    init = std::make_unique<LlmcModel>(std::move(m.value()));
+    o.model = init->config;
+  }
+  SHARDGPT_RETURN_IF_ERROR(o.model.Validate());
+  if (o.seq_len < 1 || o.seq_len > o.model.max_seq_len)
+    return Status::InvalidArgument("--seq-len " + std::to_string(o.seq_len) + " must be in [1, " +
+                                   std::to_string(o.model.max_seq_len) + "] (the model's maximum sequence length)");
+  if (o.micro_batch < 1) return Status::InvalidArgument("--micro-batch must be >= 1");
+  if (o.batch_tokens > 0) {
+    const long long per = static_cast<long long>(o.micro_batch) * o.seq_len * world;
+    if (o.batch_tokens % per != 0)
+      return Status::InvalidArgument("--batch-tokens " + std::to_string(o.batch_tokens) +
+                                     " must be a multiple of micro-batch x seq-len x ranks = " + std::to_string(per));
+    o.grad_accum = static_cast<int>(o.batch_tokens / per);
+  }
+  if (o.grad_accum < 1) return Status::InvalidArgument("--grad-accum must be >= 1");
+  if (o.steps < 1) return Status::InvalidArgument("--steps must be >= 1");
+  o.schedule.total_steps = o.steps;
+
+  ParamLayout layout(o.model);
+  auto engine_or = Engine::Create(layout, &comm, o.engine);
+  if (!engine_or.ok()) return engine_or.status();
+  Engine& engine = *engine_or.value();
+  {
+    std::vector<float> full(layout.total_numel());
+    if (init)
+      full = std::move(init->params);
+    else
+      InitParameters(layout, o.seed, full.data());
+    engine.LoadFullParams(full.data());
+  }
+
+  // ---- data ----
+  const int B = o.micro_batch, T = o.seq_len, A = o.grad_accum;
+  DataLoaderOptions dopt{o.data, B, T, o.seed, o.shuffle, rank, world, o.model.vocab_size};
+  auto train_or = DataLoader::Open(dopt);
+  SHARDGPT_RETURN_IF_ERROR(Agree(comm, train_or.status()));
+  DataLoader& train = train_or.value();
+  std::unique_ptr<DataLoader> val;
+  if (!o.val_data.empty()) {
+    DataLoaderOptions vopt{o.val_data, B, T, o.seed, false, rank, world, o.model.vocab_size};
+    auto v = DataLoader::Open(vopt);
+    SHARDGPT_RETURN_IF_ERROR(Agree(comm, v.status()));
+    val = std::make_unique<DataLoader>(std::move(v.value()));
+    o.val_batches = static_cast<int>(std::min<uint64_t>(o.val_batches, val->num_samples() / (uint64_t(B) * world)));
+  }
+  std::ofstream log;
+  if (lead && !o.log_file.empty()) {
+    log.open(o.log_file);
+    if (!log) return Agree(comm, Status::IOError(o.log_file + ": cannot open the --log file for writing"));
+  }
+  SHARDGPT_RETURN_IF_ERROR(Agree(comm, Status::OK()));
+
+  GPT model(o.model, B, T);
+  const double psi = static_cast<double>(layout.total_numel());
+  if (lead && !o.quiet) {
+    std::printf("shardgpt: model %s, %.2fM parameters, %d rank(s), zero stage %d, %s, B=%d T=%d grad-accum=%d "
+                "(%lld tokens/step), %d thread(s)/rank\n",
+                o.model.ToString().c_str(), psi / 1e6, world, o.engine.zero_stage, DTypeName(o.engine.dtype), B, T, A,
+                static_cast<long long>(B) * T * A * world, ComputeThreads());
+    PrintStartupReport(engine, layout, A);
+  }
+
+  // ---- loop ----
+  std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
+  const long long tokens_per_step = static_cast<long long>(B) * T * A * world;
+  const bool tty = isatty(fileno(stdout));
+  float last_loss = 0, last_val = NAN;
+  for (int step = 0; step < o.steps; step++) {
+    const double t0 = Now();
+    const float lr = o.schedule.At(step);
+    engine.BeginStep();
+    double loss_sum = 0;
+    for (int m = 0; m < A; m++) {
+      train.NextBatch(x.data(), y.data());
+      engine.BeginMicroBatch(m, A);
+      loss_sum += model.Forward(engine, x.data(), y.data(), B, T, 1.0f / A);
+      model.Backward(engine);
+    }
+    const float norm = engine.Step(lr, o.grad_clip);
+    const StepReport report = engine.last_report();
+    const float loss = static_cast<float>(comm.AllReduceScalar(loss_sum / A, ReduceOp::kAvg));
+    const double dt = Now() - t0;
+    last_loss = loss;
+    const bool eval_now = val && ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || step + 1 == o.steps);
+    if (eval_now) last_val = Evaluate(model, engine, *val, o.val_batches, B, T);
+    const std::vector<uint64_t> per_rank_comm = GatherPerRank(comm, report.comm.Total().bytes_sent);
+    const std::vector<uint64_t> per_rank_state = GatherPerRank(comm, report.model_state_bytes);
+    if (!lead) continue;
+    const double tps = tokens_per_step / dt;
+    if (!o.quiet) {
+      std::printf("%sstep %5d/%d | loss %.4f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s\n",
+                  tty ? ProgressBar(step + 1, o.steps).c_str() : "", step + 1, o.steps, loss, lr, norm, dt * 1e3, tps,
+                  eval_now ? (" | val " + std::to_string(last_val)).c_str() : "");
+      std::fflush(stdout);
+    }
+    if (log.is_open()) {
+      nlohmann::json j = StepJson(report, engine, layout, A);
+      j["step"] = step + 1;
+      j["loss"] = loss;
+      j["lr"] = lr;
+      j["grad_norm"] = norm;
+      j["tokens"] = tokens_per_step * (step + 1);
+      j["tokens_per_s"] = tps;
+      j["ms"] = dt * 1e3;
+      j["comm_bytes_per_rank"] = per_rank_comm;
+      j["model_state_bytes_per_rank"] = per_rank_state;
+      if (eval_now) j["val_loss"] = last_val;
+      log << j.dump() << "\n";
+      log.flush();
+    }
+  }
+
+  // ---- outputs ----
+  if (!o.save_model.empty()) {
+    LocalParams local(layout);
+    engine.GatherFullParams(local.params());
+    Status st = lead ? WriteLlmcModel(o.save_model, layout, local.params()) : Status::OK();
+    SHARDGPT_RETURN_IF_ERROR(Agree(comm, st));
+    if (lead && !o.quiet) std::printf("saved model to %s (llm.c format, version 3)\n", o.save_model.c_str());
+  }
+  if (lead) {
+    std::printf("final train loss %.4f", last_loss);
+    if (!std::isnan(last_val)) std::printf(" | val loss %.4f", last_val);
+    std::printf("\n");
+  }
+  if (o.sample_tokens > 0) {
+    std::string text = Sample(layout, engine, o);
+    if (lead) std::printf("---- sample (%d tokens) ----\n%s%s\n----\n", o.sample_tokens, o.sample_prompt.c_str(), text.c_str());
+  }
+  std::fflush(stdout);
+  return Status::OK();
+}
+
+}  // namespace shardgpt

@@ -1,0 +1,48 @@
+// The training loop and its options. The loop knows the model, the data and the Engine's
+// step protocol; it does not know which ZeRO stage runs.
+#pragma once
+
+#include <string>
+
+#include "base/status.h"
+#include "model/config.h"
+#include "model/optimizer.h"
+#include "parallel/communicator.h"
+#include "parallel/engine.h"
+
+namespace shardgpt {
+
+struct TrainOptions {
+  // model
+  GPTConfig model;
+  std::string init_file;  // llm.c .bin to start from (its config replaces `model`)
+  // data
+  std::string data = "data/train.bin";
+  std::string val_data;
+  int micro_batch = 8;
+  int seq_len = 128;
+  int grad_accum = 1;
+  long long batch_tokens = 0;  // if > 0, grad_accum = batch_tokens / (B*T*ranks)
+  bool shuffle = true;
+  uint64_t seed = 1337;
+  // optimisation
+  int steps = 100;
+  LrSchedule schedule;
+  float grad_clip = 1.0f;
+  EngineOptions engine;
+  // output
+  int eval_every = 0;
+  int val_batches = 8;
+  std::string log_file;
+  std::string save_model;
+  int sample_tokens = 0;
+  std::string sample_prompt = "\n";
+  int threads = 0;  // 0: cores / ranks on this node
+  bool quiet = false;
+};
+
+// Runs training on every rank of comm. Returns OK or the first error (already agreed on by
+// all ranks where the error can differ between them).
+Status RunTrain(TrainOptions opts, Communicator& comm);
+
+}  // namespace shardgpt

@@ -1,0 +1,109 @@
+// GPT: the forward and backward pass of a GPT-2 model over one micro-batch.
+//
+// The model owns only activations. Parameters and gradient buffers are handed to it unit by
+// unit through UnitHooks, which the parallel engine implements (gathering, freeing and
+// reducing there, like FSDP's pre/post forward/backward hooks); a single process uses
+// LocalParams. The model knows nothing of ranks, MPI or files.
+//
+// Hook order for one micro-batch (E = embed unit, F = final unit, blocks 1..L):
+//   forward:  PreForward(E)  encoder  [PreForward(l) block l PostForward(l)]  PreForward(F) ln_f
+//             LM head (uses E's wte)  PostForward(F)  PostForward(E)
+//   backward: PreBackward(E) PreBackward(F)  LM head  ln_f  PostBackward(F)
+//             [PreBackward(l) block l PostBackward(l)] for l = L..1   encoder  PostBackward(E)
+// E stays in use through the whole forward because the LM head is tied to wte.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+#include "model/param_layout.h"
+
+namespace shardgpt {
+
+// The model's view of one unit during backward.
+struct UnitBuffers {
+  const float* params = nullptr;  // the unit's full flat parameters (layout order)
+  float* grads = nullptr;         // where the model ACCUMULATES the unit's gradient (+=)
+};
+
+// Supplies each unit's parameters and gradient buffer; told when each unit starts and ends.
+// Thread contract: called from the training thread only, in the order documented above.
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  // Returns unit u's full parameters, valid until PostForward(u).
+  virtual const float* PreForward(int unit) = 0;
+  virtual void PostForward(int unit) = 0;
+  // Returns unit u's parameters and gradient buffer, valid until PostBackward(u).
+  virtual UnitBuffers PreBackward(int unit) = 0;
+  // Unit u's gradient contribution of this micro-batch is complete.
+  virtual void PostBackward(int unit) = 0;
+};
+
+class GPT {
+ public:
+  // Allocates activations for micro-batches of up to B sequences of up to T tokens.
+  GPT(const GPTConfig& config, int B, int T);
+  GPT(const GPT&) = delete;
+  GPT& operator=(const GPT&) = delete;
+
+  const GPTConfig& config() const { return config_; }
+  const ParamLayout& layout() const { return layout_; }
+
+  // Runs the forward pass on inputs[B,T]. With targets, returns the mean cross-entropy over
+  // the B*T positions (else 0). If grad_scale != 0 the logits are replaced by the gradient of
+  // grad_scale * mean loss, ready for Backward() (fused softmax + cross-entropy backward).
+  float Forward(UnitHooks& hooks, const int32_t* inputs, const int32_t* targets, int B, int T,
+                float grad_scale);
+  // Backward of the last Forward (which must have had targets and grad_scale != 0).
+  void Backward(UnitHooks& hooks);
+
+  // Logits [B,T,Vp] of the last Forward without grad_scale (padded columns are garbage).
+  const float* logits() const { return logits_.data(); }
+  // Bytes of activation memory allocated for (B, T).
+  size_t activation_bytes() const;
+  // The same figure without allocating (for `shardgpt plan`).
+  static size_t ActivationBytes(const GPTConfig& config, int B, int T);
+
+ private:
+  struct LayerActs {  // saved for backward, per layer
+    std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, atty, lse, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, res3;
+  };
+  void BlockForward(const float* p, const float* x, LayerActs& a, int B, int T);
+  void BlockBackward(const float* p, float* g, float* dres, const float* x, const LayerActs& a, int B, int T);
+
+  GPTConfig config_;
+  ParamLayout layout_;
+  int maxB_, maxT_;
+  int B_ = 0, T_ = 0;
+  bool have_grad_ = false;
+  std::vector<int32_t> inputs_;
+  std::vector<float> encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, scratch_;
+  std::vector<LayerActs> layers_;
+  // backward scratch
+  std::vector<float> dres_, dln_, dqkv_, datty_, dfch_, dfch_gelu_;
+};
+
+// LocalParams: all parameters and gradients of a model in two flat buffers (one process).
+// Implements UnitHooks trivially: every unit is always materialised.
+class LocalParams : public UnitHooks {
+ public:
+  explicit LocalParams(const ParamLayout& layout);
+  float* params() { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  void ZeroGrads();
+  const float* PreForward(int unit) override { return params_.data() + layout_.units()[unit].offset; }
+  void PostForward(int) override {}
+  UnitBuffers PreBackward(int unit) override {
+    size_t o = layout_.units()[unit].offset;
+    return UnitBuffers{params_.data() + o, grads_.data() + o};
+  }
+  void PostBackward(int) override {}
+
+ private:
+  const ParamLayout& layout_;
+  std::vector<float> params_, grads_;
+};
+
+}  // namespace shardgpt

@@ -1,0 +1,48 @@
+// AdamW's element-wise update and the learning-rate schedules.
+//
+// AdamW is element-wise, which is what lets ZeRO shard it: a rank that owns a slice of the
+// parameters, their averaged gradient and their moments updates that slice alone.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "base/status.h"
+
+namespace shardgpt {
+
+struct AdamWConfig {
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;  // applied to 2-D weights and embeddings only (see ParamLayout::DecayRanges)
+};
+
+// One AdamW step (PyTorch semantics, decoupled weight decay, bias correction), t >= 1:
+//   g = grad * grad_scale                 (grad_scale carries the clipping factor)
+//   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+//   p = p - lr * (wd * p + (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps))
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
+                  const AdamWConfig& cfg, int64_t t, float grad_scale);
+
+// Learning rate per step: linear warmup over warmup_steps to max_lr, then
+//   cosine   : cosine decay to min_lr = max_lr * min_lr_frac at the last step
+//   linear   : linear decay to min_lr
+//   constant : max_lr
+//   wsd      : warmup-stable-decay: constant, then linear decay to min_lr over the last
+//              decay_frac of the steps
+struct LrSchedule {
+  enum class Kind { kCosine, kLinear, kConstant, kWsd };
+  Kind kind = Kind::kCosine;
+  float max_lr = 6e-4f;
+  float min_lr_frac = 0.1f;
+  int warmup_steps = 0;
+  int total_steps = 1;
+  float decay_frac = 0.2f;  // wsd only
+
+  static StatusOr<Kind> ParseKind(const std::string& name);
+  float At(int step) const;  // step is 0-based
+};
+
+}  // namespace shardgpt

@@ -1,0 +1,29 @@
+#include "model/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+namespace shardgpt {
+
+int SampleToken(const float* logits, int V, float temperature, int top_k, Rng& rng) {
+  if (temperature <= 0) return static_cast<int>(std::max_element(logits, logits + V) - logits);
+  std::vector<int> ids(V);
+  std::iota(ids.begin(), ids.end(), 0);
+  int k = (top_k > 0 && top_k < V) ? top_k : V;
+  // ties broken by id so the choice is deterministic
+  auto higher = [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), higher);
+  std::vector<double> p(k);
+  double sum = 0;
+  for (int i = 0; i < k; i++) sum += p[i] = std::exp((logits[ids[i]] - logits[ids[0]]) / temperature);
+  double r = rng.Uniform() * sum;
+  for (int i = 0; i < k; i++) {
+    r -= p[i];
+    if (r <= 0) return ids[i];
+  }
+  return ids[k - 1];
+}
+
+}  // namespace shardgpt
