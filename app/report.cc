@@ -60,6 +60,7 @@ nlohmann::json StepJson(const StepReport& r, const Engine& engine, const ParamLa
   j["peak_grads_bytes"] = r.peak_grads_bytes;
   j["peak_params_bytes"] = r.peak_params_bytes;
   j["exposed_comm_ms"] = r.exposed_comm_s * 1e3;
+  j["comm_busy_ms"] = r.comm_busy_s * 1e3;
   return j;
 }
 

@@ -231,6 +231,9 @@ class Communicator {
 
   // This rank's traffic counters. Reset it whenever a measurement starts.
   virtual CommLedger& ledger() = 0;
+  // Wall time spent executing collectives since creation (to measure how much of it was
+  // hidden behind computation); 0 where the backend cannot tell.
+  virtual double busy_seconds() const { return 0.0; }
 };
 
 }  // namespace shardgpt

@@ -244,6 +244,7 @@ void Engine::RetireCompleted() {
   while (!pending_.empty() && pending_.front().work->IsCompleted()) {
     Pending p = std::move(pending_.front());
     pending_.pop_front();
+    retired_++;
     if (p.on_done) p.on_done();
   }
 }
@@ -367,6 +368,11 @@ void Engine::PostBackward(int u) {
     unit.compute.Free();
   }
   RetireCompleted();
+  if (u == ParamLayout::kEmbedUnit && sync_micro_) {  // the end of the last backward
+    int done = retired_;
+    for (const Pending& p : pending_) done += p.work->IsCompleted() ? 1 : 0;
+    report_.buckets_done_during_backward = done;
+  }
 }
 
 // ---- gradient reduction ----
@@ -401,6 +407,16 @@ void Engine::LaunchReduceScatter(int u, float* scratch) {
   const UnitShardInfo s = unit.info;
   const DType rd = opt_.reduce_dtype;
   if (scratch != nullptr) {
+    // Rate limit (as FSDP's): at most kMaxInflightReductions unit gradients wait for their
+    // reduce-scatter, otherwise a slow network lets every unit's full gradient pile up and
+    // stage 2's memory saving is lost.
+    while (inflight_reductions_ >= kMaxInflightReductions) {
+      const double t0 = Now();
+      pending_.front().work->Wait();
+      exposed_s_ += Now() - t0;
+      RetireCompleted();
+    }
+    inflight_reductions_++;
     std::shared_ptr<TrackedBuffer> send = unit.grad_scratch;
     unit.grad_scratch.reset();
     if (rd == DType::kBF16) {  // convert now and free the fp32 scratch at once
@@ -414,6 +430,7 @@ void Engine::LaunchReduceScatter(int u, float* scratch) {
               Accumulate(OwnedGrads(u), opt_.dtype, recv->data(), rd, s.shard);
               send.reset();
               recv.reset();
+              inflight_reductions_--;
             });
     return;
   }
@@ -495,6 +512,8 @@ void Engine::BeginStep() {
   comm_->ledger().Reset();
   memory_.ResetPeaks();
   exposed_s_ = 0;
+  busy_at_step_begin_ = comm_->busy_seconds();
+  retired_ = 0;
 }
 
 void Engine::BeginMicroBatch(int micro, int num_micro) {
@@ -504,6 +523,7 @@ void Engine::BeginMicroBatch(int micro, int num_micro) {
 
 float Engine::Step(float lr, float grad_clip) {
   WaitAll();
+  report_.backward_exposed_s = exposed_s_;
   // Global gradient norm: every element counted once. Stage 0 holds the whole averaged
   // gradient on every rank; stages >= 1 sum their owned slices' squares over ranks.
   double ss = 0;
@@ -544,6 +564,7 @@ float Engine::Step(float lr, float grad_clip) {
   report_.peak_grads_bytes = memory_.peak(MemKind::kGrads);
   report_.peak_params_bytes = memory_.peak(MemKind::kParams);
   report_.exposed_comm_s = exposed_s_;
+  report_.comm_busy_s = comm_->busy_seconds() - busy_at_step_begin_;
   return norm;
 }
 

@@ -55,6 +55,9 @@ struct StepReport {
   uint64_t params_bytes = 0, grads_bytes = 0, optimizer_bytes = 0;
   uint64_t peak_grads_bytes = 0, peak_params_bytes = 0;
   double exposed_comm_s = 0;  // time the training thread waited for communication
+  double backward_exposed_s = 0;  // of which waiting for gradient reductions after backward
+  double comm_busy_s = 0;         // time the communicator spent in collectives this step
+  int buckets_done_during_backward = 0;  // reductions already complete when backward ended
 };
 
 // The seed's formulas (with this engine's element sizes), for printing beside measurements.
@@ -177,6 +180,10 @@ class Engine : public UnitHooks {
   int64_t t_ = 0;
   StepReport report_;
   double exposed_s_ = 0;
+  double busy_at_step_begin_ = 0;
+  int retired_ = 0;  // collectives retired since BeginStep
+  static constexpr int kMaxInflightReductions = 2;
+  int inflight_reductions_ = 0;  // unit gradients (scratch) waiting for their reduce-scatter
 };
 
 }  // namespace shardgpt

@@ -1,6 +1,8 @@
 // MpiCommunicator: one FIFO, one communication thread, blocking MPI calls (see the header).
 #include "parallel/mpi_communicator.h"
 
+#include <chrono>
+
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -166,7 +168,11 @@ void MpiCommunicator::Loop() {
       item = std::move(queue_.front());
       queue_.pop_front();
     }
-    item.work->Complete(item.task());
+    const auto t0 = std::chrono::steady_clock::now();
+    Status st = item.task();
+    busy_ns_ += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    item.work->Complete(std::move(st));
   }
 }
 

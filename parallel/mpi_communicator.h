@@ -23,6 +23,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -59,6 +60,7 @@ class MpiCommunicator final : public Communicator {
   double AllReduceScalar(double value, ReduceOp op) override;
 
   CommLedger& ledger() override { return ledger_; }
+  double busy_seconds() const override { return busy_ns_.load() * 1e-9; }
 
  private:
   using Task = std::function<Status()>;  // runs on the communication thread
@@ -82,6 +84,7 @@ class MpiCommunicator final : public Communicator {
   std::condition_variable cv_;
   std::deque<Item> queue_;  // guarded by mu_
   bool stop_ = false;       // guarded by mu_
+  std::atomic<uint64_t> busy_ns_{0};  // time the comm thread spent inside collectives
   std::thread thread_;      // started last in the constructor
 };
 
