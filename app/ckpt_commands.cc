@@ -1,0 +1,95 @@
+#include "app/ckpt_commands.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "io/checkpoint.h"
+#include "io/llmc_model.h"
+
+namespace shardgpt {
+
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string Shape(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); i++) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+Status RunCkptVerify(const std::string& path) {
+  const double t0 = Now();
+  CheckpointIndex idx;
+  uint64_t bytes = 0;
+  SHARDGPT_RETURN_IF_ERROR(VerifyCheckpoint(path, &idx, &bytes));
+  const double s = Now() - t0;
+  std::printf("ok: %s: step %lld, model %s, saved by %d rank(s) at stage %d; %zu shard file(s), %.3f GB of state "
+              "read and checked (Fletcher32 per chunk, CRC-32C per dataset) in %.2f s\n",
+              idx.dir.c_str(), static_cast<long long>(idx.state.step), idx.config.ToString().c_str(), idx.world_size,
+              idx.zero_stage, idx.files.size(), bytes / 1e9, s);
+  return Status::OK();
+}
+
+Status RunCkptInspect(const std::string& path) {
+  auto dir = ResolveCheckpoint(path, "");
+  if (!dir.ok()) return dir.status();
+  auto read = ReadCheckpointIndex(dir.value());
+  if (!read.ok()) return read.status();
+  const CheckpointIndex& idx = read.value();
+  std::printf("checkpoint %s\n", idx.dir.c_str());
+  std::printf("  format version   %d (id %016llx)\n", idx.format_version,
+              static_cast<unsigned long long>(idx.checkpoint_id));
+  std::printf("  model            %s (padded vocab %d)\n", idx.config.ToString().c_str(), idx.config.padded_vocab());
+  std::printf("  saved by         %d rank(s), zero stage %d, dtype %s\n", idx.world_size, idx.zero_stage,
+              idx.dtype.c_str());
+  std::printf("  step             %lld (LR schedule position and AdamW t)\n", static_cast<long long>(idx.state.step));
+  std::printf("  tokens           %lld\n", static_cast<long long>(idx.state.tokens));
+  std::printf("  loader position  %llu\n", static_cast<unsigned long long>(idx.state.loader_position));
+  std::printf("  seed             %llu\n", static_cast<unsigned long long>(idx.state.seed));
+  uint64_t elems = 0;
+  for (const CheckpointFile& f : idx.files) elems += f.elements;
+  std::printf("  shard files      %zu, %llu elements x 3 (master, m, v), %.3f MB on disk\n", idx.files.size(),
+              static_cast<unsigned long long>(elems), idx.total_bytes() / 1e6);
+  for (const CheckpointFile& f : idx.files)
+    std::printf("    %-16s %12llu elements %14llu bytes  crc32c master %08x m %08x v %08x\n", f.name.c_str(),
+                static_cast<unsigned long long>(f.elements), static_cast<unsigned long long>(f.bytes), f.crc_master,
+                f.crc_m, f.crc_v);
+  std::printf("  pieces (unit: [begin, end) -> file @ offset)\n");
+  for (const SavedPiece& p : idx.pieces)
+    std::printf("    %-8s [%llu, %llu) -> %s @ %llu\n", idx.units[p.unit].name.c_str(),
+                static_cast<unsigned long long>(p.begin), static_cast<unsigned long long>(p.end),
+                idx.files[p.file].name.c_str(), static_cast<unsigned long long>(p.file_offset));
+  size_t total = 0;
+  std::printf("  tensors (%zu)\n", idx.tensors.size());
+  for (const TensorInfo& t : idx.tensors) {
+    std::printf("    %-28s %-14s unit %-6s offset %10zu numel %10zu\n", t.name.c_str(), Shape(t.shape).c_str(),
+                idx.units[t.unit].name.c_str(), t.offset, t.numel);
+    total += t.numel;
+  }
+  std::printf("  parameters       %zu (%.2fM)\n", total, total / 1e6);
+  return Status::OK();
+}
+
+Status RunExport(const std::string& path, const std::string& out_h5, const std::string& out_llmc) {
+  if (out_h5.empty() && out_llmc.empty()) return Status::InvalidArgument("export: give --out and/or --llmc");
+  auto model = LoadCheckpointFullModel(path);
+  if (!model.ok()) return model.status();
+  const ParamLayout layout(model->config);
+  if (!out_h5.empty()) {
+    SHARDGPT_RETURN_IF_ERROR(WriteFullModelH5(out_h5, layout, model->params.data()));
+    std::printf("exported %zu tensors (%zu parameters) to %s\n", layout.tensors().size(), layout.total_numel(),
+                out_h5.c_str());
+  }
+  if (!out_llmc.empty()) {
+    SHARDGPT_RETURN_IF_ERROR(WriteLlmcModel(out_llmc, layout, model->params.data()));
+    std::printf("exported the model to %s (llm.c format, version 3)\n", out_llmc.c_str());
+  }
+  return Status::OK();
+}
+
+}  // namespace shardgpt

@@ -1,0 +1,117 @@
+// Sharded HDF5 checkpoints (format: docs/CHECKPOINT.md), like PyTorch DCP: every rank writes
+// its own slice of the fp32 master parameters and AdamW moments to its own file, rank 0 writes
+// the index last; loading reads, on every rank, only the pieces its own sharding plan needs,
+// so a run may resume on another rank count and ZeRO stage.
+//
+// A checkpoint is DIR/step_XXXXXXXX/ holding rank_NNNNN.h5 (one per saving rank) and
+// index.h5. It is written into DIR/.tmp.step_XXXXXXXX/, fsynced, then renamed into place, and
+// DIR/latest (a small text file naming the step directory) is replaced atomically after that;
+// a directory without index.h5 is never loaded. So a crash at any moment of a save leaves the
+// previous checkpoint loadable.
+//
+// Rank contract: SaveCheckpoint and LoadCheckpoint are collective over `comm` (every rank
+// calls them with the same arguments); on failure EVERY rank returns an error carrying the
+// same one-line message naming the file and the problem (no rank hangs). All ranks must see
+// the same file system at DIR (one node, or a shared file system). The other functions are
+// local (no communication) and may run in a single process without MPI.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "io/checkpoint_plan.h"
+#include "io/llmc_model.h"
+#include "model/config.h"
+#include "model/param_layout.h"
+#include "parallel/communicator.h"
+#include "parallel/engine.h"
+
+namespace shardgpt {
+
+struct TrainState {            // everything besides model/optimizer state needed to continue bitwise
+  int64_t step = 0;            // optimizer steps done (also the LR schedule position and AdamW t)
+  int64_t tokens = 0;          // tokens seen
+  uint64_t loader_position = 0; // DataLoader global position (io/data_loader.h LoaderState)
+  uint64_t seed = 0;           // data/init seed of the run
+};
+
+// Collective. Writes DIR/step_XXXXXXXX/ (8 digits) atomically: tmp dir, one HDF5 file per rank with that
+// rank's fp32 master / m / v slices, then the index written LAST by rank 0, fsync, rename, then DIR/latest
+// updated atomically (a small file written via rename); keep_last > 0 deletes older complete
+// checkpoints only after the new one is complete. Prints per-rank and total GB/s on rank 0 unless quiet.
+// Saving the same step twice replaces the old directory atomically (renameat2 RENAME_EXCHANGE).
+// Writes straight from the engine's buffers (no extra model copy in memory).
+Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& engine, const ParamLayout& layout,
+                      Communicator& comm, int keep_last, bool quiet);
+
+// Collective. `path` is a checkpoint directory, or "latest" meaning the one DIR/latest points to (dir = ckpt_dir).
+// Refuses (one line naming the file and the problem; all ranks return an error, no hang): missing dir, not a
+// checkpoint (no index), missing shard file, truncated file, checksum mismatch (flipped byte), other model config
+// (names the first differing field). Works for any saved rank count/stage -> any loading rank count/stage: each
+// rank reads only the pieces its Owned(u) ranges need (hyperslab reads). Fills engine state via Owned(u), then
+// engine.set_step_count(state.step) and engine.SyncParamsFromMaster(). Prints throughput on rank 0.
+// Everything that can be checked before reading data is checked before the engine is touched; a checksum
+// error found while reading leaves the engine's state partly overwritten (do not train on after an error).
+StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& ckpt_dir, Engine& engine,
+                                    const ParamLayout& layout, Communicator& comm);
+// The same, printing nothing when quiet.
+StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& ckpt_dir, Engine& engine,
+                                    const ParamLayout& layout, Communicator& comm, bool quiet);
+
+// Reads only the model config stored in a checkpoint's index (so the loop can build the layout before the engine).
+StatusOr<GPTConfig> ReadCheckpointConfig(const std::string& path, const std::string& ckpt_dir);
+
+// The checkpoint directory `path` names: "latest" -> the directory ckpt_dir/latest names (or, if
+// that file is missing, the newest complete step_* directory); a directory with index.h5 ->
+// itself; a directory with a `latest` file (a --ckpt-dir) -> what it names. NotFound when
+// there is no checkpoint at all (a fresh run), another error when the path is not a checkpoint.
+StatusOr<std::string> ResolveCheckpoint(const std::string& path, const std::string& ckpt_dir);
+
+// One shard file as the index records it.
+struct CheckpointFile {
+  std::string name;        // "rank_00003.h5", relative to the checkpoint directory
+  uint64_t elements = 0;   // length of each of its datasets master, m, v
+  uint64_t bytes = 0;      // file size after the save
+  uint32_t crc_master = 0, crc_m = 0, crc_v = 0;  // CRC-32C of each dataset's fp32 bytes
+};
+
+// Everything index.h5 holds.
+struct CheckpointIndex {
+  std::string dir;  // the checkpoint directory it was read from
+  int format_version = 0;
+  uint64_t checkpoint_id = 0;  // random per save; every shard file carries it
+  GPTConfig config;
+  std::vector<TensorInfo> tensors;  // name, shape, unit, offset, numel (dtype is always f32)
+  std::vector<UnitInfo> units;      // name, global offset, numel
+  int world_size = 0;               // saving run's rank count
+  int zero_stage = 0;
+  std::string dtype;                // saving run's parameter dtype ("f32", "bf16"); state is fp32
+  TrainState state;
+  std::vector<SavedPiece> pieces;  // the saving run's plan
+  std::vector<CheckpointFile> files;
+  uint64_t total_bytes() const;
+};
+
+// Reads and checks index.h5 of a resolved checkpoint directory (format version, plan coverage).
+StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& checkpoint_dir);
+
+// Reads every byte of every shard file and checks sizes, HDF5 structure, Fletcher32 chunk
+// checksums and the index's CRC-32C per dataset. Local. On success fills *index and the
+// number of data bytes read.
+Status VerifyCheckpoint(const std::string& path, CheckpointIndex* index, uint64_t* bytes_read);
+
+// The full fp32 master parameters in layout order, with the model config (for sample/export).
+// Local; reads only the master datasets. `path` as for ResolveCheckpoint with ckpt_dir = "".
+StatusOr<LlmcModel> LoadCheckpointFullModel(const std::string& path);
+
+// One consolidated HDF5 file: every parameter at its full shape under its name (attributes
+// unit and offset, the config on the root group), written via a temp file and rename.
+Status WriteFullModelH5(const std::string& path, const ParamLayout& layout, const float* params);
+
+// Test hook: makes the next SaveCheckpoint fail as if the process died after the shard files
+// were written and before the index (leaving the temp directory behind). Local setting.
+void FailNextSaveBeforeIndexForTesting();
+
+}  // namespace shardgpt

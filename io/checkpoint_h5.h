@@ -1,0 +1,74 @@
+// Small helpers over HDF5's C API for the checkpoint code: an owning handle, HDF5 errors as
+// one line of text, attributes, and 1-D float datasets read and written by hyperslab.
+// Internal to io/ (checkpoint.cc); every function returns errors as values and never lets
+// HDF5 print (InitH5 silences its automatic error printing for the calling thread).
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "base/status.h"
+
+namespace shardgpt {
+namespace h5 {
+
+// Silences HDF5's automatic error printing (per thread in the thread-safe build); cheap.
+void InitH5();
+// The innermost message of HDF5's error stack (e.g. "data error detected by Fletcher32
+// checksum"), then clears the stack.
+std::string LastError();
+
+// Owns one HDF5 identifier and closes it with the matching H5?close.
+class Id {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  Id() = default;
+  Id(hid_t id, Closer close) : id_(id), close_(close) {}
+  Id(Id&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
+  Id& operator=(Id&& o) noexcept {
+    if (this != &o) {
+      Close();
+      std::swap(id_, o.id_);
+      close_ = o.close_;
+    }
+    return *this;
+  }
+  Id(const Id&) = delete;
+  Id& operator=(const Id&) = delete;
+  ~Id() { Close(); }
+  bool valid() const { return id_ >= 0; }
+  hid_t get() const { return id_; }
+  // Closes now; false if HDF5 reports an error (e.g. a failed flush of a file).
+  bool Close() {
+    bool ok = true;
+    if (id_ >= 0 && close_ != nullptr) ok = close_(id_) >= 0;
+    id_ = -1;
+    return ok;
+  }
+
+ private:
+  hid_t id_ = -1;
+  Closer close_ = nullptr;
+};
+
+bool WriteAttrI64(hid_t obj, const char* name, int64_t v);
+bool WriteAttrU64(hid_t obj, const char* name, uint64_t v);
+bool WriteAttrStr(hid_t obj, const char* name, const std::string& v);
+bool ReadAttrI64(hid_t obj, const char* name, int64_t* v);
+bool ReadAttrU64(hid_t obj, const char* name, uint64_t* v);
+bool ReadAttrStr(hid_t obj, const char* name, std::string* v);
+
+// A dataset access property list whose chunk cache holds `chunk_bytes` chunks comfortably,
+// preempting fully read/written chunks first (sequential access writes every chunk once).
+Id ChunkCacheAccess(size_t chunk_bytes);
+// Writes / reads `count` floats at element `offset` of a 1-D float dataset.
+bool WriteSlab(hid_t dset, uint64_t offset, uint64_t count, const float* src);
+bool ReadSlab(hid_t dset, uint64_t offset, uint64_t count, float* dst);
+// Length of a 1-D dataset, or -1 if it is not a 1-D dataset of 4-byte floats.
+int64_t FloatDatasetLength(hid_t dset);
+
+}  // namespace h5
+}  // namespace shardgpt

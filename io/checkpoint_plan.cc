@@ -1,0 +1,165 @@
+#include "io/checkpoint_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#if defined(__SSE4_2__)
+#include <nmmintrin.h>
+#endif
+
+#include "parallel/shard_plan.h"
+
+namespace shardgpt {
+
+std::vector<SavedPiece> PlanSave(const ParamLayout& layout, int world) {
+  const ShardPlan plan(layout, world);
+  std::vector<SavedPiece> pieces;
+  for (int r = 0; r < world; r++) {
+    uint64_t off = 0;
+    for (int u = 0; u < plan.num_units(); u++) {
+      const uint64_t b = plan.OwnedBegin(u, r), e = plan.OwnedEnd(u, r);
+      if (b >= e) continue;
+      pieces.push_back(SavedPiece{u, r, b, e, off});
+      off += e - b;
+    }
+  }
+  return pieces;
+}
+
+std::vector<uint64_t> FileElements(const std::vector<SavedPiece>& pieces, int num_files) {
+  std::vector<uint64_t> n(num_files, 0);
+  for (const SavedPiece& p : pieces)
+    if (p.file >= 0 && p.file < num_files) n[p.file] = std::max(n[p.file], p.file_offset + (p.end - p.begin));
+  return n;
+}
+
+Status CheckPieces(const std::vector<SavedPiece>& pieces, const std::vector<uint64_t>& unit_numel, int num_files) {
+  const int num_units = static_cast<int>(unit_numel.size());
+  std::vector<std::vector<const SavedPiece*>> by_unit(num_units), by_file(std::max(num_files, 0));
+  for (const SavedPiece& p : pieces) {
+    if (p.unit < 0 || p.unit >= num_units)
+      return Status::Corruption("piece of unit " + std::to_string(p.unit) + ": no such unit (" +
+                                std::to_string(num_units) + " units)");
+    if (p.file < 0 || p.file >= num_files)
+      return Status::Corruption("piece of unit " + std::to_string(p.unit) + " in file " + std::to_string(p.file) +
+                                ": no such file (" + std::to_string(num_files) + " files)");
+    if (p.begin >= p.end || p.end > unit_numel[p.unit])
+      return Status::Corruption("unit " + std::to_string(p.unit) + ": bad piece [" + std::to_string(p.begin) + ", " +
+                                std::to_string(p.end) + ") of " + std::to_string(unit_numel[p.unit]) + " elements");
+    by_unit[p.unit].push_back(&p);
+    by_file[p.file].push_back(&p);
+  }
+  auto range = [](const SavedPiece* p) {
+    return "[" + std::to_string(p->begin) + ", " + std::to_string(p->end) + ")";
+  };
+  for (int u = 0; u < num_units; u++) {
+    auto& v = by_unit[u];
+    std::sort(v.begin(), v.end(), [](const SavedPiece* a, const SavedPiece* b) { return a->begin < b->begin; });
+    uint64_t at = 0;
+    for (const SavedPiece* p : v) {
+      if (p->begin < at) return Status::Corruption("unit " + std::to_string(u) + ": elements " + range(p) + " stored twice");
+      if (p->begin > at)
+        return Status::Corruption("unit " + std::to_string(u) + ": elements [" + std::to_string(at) + ", " +
+                                  std::to_string(p->begin) + ") missing");
+      at = p->end;
+    }
+    if (at != unit_numel[u])
+      return Status::Corruption("unit " + std::to_string(u) + ": elements [" + std::to_string(at) + ", " +
+                                std::to_string(unit_numel[u]) + ") missing");
+  }
+  for (int f = 0; f < num_files; f++) {
+    auto& v = by_file[f];
+    std::sort(v.begin(), v.end(),
+              [](const SavedPiece* a, const SavedPiece* b) { return a->file_offset < b->file_offset; });
+    uint64_t at = 0;
+    for (const SavedPiece* p : v) {
+      if (p->file_offset != at)
+        return Status::Corruption("file " + std::to_string(f) + ": piece of unit " + std::to_string(p->unit) +
+                                  " at offset " + std::to_string(p->file_offset) + ", expected " + std::to_string(at));
+      at += p->end - p->begin;
+    }
+  }
+  return Status::OK();
+}
+
+std::vector<ReadOp> PlanReads(const std::vector<SavedPiece>& pieces, int unit, uint64_t begin, uint64_t end) {
+  std::vector<ReadOp> ops;
+  for (const SavedPiece& p : pieces) {
+    if (p.unit != unit) continue;
+    const uint64_t b = std::max(begin, p.begin), e = std::min(end, p.end);
+    if (b >= e) continue;
+    ops.push_back(ReadOp{p.file, p.file_offset + (b - p.begin), e - b, b - begin});
+  }
+  std::sort(ops.begin(), ops.end(), [](const ReadOp& a, const ReadOp& b) {
+    return a.file != b.file ? a.file < b.file : a.file_offset < b.file_offset;
+  });
+  // Merge reads that are adjacent both in the file and in the destination (one hyperslab).
+  std::vector<ReadOp> merged;
+  for (const ReadOp& op : ops) {
+    if (!merged.empty()) {
+      ReadOp& last = merged.back();
+      if (last.file == op.file && last.file_offset + last.count == op.file_offset &&
+          last.dest_offset + last.count == op.dest_offset) {
+        last.count += op.count;
+        continue;
+      }
+    }
+    merged.push_back(op);
+  }
+  return merged;
+}
+
+namespace {
+
+struct Crc32cTable {
+  uint32_t t[256];
+  Crc32cTable() {
+    for (uint32_t i = 0; i < 256; i++) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      t[i] = c;
+    }
+  }
+};
+
+}  // namespace
+
+uint32_t Crc32c(uint32_t crc, const void* data, size_t bytes) {
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  uint32_t c = ~crc;
+#if defined(__SSE4_2__)
+  uint64_t c64 = c;
+  while (bytes >= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    c64 = _mm_crc32_u64(c64, w);
+    p += 8;
+    bytes -= 8;
+  }
+  c = static_cast<uint32_t>(c64);
+  while (bytes--) c = _mm_crc32_u8(c, *p++);
+#else
+  static const Crc32cTable table;
+  while (bytes--) c = table.t[(c ^ *p++) & 0xFF] ^ (c >> 8);
+#endif
+  return ~c;
+}
+
+std::string StepDirName(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+int64_t ParseStepDirName(const std::string& name) {
+  if (name.size() < 6 || name.compare(0, 5, "step_") != 0) return -1;
+  int64_t v = 0;
+  for (size_t i = 5; i < name.size(); i++) {
+    if (name[i] < '0' || name[i] > '9' || v > (int64_t{1} << 56)) return -1;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
+}  // namespace shardgpt

@@ -1,0 +1,63 @@
+// Checkpoint planning: which flat range of which unit lies where in which shard file, and
+// which byte ranges a loading rank must read. Pure arithmetic, no MPI, no HDF5 (like PyTorch
+// DCP's planner), so every resharding case is unit-testable in one process.
+//
+// A checkpoint saved by N ranks has N shard files. File r holds, for every unit u in order,
+// the real elements [OwnedBegin(u, r), OwnedEnd(u, r)) of ShardPlan(layout, N), concatenated
+// (no padding), once per state kind (master, m, v). With stage 0 every rank still writes only
+// that 1/N slice, so nothing is written twice. The table of these pieces (SavedPiece) is
+// stored in the index; loading intersects it with the range a loading rank needs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "model/param_layout.h"
+
+namespace shardgpt {
+
+// One contiguous piece of a unit stored in one shard file.
+struct SavedPiece {
+  int unit = 0;
+  int file = 0;            // shard file index = saving rank
+  uint64_t begin = 0;      // unit coordinates [begin, end)
+  uint64_t end = 0;
+  uint64_t file_offset = 0;  // element offset of `begin` in the file's datasets
+};
+
+// One read a loading rank performs: `count` elements at `file_offset` of file `file`, to be
+// placed at element `dest_offset` of the destination range (relative to its begin).
+struct ReadOp {
+  int file = 0;
+  uint64_t file_offset = 0;
+  uint64_t count = 0;
+  uint64_t dest_offset = 0;
+};
+
+// The pieces written by a run of `world` ranks, in (file, unit) order; empty ranges omitted.
+std::vector<SavedPiece> PlanSave(const ParamLayout& layout, int world);
+// Elements per file of the plan above (the length of each file's datasets).
+std::vector<uint64_t> FileElements(const std::vector<SavedPiece>& pieces, int num_files);
+
+// Checks that pieces cover every unit [0, numel) exactly once, that files are in range and
+// that each file's pieces are contiguous from 0 (so FileElements is the dataset length).
+// The message names the first problem ("unit 3: elements [0, 10) stored twice").
+Status CheckPieces(const std::vector<SavedPiece>& pieces, const std::vector<uint64_t>& unit_numel, int num_files);
+
+// The reads that fill [begin, end) of `unit` from the saved pieces, sorted by (file, offset);
+// adjacent reads of one file are merged. Only the intersecting pieces are read.
+std::vector<ReadOp> PlanReads(const std::vector<SavedPiece>& pieces, int unit, uint64_t begin, uint64_t end);
+
+// CRC-32C (Castagnoli), chainable: Crc32c(Crc32c(0, a), b) == crc of a followed by b.
+// Hardware instruction where available (SSE4.2), else a table.
+uint32_t Crc32c(uint32_t crc, const void* data, size_t bytes);
+
+// "step_00000123"
+std::string StepDirName(int64_t step);
+// The step of a "step_XXXXXXXX" name, or -1.
+int64_t ParseStepDirName(const std::string& name);
+
+}  // namespace shardgpt
