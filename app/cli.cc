@@ -103,6 +103,8 @@ int Main(int argc, char** argv) {
   CLI::App app{"shardgpt: train GPT models with DDP / ZeRO-1/2/3 over MPI"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all");
+  // a flag given twice takes the last value, as argparse does (scripts append overrides)
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
   // ---- train ----
   TrainOptions t;

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Every bad input gives exactly one "shardgpt: error:" line naming the problem, a non-zero
+# exit on every rank, and no hang (each case runs under a timeout, on 2 ranks).
+set -u
+BIN=$1
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+printf 'In the beginning God created the heaven and the earth. %.0s' $(seq 1 400) > "$T/text.txt"
+"$BIN" prepare --input "$T/text.txt" --output "$T/data" >/dev/null || { echo "prepare failed"; exit 1; }
+printf 'not a shard at all, just some bytes that are long enough to fill a header of 1024 bytes %.0s' $(seq 1 20) > "$T/bad.bin"
+echo '{}' > "$T/model.bin"
+fails=0
+# check NAME EXPECTED_SUBSTRING -- ARGS...: run on 2 ranks, expect rc != 0, one error line containing the substring
+check() {
+  local name=$1 want=$2; shift 3
+  local out rc
+  out=$(timeout 60 mpirun -np 2 --oversubscribe "$BIN" "$@" 2>&1 >/dev/null); rc=$?
+  local n; n=$(grep -c '^shardgpt: error:' <<<"$out")
+  if [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ "$n" -ne 1 ] || ! grep -q -- "$want" <<<"$out"; then
+    echo "FAIL $name: rc=$rc, $n error lines, wanted '$want'"; echo "$out" | head -5; fails=$((fails+1))
+  else
+    echo "ok   $name: $(grep '^shardgpt: error:' <<<"$out")"
+  fi
+}
+D="--data $T/data/train.bin --steps 2 --seq-len 16 --micro-batch 2"
+check unknown-flag      "--bogus"            -- train --bogus
+check no-subcommand     "subcommand"         --
+check stage-range       "zero-stage"         -- train $D --zero-stage 5
+check dtype             "dtype"              -- train $D --dtype fp16
+check missing-data      "$T/nope"            -- train --data "$T/nope*.bin" --steps 1
+check bad-magic         "bad.bin"            -- train --data "$T/bad.bin" --steps 1
+check seq-too-long      "seq-len"            -- train $D --seq-len 4096
+check reduce-grads      "reduce-grads"       -- train $D --zero-stage 1 --reduce-grads last-micro
+check reduce-dtype      "reduce-dtype"       -- train $D --reduce-dtype bf16
+check cuda              "CUDA backend"       -- train $D --device cuda
+check init-missing      "$T/none.bin"        -- train $D --init "$T/none.bin"
+check init-bad          "model.bin"          -- train $D --init "$T/model.bin"
+check batch-tokens      "batch-tokens"       -- train $D --batch-tokens 1000
+check n-embd-heads      "n-head"             -- train $D --n-embd 30 --n-head 4
+check too-few-tokens    "need at least"      -- train $D --micro-batch 100000
+check vocab-too-small   "vocab"              -- train $D --vocab-size 100
+check preset            "preset"             -- train $D --model d7
+check log-unwritable    "/nonexistent/dir"   -- train $D --log /nonexistent/dir/log.jsonl
+check prepare-missing   "$T/missing.txt"     -- prepare --input "$T/missing.txt" --output "$T/out"
+check sample-missing    "$T/none.bin"        -- sample --model-file "$T/none.bin"
+[ $fails -eq 0 ] && echo "all CLI error cases ok" || { echo "$fails case(s) failed"; exit 1; }
