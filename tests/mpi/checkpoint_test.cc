@@ -340,6 +340,29 @@ TEST(Checkpoint, RefusesBrokenCheckpointsOnAllRanks) {
       EXPECT_NE(v.message().find(c.want_file), std::string::npos) << v.message();
     }
   }
+  // A value rewritten through HDF5 (valid Fletcher32) is caught by verify's CRC-32C.
+  if (rank == 0) {
+    const std::string path = dir + "/rewritten";
+    fs::copy(good, path, fs::copy_options::recursive);
+    hid_t f = H5Fopen((path + "/rank_00000.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t d = H5Dopen2(f, "v", H5P_DEFAULT);
+    hid_t space = H5Dget_space(d);
+    const hsize_t start = 0, one = 1;
+    H5Sselect_hyperslab(space, H5S_SELECT_SET, &start, nullptr, &one, nullptr);
+    hid_t mem = H5Screate_simple(1, &one, nullptr);
+    const float x = 12345.0f;
+    EXPECT_GE(H5Dwrite(d, H5T_NATIVE_FLOAT, mem, space, H5P_DEFAULT, &x), 0);
+    H5Sclose(mem);
+    H5Sclose(space);
+    H5Dclose(d);
+    H5Fclose(f);
+    const uint64_t size = fs::file_size(path + "/rank_00000.h5"), want = fs::file_size(good + "/rank_00000.h5");
+    EXPECT_EQ(size, want);  // the chunk is rewritten in place: only the CRC can tell
+    Status v = RunCkptVerify(path);
+    EXPECT_FALSE(v.ok());
+    EXPECT_NE(v.message().find("rank_00000.h5: checksum mismatch in dataset /v (CRC-32C"), std::string::npos)
+        << v.message();
+  }
   // The intact checkpoint still loads and verifies.
   auto st = LoadCheckpoint(good, "", *b->engine, *b->layout, *b->comm, true);
   EXPECT_TRUE(st.ok()) << st.status().ToString();

@@ -1,0 +1,142 @@
+// Checkpoint planning without MPI or HDF5: the saved pieces cover every unit exactly once
+// with nothing written twice, and for every saving world x loading world x stage the reads a
+// rank plans fill exactly its range, touch only the files that hold it, and are minimal.
+#include "io/checkpoint_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "parallel/shard_plan.h"
+
+namespace shardgpt {
+namespace {
+
+GPTConfig Small() {
+  GPTConfig c;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 32;
+  c.max_seq_len = 64;
+  c.vocab_size = 256;
+  return c;
+}
+
+std::vector<uint64_t> UnitNumel(const ParamLayout& L) {
+  std::vector<uint64_t> n;
+  for (const UnitInfo& u : L.units()) n.push_back(u.numel);
+  return n;
+}
+
+TEST(CheckpointPlan, SavedPiecesCoverEveryUnitOnce) {
+  const ParamLayout L(Small());
+  for (int world = 1; world <= 7; world++) {
+    const auto pieces = PlanSave(L, world);
+    EXPECT_TRUE(CheckPieces(pieces, UnitNumel(L), world).ok()) << world;
+    const auto elems = FileElements(pieces, world);
+    uint64_t total = 0;
+    for (uint64_t e : elems) total += e;
+    EXPECT_EQ(total, L.total_numel()) << "nothing written twice, no padding, world " << world;
+    // File r holds exactly ShardPlan's owned ranges of rank r.
+    const ShardPlan plan(L, world);
+    for (const SavedPiece& p : pieces) {
+      EXPECT_EQ(p.begin, plan.OwnedBegin(p.unit, p.file));
+      EXPECT_EQ(p.end, plan.OwnedEnd(p.unit, p.file));
+    }
+  }
+}
+
+TEST(CheckpointPlan, CheckPiecesNamesTheProblem) {
+  const ParamLayout L(Small());
+  auto pieces = PlanSave(L, 2);
+  auto dup = pieces;
+  dup.push_back(pieces[0]);
+  Status st = CheckPieces(dup, UnitNumel(L), 2);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("stored twice"), std::string::npos) << st.message();
+  auto gap = pieces;
+  gap.erase(gap.begin());
+  st = CheckPieces(gap, UnitNumel(L), 2);
+  EXPECT_NE(st.message().find("missing"), std::string::npos) << st.message();
+  auto bad_file = pieces;
+  bad_file[0].file = 5;
+  st = CheckPieces(bad_file, UnitNumel(L), 2);
+  EXPECT_NE(st.message().find("no such file"), std::string::npos) << st.message();
+}
+
+// Simulates loading: fill each target range from "files" whose element i of file f is a
+// tag (f, i), and check every element lands where the unit coordinate says.
+TEST(CheckpointPlan, ReadsFillAnyTargetRangeExactly) {
+  const ParamLayout L(Small());
+  for (int saved = 1; saved <= 5; saved++) {
+    const auto pieces = PlanSave(L, saved);
+    // unit coordinate of every file element, to check the placement
+    std::vector<std::vector<std::pair<int, uint64_t>>> file_elems(saved);
+    const auto elems = FileElements(pieces, saved);
+    for (int f = 0; f < saved; f++) file_elems[f].resize(elems[f]);
+    for (const SavedPiece& p : pieces)
+      for (uint64_t i = p.begin; i < p.end; i++) file_elems[p.file][p.file_offset + i - p.begin] = {p.unit, i};
+    for (int target = 1; target <= 5; target++) {
+      const ShardPlan plan(L, target);
+      for (int stage : {0, 1}) {
+        for (int r = 0; r < target; r++) {
+          for (int u = 0; u < L.num_units(); u++) {
+            const uint64_t b = stage == 0 ? 0 : plan.OwnedBegin(u, r);
+            const uint64_t e = stage == 0 ? L.units()[u].numel : plan.OwnedEnd(u, r);
+            const auto ops = PlanReads(pieces, u, b, e);
+            std::vector<int> hit(e - b, 0);
+            std::set<int> files;
+            for (const ReadOp& op : ops) {
+              files.insert(op.file);
+              for (uint64_t i = 0; i < op.count; i++) {
+                ASSERT_LT(op.dest_offset + i, e - b);
+                hit[op.dest_offset + i]++;
+                const auto& where = file_elems[op.file][op.file_offset + i];
+                ASSERT_EQ(where.first, u);
+                ASSERT_EQ(where.second, b + op.dest_offset + i);
+              }
+            }
+            for (int h : hit) ASSERT_EQ(h, 1) << "saved " << saved << " target " << target << " unit " << u;
+            // Only the files whose pieces intersect the range; one read per such file.
+            std::set<int> need;
+            for (const SavedPiece& p : pieces)
+              if (p.unit == u && p.begin < e && b < p.end) need.insert(p.file);
+            EXPECT_EQ(files, need);
+            EXPECT_EQ(ops.size(), need.size());
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CheckpointPlan, SameWorldReadsOneOwnFilePiece) {
+  const ParamLayout L(Small());
+  const auto pieces = PlanSave(L, 3);
+  const ShardPlan plan(L, 3);
+  for (int r = 0; r < 3; r++)
+    for (int u = 0; u < L.num_units(); u++) {
+      const auto ops = PlanReads(pieces, u, plan.OwnedBegin(u, r), plan.OwnedEnd(u, r));
+      if (plan.OwnedBegin(u, r) == plan.OwnedEnd(u, r)) {
+        EXPECT_TRUE(ops.empty());
+        continue;
+      }
+      ASSERT_EQ(ops.size(), 1u);
+      EXPECT_EQ(ops[0].file, r);
+    }
+}
+
+TEST(CheckpointPlan, Crc32cAndStepNames) {
+  EXPECT_EQ(Crc32c(0, "123456789", 9), 0xE3069283u);  // the standard check value
+  EXPECT_EQ(Crc32c(Crc32c(0, "1234", 4), "56789", 5), 0xE3069283u);
+  EXPECT_EQ(Crc32c(0, "", 0), 0u);
+  EXPECT_EQ(StepDirName(42), "step_00000042");
+  EXPECT_EQ(ParseStepDirName("step_00000042"), 42);
+  EXPECT_EQ(ParseStepDirName("step_123456789"), 123456789);
+  EXPECT_EQ(ParseStepDirName("step_"), -1);
+  EXPECT_EQ(ParseStepDirName("step_12a"), -1);
+  EXPECT_EQ(ParseStepDirName(".tmp.step_00000001"), -1);
+}
+
+}  // namespace
+}  // namespace shardgpt
