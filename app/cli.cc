@@ -7,6 +7,7 @@
 #include <map>
 #include <thread>
 
+#include "app/ckpt_commands.h"
 #include "app/commands.h"
 #include "app/report.h"
 #include "app/train.h"
@@ -136,6 +137,11 @@ int Main(int argc, char** argv) {
   train->add_option("--seed", t.seed, "seed of initialisation and data order")->capture_default_str();
   train->add_flag("--no-shuffle", no_shuffle, "visit the training windows in file order");
   train->add_option("--device", device, "cpu (cuda: not implemented yet)")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  train->add_option("--ckpt-dir", t.ckpt_dir, "write sharded HDF5 checkpoints under DIR (every --ckpt-every steps and at the end)");
+  train->add_option("--ckpt-every", t.ckpt_every, "checkpoint every N steps (0: only at the end)")->capture_default_str();
+  train->add_option("--keep-last", t.keep_last, "keep only the K newest checkpoints (0: all)")->capture_default_str();
+  train->add_option("--resume", t.resume, "resume from 'latest' (under --ckpt-dir) or a checkpoint directory");
+  train->add_option("--stop-at-step", t.stop_at_step, "checkpoint and stop once this many steps are done, as if preempted (the schedule still follows --steps)");
   train->add_flag("--quiet", t.quiet, "print only the final loss and sample");
   train->add_option("--threads", t.threads, "compute threads per rank (default: cores / ranks on the node)");
   train->add_option("--log", t.log_file, "write one JSON line per step to this file");
@@ -155,7 +161,8 @@ int Main(int argc, char** argv) {
   // ---- sample ----
   SampleOptions s;
   CLI::App* sample = app.add_subcommand("sample", "generate text from a trained model");
-  sample->add_option("--model-file", s.model_file, "llm.c model .bin (as written by train --save-model)")->required();
+  auto* model_file_opt = sample->add_option("--model-file", s.model_file, "llm.c model .bin (as written by train --save-model)");
+  sample->add_option("--checkpoint", s.checkpoint, "a checkpoint directory (or a --ckpt-dir: its latest)")->excludes(model_file_opt);
   sample->add_option("--tokenizer", s.tokenizer_file, "llm.c tokenizer .bin to decode GPT-2 ids (default: bytes)");
   sample->add_option("--prompt", s.prompt, "prompt text (byte-level models) ")->capture_default_str();
   sample->add_option("--prompt-ids", s.prompt_ids, "prompt as token ids (any tokenizer)");
@@ -175,6 +182,19 @@ int Main(int argc, char** argv) {
   plan->add_option("-b,--micro-batch", p.micro_batch, "sequences per rank per micro-batch")->capture_default_str();
   plan->add_option("-t,--seq-len", p.seq_len, "tokens per sequence")->capture_default_str();
   plan->add_option("--grad-accum", p.grad_accum, "micro-batches per step")->capture_default_str();
+
+  // ---- ckpt verify / inspect, export ----
+  std::string ckpt_path, export_out, export_llmc;
+  CLI::App* ckpt = app.add_subcommand("ckpt", "check or describe a sharded checkpoint");
+  ckpt->require_subcommand(1);
+  CLI::App* verify = ckpt->add_subcommand("verify", "verify every shard's checksum and size without training");
+  verify->add_option("path", ckpt_path, "checkpoint directory (or a --ckpt-dir: its latest)")->required();
+  CLI::App* inspect = ckpt->add_subcommand("inspect", "print a checkpoint's index");
+  inspect->add_option("path", ckpt_path, "checkpoint directory (or a --ckpt-dir: its latest)")->required();
+  CLI::App* exporter = app.add_subcommand("export", "write a checkpoint as one consolidated HDF5 file (and an llm.c .bin)");
+  exporter->add_option("path", ckpt_path, "checkpoint directory (or a --ckpt-dir: its latest)")->required();
+  exporter->add_option("--out", export_out, "consolidated HDF5 file, one dataset per parameter at full shape")->required();
+  exporter->add_option("--llmc", export_llmc, "also write an llm.c model .bin (version 3, fp32)");
 
   int rc = 0;
   try {
@@ -204,12 +224,17 @@ int Main(int argc, char** argv) {
         t.shuffle = !no_shuffle;
         t.schedule.kind = LrSchedule::ParseKind(schedule).value();
         if (t.threads <= 0) t.threads = default_threads;
-        st = RunTrain(t, *comm.value());
+        InstallStopSignalHandlers();
+        st = RunTrain(t, *comm.value(), &rc);
       }
       st = Agree(*comm.value(), st);
     }
   } else if (*prepare) {
     if (rank == 0) st = RunPrepare(prep_inputs, prep_out, val_fraction);
+  } else if (*ckpt) {
+    if (rank == 0) st = *verify ? RunCkptVerify(ckpt_path) : RunCkptInspect(ckpt_path);
+  } else if (*exporter) {
+    if (rank == 0) st = RunExport(ckpt_path, export_out, export_llmc);
   } else if (*sample) {
     if (rank == 0) st = RunSample(s, default_threads);
   } else if (*plan) {

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "io/checkpoint.h"
 #include "io/llmc_model.h"
 #include "io/prepare.h"
 #include "io/tokenizer.h"
@@ -23,7 +24,9 @@ Status RunPrepare(const std::vector<std::string>& inputs, const std::string& out
 
 Status RunSample(const SampleOptions& o, int threads) {
   SetComputeThreads(threads);
-  auto m = ReadLlmcModel(o.model_file);
+  if (o.model_file.empty() == o.checkpoint.empty())
+    return Status::InvalidArgument("sample: give exactly one of --model-file FILE or --checkpoint DIR");
+  auto m = o.checkpoint.empty() ? ReadLlmcModel(o.model_file) : LoadCheckpointFullModel(o.checkpoint);
   if (!m.ok()) return m.status();
   const GPTConfig cfg = m->config;
   Tokenizer tok = Tokenizer::ByteLevel();

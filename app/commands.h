@@ -15,6 +15,7 @@ Status RunPrepare(const std::vector<std::string>& inputs, const std::string& out
 
 struct SampleOptions {
   std::string model_file;
+  std::string checkpoint;  // alternative to model_file
   std::string tokenizer_file;
   std::string prompt = "\n";
   std::vector<int> prompt_ids;

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <csignal>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "app/report.h"
+#include "io/checkpoint.h"
 #include "io/data_loader.h"
 #include "io/llmc_model.h"
 #include "io/tokenizer.h"
@@ -21,6 +24,9 @@
 namespace shardgpt {
 
 namespace {
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+void OnStopSignal(int sig) { g_stop_signal = sig; }
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -70,7 +76,16 @@ std::string ProgressBar(int step, int total) {
 
 }  // namespace
 
-Status RunTrain(TrainOptions o, Communicator& comm) {
+void InstallStopSignalHandlers() {
+  struct sigaction sa {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGUSR1, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+Status RunTrain(TrainOptions o, Communicator& comm, int* exit_code) {
+  *exit_code = 0;
   const int rank = comm.rank(), world = comm.world_size();
   const bool lead = rank == 0;
   SetComputeThreads(o.threads);
@@ -84,6 +99,25 @@ Status RunTrain(TrainOptions o, Communicator& comm) {
     o.model = init->config;
   }
   SHARDGPT_RETURN_IF_ERROR(o.model.Validate());
+  std::string resume_path;
+  if (!o.resume.empty()) {
+    if (o.resume == "latest" && o.ckpt_dir.empty())
+      return Status::InvalidArgument("--resume latest needs --ckpt-dir (where to look for the latest checkpoint)");
+    auto where = ResolveCheckpoint(o.resume, o.ckpt_dir);
+    if (where.ok()) {
+      resume_path = where.value();
+      auto saved = ReadCheckpointConfig(resume_path, o.ckpt_dir);
+      SHARDGPT_RETURN_IF_ERROR(Agree(comm, saved.status()));
+      const std::string diff = saved->FirstDifference(o.model);
+      if (!diff.empty())
+        return Status::InvalidArgument(resume_path + ": checkpoint is for another model (" + diff +
+                                       ", checkpoint vs this run)");
+    } else if (!(o.resume == "latest" && where.status().code() == Status::Code::kNotFound)) {
+      return Agree(comm, where.status());
+    } else if (lead && !o.quiet) {
+      std::printf("--resume latest: no checkpoint in %s yet, starting from scratch\n", o.ckpt_dir.c_str());
+    }
+  }
   if (o.seq_len < 1 || o.seq_len > o.model.max_seq_len)
     return Status::InvalidArgument("--seq-len " + std::to_string(o.seq_len) + " must be in [1, " +
                                    std::to_string(o.model.max_seq_len) + "] (the model's maximum sequence length)");
@@ -97,6 +131,8 @@ Status RunTrain(TrainOptions o, Communicator& comm) {
   }
   if (o.grad_accum < 1) return Status::InvalidArgument("--grad-accum must be >= 1");
   if (o.steps < 1) return Status::InvalidArgument("--steps must be >= 1");
+  if (o.ckpt_every > 0 && o.ckpt_dir.empty())
+    return Status::InvalidArgument("--ckpt-every needs --ckpt-dir (where to write checkpoints)");
   o.schedule.total_steps = o.steps;
 
   ParamLayout layout(o.model);
@@ -133,6 +169,22 @@ Status RunTrain(TrainOptions o, Communicator& comm) {
   }
   SHARDGPT_RETURN_IF_ERROR(Agree(comm, Status::OK()));
 
+  TrainState state;
+  state.seed = o.seed;
+  if (!resume_path.empty()) {
+    auto loaded = LoadCheckpoint(resume_path, o.ckpt_dir, engine, layout, comm, o.quiet);
+    SHARDGPT_RETURN_IF_ERROR(Agree(comm, loaded.status()));
+    state = loaded.value();
+    train.Restore(LoaderState{state.loader_position});
+    if (lead && !o.quiet)
+      std::printf("resumed from %s at step %lld (%lld tokens seen)\n", resume_path.c_str(),
+                  static_cast<long long>(state.step), static_cast<long long>(state.tokens));
+  }
+  auto save = [&]() -> Status {
+    state.loader_position = train.state().position;
+    return SaveCheckpoint(o.ckpt_dir, state, engine, layout, comm, o.keep_last, o.quiet);
+  };
+
   GPT model(o.model, B, T);
   const double psi = static_cast<double>(layout.total_numel());
   if (lead && !o.quiet) {
@@ -148,7 +200,19 @@ Status RunTrain(TrainOptions o, Communicator& comm) {
   const long long tokens_per_step = static_cast<long long>(B) * T * A * world;
   const bool tty = isatty(fileno(stdout));
   float last_loss = 0, last_val = NAN;
-  for (int step = 0; step < o.steps; step++) {
+  for (int step = static_cast<int>(state.step); step < o.steps; step++) {
+    // a stop signal on any rank: every rank checkpoints at this step boundary and stops
+    if (o.stop_at_step > 0 && step == o.stop_at_step) {
+      if (!o.ckpt_dir.empty()) SHARDGPT_RETURN_IF_ERROR(Agree(comm, save()));
+      if (lead && !o.quiet) std::printf("stopped at step %d (--stop-at-step)\n", step);
+      return Status::OK();
+    }
+    if (!comm.AllTrue(g_stop_signal == 0)) {
+      if (lead) std::printf("stop signal received: checkpointing at step %d and exiting (status %d)\n", step, kExitSignalled);
+      if (!o.ckpt_dir.empty()) SHARDGPT_RETURN_IF_ERROR(Agree(comm, save()));
+      *exit_code = kExitSignalled;
+      return Status::OK();
+    }
     const double t0 = Now();
     const float lr = o.schedule.At(step);
     engine.BeginStep();
@@ -164,6 +228,10 @@ Status RunTrain(TrainOptions o, Communicator& comm) {
     const float loss = static_cast<float>(comm.AllReduceScalar(loss_sum / A, ReduceOp::kAvg));
     const double dt = Now() - t0;
     last_loss = loss;
+    state.step = step + 1;
+    state.tokens += tokens_per_step;
+    if (o.ckpt_every > 0 && state.step % o.ckpt_every == 0 && state.step < o.steps)
+      SHARDGPT_RETURN_IF_ERROR(Agree(comm, save()));
     const bool eval_now = val && ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || step + 1 == o.steps);
     if (eval_now) last_val = Evaluate(model, engine, *val, o.val_batches, B, T);
     const std::vector<uint64_t> per_rank_comm = GatherPerRank(comm, report.comm.Total().bytes_sent);
@@ -182,7 +250,7 @@ Status RunTrain(TrainOptions o, Communicator& comm) {
       j["loss"] = loss;
       j["lr"] = lr;
       j["grad_norm"] = norm;
-      j["tokens"] = tokens_per_step * (step + 1);
+      j["tokens"] = state.tokens;
       j["tokens_per_s"] = tps;
       j["ms"] = dt * 1e3;
       j["comm_bytes_per_rank"] = per_rank_comm;
@@ -194,6 +262,7 @@ Status RunTrain(TrainOptions o, Communicator& comm) {
   }
 
   // ---- outputs ----
+  if (!o.ckpt_dir.empty()) SHARDGPT_RETURN_IF_ERROR(Agree(comm, save()));
   if (!o.save_model.empty()) {
     LocalParams local(layout);
     engine.GatherFullParams(local.params());

@@ -39,10 +39,24 @@ struct TrainOptions {
   std::string sample_prompt = "\n";
   int threads = 0;  // 0: cores / ranks on this node
   bool quiet = false;
+  // checkpoints (io/checkpoint.h)
+  std::string ckpt_dir;    // save DIR/step_XXXXXXXX/ every ckpt_every steps and at the end
+  int ckpt_every = 0;
+  int keep_last = 0;       // 0 keeps all
+  std::string resume;      // "latest" (under ckpt_dir) or a checkpoint directory
+  int stop_at_step = 0;    // > 0: checkpoint and stop after this step, as if preempted
 };
 
+// Exit status after SIGUSR1/SIGTERM: all ranks saved a checkpoint at the next step boundary
+// and stopped; resubmit with --resume latest (EX_TEMPFAIL: "try again").
+constexpr int kExitSignalled = 75;
+
 // Runs training on every rank of comm. Returns OK or the first error (already agreed on by
-// all ranks where the error can differ between them).
-Status RunTrain(TrainOptions opts, Communicator& comm);
+// all ranks where the error can differ between them). *exit_code is 0, or kExitSignalled
+// when a signal stopped the run after a checkpoint.
+Status RunTrain(TrainOptions opts, Communicator& comm, int* exit_code);
+
+// Installs the SIGUSR1 / SIGTERM handlers that ask the loop to checkpoint and stop.
+void InstallStopSignalHandlers();
 
 }  // namespace shardgpt
