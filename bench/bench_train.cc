@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "base/passive_wait.h"
 #include "model/gpt.h"
 #include "model/kernels_cpu.h"
 #include "model/rng.h"
@@ -25,6 +26,7 @@
 using namespace shardgpt;
 
 int main(int argc, char** argv) {
+  EnsurePassiveOpenMPWait(argv);
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   std::string config = "tiny", dtype = "fp32";
@@ -96,7 +98,7 @@ int main(int argc, char** argv) {
                 "median step %.1f ms | %.0f tokens/s | %.1f GFLOP/s",
                 config.c_str(), comm.world_size(), stage, dtype.c_str(), threads, B, T, accum, N / 1e6, med * 1e3,
                 tokens / med, tokens * flops_per_token / med / 1e9);
-    if (!hidden.empty()) std::printf(" | comm hidden behind backward %.0f%%", 100 * hidden[hidden.size() / 2]);
+    if (!hidden.empty() && comm.world_size() > 1) std::printf(" | comm hidden behind backward %.0f%%", 100 * hidden[hidden.size() / 2]);
     std::printf("\n");
   }
   }
