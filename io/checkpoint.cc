@@ -233,24 +233,44 @@ Status WriteShard(const std::string& path, int rank, int world, uint64_t id, int
     H5Pset_fletcher32(dcpl.get());
   }
   H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);  // every element is written once
-  Id dapl = h5::ChunkCacheAccess(chunk * sizeof(float));
   Id space(H5Screate_simple(1, &dims, nullptr), H5Sclose);
+  // Chunks are assembled in one chunk-sized staging buffer (not a model copy) and written
+  // pre-filtered with H5Dwrite_chunk: our vectorised Fletcher32 is appended, which is what
+  // HDF5's filter would append (readers check it through the filter as usual). That skips
+  // HDF5's chunk cache copy and its byte-at-a-time Fletcher32, which halved save speed.
+  std::vector<float> staging(n > 0 ? chunk + 1 : 0);
+  std::vector<const SavedPiece*> mine;
+  for (const SavedPiece& p : pieces)
+    if (p.file == rank) mine.push_back(&p);  // in file_offset order (PlanSave's order)
   for (int k = 0; k < 3; k++) {
-    Id dset(H5Dcreate2(file.get(), kKinds[k], H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), dapl.get()),
+    Id dset(H5Dcreate2(file.get(), kKinds[k], H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
             H5Dclose);
     if (!dset.valid()) return Status::IOError(path + ": cannot create dataset /" + kKinds[k] + ": " + h5::LastError());
     uint32_t crc = 0;
-    for (const SavedPiece& p : pieces) {
-      if (p.file != rank) continue;
-      const Engine::OwnedState st = engine.Owned(p.unit);
-      if (p.begin < st.begin || p.end > st.end)
-        return Status::Internal("checkpoint: unit " + std::to_string(p.unit) + " piece not owned by rank " +
-                                std::to_string(rank));
-      const float* base = k == 0 ? st.master : k == 1 ? st.m : st.v;
-      const float* src = base + (p.begin - st.begin);  // stage 0: a sub-range of the full unit
-      if (!h5::WriteSlab(dset.get(), p.file_offset, p.end - p.begin, src))
+    size_t pi = 0;
+    for (uint64_t lo = 0; lo < n; lo += chunk) {
+      const uint64_t hi = std::min<uint64_t>(lo + chunk, n);
+      for (uint64_t at = lo; at < hi;) {  // copy the pieces overlapping [lo, hi)
+        while (mine[pi]->file_offset + (mine[pi]->end - mine[pi]->begin) <= at) pi++;
+        const SavedPiece& p = *mine[pi];
+        const Engine::OwnedState st = engine.Owned(p.unit);
+        if (p.begin < st.begin || p.end > st.end)
+          return Status::Internal("checkpoint: unit " + std::to_string(p.unit) + " piece not owned by rank " +
+                                  std::to_string(rank));
+        const float* base = k == 0 ? st.master : k == 1 ? st.m : st.v;
+        const uint64_t unit_at = p.begin + (at - p.file_offset);  // stage 0: a sub-range of the full unit
+        const uint64_t cnt = std::min<uint64_t>(hi, p.file_offset + (p.end - p.begin)) - at;
+        std::memcpy(&staging[at - lo], base + (unit_at - st.begin), cnt * sizeof(float));
+        at += cnt;
+      }
+      std::fill(staging.begin() + (hi - lo), staging.begin() + chunk, 0.0f);  // the last chunk's tail
+      crc = Crc32c(crc, staging.data(), (hi - lo) * sizeof(float));
+      const uint32_t fl = Fletcher32(staging.data(), chunk * sizeof(float));
+      uint8_t* tail = reinterpret_cast<uint8_t*>(&staging[chunk]);
+      for (int b = 0; b < 4; b++) tail[b] = static_cast<uint8_t>(fl >> (8 * b));  // little-endian, as HDF5
+      const hsize_t offset = lo;
+      if (H5Dwrite_chunk(dset.get(), H5P_DEFAULT, 0, &offset, (chunk + 1) * sizeof(float), staging.data()) < 0)
         return Status::IOError(path + ": cannot write /" + kKinds[k] + ": " + h5::LastError());
-      crc = Crc32c(crc, src, (p.end - p.begin) * sizeof(float));
     }
     if (!dset.Close()) return Status::IOError(path + ": cannot write /" + kKinds[k] + ": " + h5::LastError());
     out->crc[k] = crc;

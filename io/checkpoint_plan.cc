@@ -146,6 +146,38 @@ uint32_t Crc32c(uint32_t crc, const void* data, size_t bytes) {
   return ~c;
 }
 
+uint32_t Fletcher32(const void* data, size_t bytes) {
+  const uint8_t* d = static_cast<const uint8_t*>(data);
+  size_t len = bytes / 2;
+  uint32_t sum1 = 0, sum2 = 0;
+  while (len) {
+    const uint32_t tlen = static_cast<uint32_t>(len > 360 ? 360 : len);
+    len -= tlen;
+    // HDF5 adds words one by one: sum1 += w_i; sum2 += sum1. Over the block that is
+    // sum2 += tlen * sum1_before + sum_i (tlen - i) w_i; 360 words keep it below 2^32.
+    uint32_t s = 0, t = 0;
+    for (uint32_t i = 0; i < tlen; i++) {
+      const uint32_t w = (static_cast<uint32_t>(d[2 * i]) << 8) | d[2 * i + 1];
+      s += w;
+      t += (tlen - i) * w;
+    }
+    d += 2 * tlen;
+    sum2 += tlen * sum1 + t;
+    sum1 += s;
+    sum1 = (sum1 & 0xffff) + (sum1 >> 16);
+    sum2 = (sum2 & 0xffff) + (sum2 >> 16);
+  }
+  if (bytes % 2) {
+    sum1 += static_cast<uint32_t>(*d) << 8;
+    sum2 += sum1;
+    sum1 = (sum1 & 0xffff) + (sum1 >> 16);
+    sum2 = (sum2 & 0xffff) + (sum2 >> 16);
+  }
+  sum1 = (sum1 & 0xffff) + (sum1 >> 16);
+  sum2 = (sum2 & 0xffff) + (sum2 >> 16);
+  return (sum2 << 16) | sum1;
+}
+
 std::string StepDirName(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "step_%08lld", static_cast<long long>(step));

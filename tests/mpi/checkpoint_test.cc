@@ -255,6 +255,27 @@ TEST(Checkpoint, ReshardAcrossWorldsAndStages) {
   Cleanup(dir);
 }
 
+// Files of more than one 4 MiB chunk (a partial last chunk), on 1 and 2 ranks at least.
+TEST(Checkpoint, MultiChunkFiles) {
+  const std::string dir = SharedDir("chunks");
+  GPTConfig c = SmallConfig(1);
+  c.n_embd = 256;
+  c.vocab_size = 4096;  // ~1.85M parameters
+  auto a = MakeRun(MPI_COMM_WORLD, c, 1, 21);
+  for (int u = 0; u < a->layout->num_units(); u++) {
+    const Engine::OwnedState st = a->engine->Owned(u);
+    for (size_t i = 0; i < st.end - st.begin; i++) st.m[i] = 0.5f * st.master[i], st.v[i] = static_cast<float>(i);
+  }
+  const std::vector<uint32_t> before = FullState(*a);
+  ASSERT_TRUE(SaveCheckpoint(dir, StateOf(*a), *a->engine, *a->layout, *a->comm, 0, true).ok());
+  auto b = MakeRun(MPI_COMM_WORLD, c, 0, 22);
+  auto st = LoadCheckpoint(dir, "", *b->engine, *b->layout, *b->comm, true);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_TRUE(FullState(*b) == before);
+  if (WorldRank() == 0) EXPECT_TRUE(RunCkptVerify(dir).ok());
+  Cleanup(dir);
+}
+
 // ---- refusals: every rank fails, the message names the file ----
 
 void FlipByteInChunk0(const std::string& file, const char* dataset) {

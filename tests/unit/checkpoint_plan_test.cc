@@ -4,7 +4,11 @@
 #include "io/checkpoint_plan.h"
 
 #include <gtest/gtest.h>
+#include <hdf5.h>
 
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <set>
 
 #include "parallel/shard_plan.h"
@@ -136,6 +140,41 @@ TEST(CheckpointPlan, Crc32cAndStepNames) {
   EXPECT_EQ(ParseStepDirName("step_"), -1);
   EXPECT_EQ(ParseStepDirName("step_12a"), -1);
   EXPECT_EQ(ParseStepDirName(".tmp.step_00000001"), -1);
+}
+
+// Our Fletcher32 must be bit-identical to what HDF5's filter appends (chunks are written
+// pre-filtered). Write through the filter, read the raw chunk back, compare its trailer.
+TEST(CheckpointPlan, Fletcher32MatchesHdf5Filter) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  const std::string path = (std::filesystem::temp_directory_path() / "fletcher_test.h5").string();
+  for (hsize_t n : {hsize_t{1}, hsize_t{7}, hsize_t{180}, hsize_t{181}, hsize_t{1000}, hsize_t{100003}}) {
+    std::vector<float> data(n);
+    for (hsize_t i = 0; i < n; i++) data[i] = static_cast<float>(i) * -1.37e-3f + (i % 3 ? 1e30f : -0.0f);
+    hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(dcpl, 1, &n);
+    H5Pset_fletcher32(dcpl);
+    hid_t space = H5Screate_simple(1, &n, nullptr);
+    hid_t d = H5Dcreate2(f, "x", H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    ASSERT_GE(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), 0);
+    H5Dclose(d);
+    d = H5Dopen2(f, "x", H5P_DEFAULT);
+    std::vector<uint8_t> raw(n * 4 + 4);
+    const hsize_t offset = 0;
+    uint32_t mask = 0;
+    ASSERT_GE(H5Dread_chunk(d, H5P_DEFAULT, &offset, &mask, raw.data()), 0);
+    const uint32_t stored = raw[n * 4] | (raw[n * 4 + 1] << 8) | (raw[n * 4 + 2] << 16) |
+                            (static_cast<uint32_t>(raw[n * 4 + 3]) << 24);
+    EXPECT_EQ(Fletcher32(data.data(), n * 4), stored) << n;
+    EXPECT_EQ(0, std::memcmp(raw.data(), data.data(), n * 4));
+    H5Dclose(d);
+    H5Sclose(space);
+    H5Pclose(dcpl);
+    H5Fclose(f);
+  }
+  std::remove(path.c_str());
+  const char odd[3] = {1, 2, 3};  // odd lengths as HDF5 (last byte as a high half-word)
+  EXPECT_EQ(Fletcher32(odd, 3), ((0x0102u + (0x0102u + 0x0300u)) << 16) | (0x0102u + 0x0300u));
 }
 
 }  // namespace
