@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Checkpoint / resume through the executable (DESIGN.md invariants 4 and 5):
+#  - same ranks and stage: the resumed run is bitwise identical (every loss, the final model);
+#  - 2 ranks stage 1 -> 3 ranks stage 3, 4 -> 1, 1 -> 4 (same global batch): same data order,
+#    losses within 1e-3 of the uninterrupted run;
+#  - another model config is refused naming the field;
+#  - kill -9 during training with a checkpoint every step never leaves an unloadable latest.
+set -euo pipefail
+BIN=$1
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+for i in $(seq 1 400); do echo "In the beginning God created the heaven and the earth. And the earth was without form, and void."; done > "$T/text.txt"
+"$BIN" prepare --input "$T/text.txt" --output "$T/data" >/dev/null
+COMMON="--data $T/data/train.bin --seq-len 32 --steps 8 --lr 3e-3 --seed 5 --quiet --n-layer 2 --n-embd 64 --n-head 4"
+train() {  # train NP B STAGE LOG [flags]
+  local np=$1 b=$2 stage=$3 log=$4; shift 4
+  mpirun -np "$np" --oversubscribe "$BIN" train $COMMON --micro-batch "$b" --zero-stage "$stage" --log "$log" "$@" >/dev/null
+}
+train 2 6 1 "$T/full.jsonl" --save-model "$T/full.bin"
+# same ranks and stage, interrupted after step 4
+train 2 6 1 "$T/a1.jsonl" --ckpt-dir "$T/ca" --stop-at-step 4
+train 2 6 1 "$T/a2.jsonl" --ckpt-dir "$T/ca" --resume latest --save-model "$T/resumed.bin"
+cmp "$T/full.bin" "$T/resumed.bin" || { echo "FAIL: resumed final model differs from the uninterrupted one"; exit 1; }
+"$BIN" ckpt verify "$T/ca" >/dev/null
+"$BIN" ckpt inspect "$T/ca/step_00000004" | grep -q "step" 
+# other rank counts and stages, from the same step-4 checkpoint or a new one
+train 3 4 3 "$T/b2.jsonl" --ckpt-dir "$T/cb" --resume "$T/ca/step_00000004"
+train 4 3 2 "$T/c1.jsonl" --ckpt-dir "$T/cc" --stop-at-step 4
+train 1 12 0 "$T/c2.jsonl" --ckpt-dir "$T/cc" --resume latest
+train 1 12 0 "$T/d1.jsonl" --ckpt-dir "$T/cd" --stop-at-step 4
+train 4 3 3 "$T/d2.jsonl" --ckpt-dir "$T/cd" --resume latest
+/usr/bin/python3 - "$T" <<'PY'
+import json, sys
+d = sys.argv[1]
+L = lambda f: [json.loads(l)["loss"] for l in open(f"{d}/{f}")]
+full = L("full.jsonl")
+assert L("a1.jsonl") + L("a2.jsonl") == full, "same-config resume must be bitwise identical"
+for name, tail in [("2->3 stage 1->3", L("b2.jsonl")), ("4->1", L("c2.jsonl")), ("1->4", L("d2.jsonl"))]:
+    diff = max(abs(a - b) for a, b in zip(tail, full[4:]))
+    assert len(tail) == 4 and diff < 1e-3, (name, tail, full[4:])
+    print(f"{name}: max loss difference {diff:.2e}")
+for f in ["c1.jsonl", "d1.jsonl"]:
+    assert max(abs(a - b) for a, b in zip(L(f), full[:4])) < 1e-3, f
+PY
+# another model is refused, naming the field, and nothing is written
+out=$(mpirun -np 2 --oversubscribe "$BIN" train $COMMON --n-layer 3 --micro-batch 6 --ckpt-dir "$T/ca" --resume latest 2>&1 >/dev/null) && { echo "FAIL: config mismatch accepted"; exit 1; }
+grep -q "n_layer" <<<"$out" || { echo "FAIL: mismatch message does not name n_layer: $out"; exit 1; }
+# kill -9 at arbitrary moments of a run that checkpoints every step: latest stays loadable
+BIG="--data $T/data/train.bin --seq-len 64 --micro-batch 4 --n-layer 4 --n-embd 256 --n-head 4 --steps 100000 --quiet"
+for delay in 1.5 2.3 3.1; do
+  rm -rf "$T/ck"
+  mpirun -np 2 --oversubscribe "$BIN" train $BIG --ckpt-dir "$T/ck" --ckpt-every 1 --keep-last 2 >/dev/null 2>&1 &
+  pid=$!
+  sleep $delay
+  pkill -9 -f "shardgpt train.*$T/ck" || true
+  wait $pid 2>/dev/null || true
+  if [ -e "$T/ck/latest" ]; then
+    "$BIN" ckpt verify "$T/ck" >/dev/null || { echo "FAIL: latest unloadable after kill -9 at ${delay}s"; exit 1; }
+    step=$(sed 's/step_0*//' "$T/ck/latest")
+    mpirun -np 2 --oversubscribe "$BIN" train $BIG --ckpt-dir "$T/ck" --resume latest --stop-at-step $((step + 1)) >/dev/null
+    echo "kill -9 after ${delay}s: latest was step $step: verified, resumed and checkpointed again ($(ls "$T/ck" | tr '\n' ' '))"
+  else
+    echo "kill -9 after ${delay}s: before the first checkpoint"
+  fi
+done
+echo "resume ok"
