@@ -111,7 +111,8 @@ StatusOr<LlmcModel> LoadCheckpointFullModel(const std::string& path);
 Status WriteFullModelH5(const std::string& path, const ParamLayout& layout, const float* params);
 
 // Test hook: makes the next SaveCheckpoint fail as if the process died after the shard files
-// were written and before the index (leaving the temp directory behind). Local setting.
+// were written and before the index (leaving the temp directory behind). Local setting: call
+// it on every rank.
 void FailNextSaveBeforeIndexForTesting();
 
 }  // namespace shardgpt
