@@ -16,7 +16,24 @@ train() {  # train NP B STAGE LOG [flags]
   local np=$1 b=$2 stage=$3 log=$4; shift 4
   mpirun -np "$np" --oversubscribe "$BIN" train $COMMON --micro-batch "$b" --zero-stage "$stage" --log "$log" "$@" >/dev/null
 }
-train 2 6 1 "$T/full.jsonl" --save-model "$T/full.bin"
+train 2 6 1 "$T/full.jsonl" --save-model "$T/full.bin" --ckpt-dir "$T/cfull"
+# export: the consolidated HDF5 (read with h5py) and the llm.c .bin equal the saved model bitwise
+"$BIN" export "$T/cfull" --out "$T/exp.h5" --llmc "$T/exp.bin" >/dev/null
+cmp "$T/full.bin" "$T/exp.bin" || { echo "FAIL: exported llm.c model differs from --save-model"; exit 1; }
+/usr/bin/python3 - "$T/exp.h5" "$T/exp.bin" <<'PY'
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], "r")
+names = []
+f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+assert len(names) == 2 + 2 * 12 + 2, names
+wte = f["wte.weight"][...] if "wte.weight" in f else f[[n for n in names if n.endswith("wte.weight")][0]][...]
+assert wte.shape == (256, 64), wte.shape
+raw = np.fromfile(sys.argv[2], dtype=np.float32, offset=1024, count=wte.size).reshape(wte.shape)
+assert np.array_equal(raw, wte)
+print("export ok:", len(names), "tensors, wte", wte.shape)
+PY
+a=$("$BIN" sample --checkpoint "$T/cfull" -n 30 --seed 9); b=$("$BIN" sample --model-file "$T/exp.bin" -n 30 --seed 9)
+[ "$a" = "$b" ] || { echo "FAIL: sample from checkpoint and from export differ"; exit 1; }
 # same ranks and stage, interrupted after step 4
 train 2 6 1 "$T/a1.jsonl" --ckpt-dir "$T/ca" --stop-at-step 4
 train 2 6 1 "$T/a2.jsonl" --ckpt-dir "$T/ca" --resume latest --save-model "$T/resumed.bin"
