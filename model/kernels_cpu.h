@@ -9,8 +9,11 @@
 //   B batch, T sequence length, C channels (n_embd), NH heads, hs = C/NH head size,
 //   V real vocabulary, Vp padded vocabulary (multiple of 128), N = B*T rows, OC out channels.
 //
-// Threading: kernels use OpenMP over the rows; matmuls use OpenBLAS cblas_sgemm with its
-// own thread pool. Both are sized by SetComputeThreads() so they never oversubscribe.
+// Threading: one thread pool, OpenMP's. Element-wise kernels split rows across it; matmuls
+// split their output across it, each thread calling a single-threaded OpenBLAS cblas_sgemm on
+// its own slice (OpenBLAS's own pool is set to 1 thread). Two pools spinning against each
+// other on 2 cores made a layernorm after an sgemm 20x slower; one pool removes the fight.
+// SetComputeThreads() sizes the pool.
 #pragma once
 
 #include <cstddef>

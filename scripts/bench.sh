@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Benchmarks (figures, not tests): kernels, end-to-end tokens/s per config on 1 rank x 2
+# threads, then 1 and 2 ranks x 1 thread for every ZeRO stage, then checkpoint save speed.
+# Usage: scripts/bench.sh [build-dir]. Quote medians; the machine is shared and noisy.
+set -euo pipefail
+BUILD=${1:-build}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+echo "== kernels (2 threads)"
+"$BUILD"/bench/bench_kernels --benchmark_min_time=0.2 2>/dev/null | grep -E "^(Matmul|Attention|Layernorm|Gelu|CrossEntropy|Block)" || true
+echo "== end to end, 1 rank x 2 threads"
+for c in tiny small gpt2; do "$BUILD"/bench/bench_train --config $c --steps 12 --threads 2; done
+echo "== end to end, 1 and 2 ranks x 1 thread, every stage"
+for c in tiny small; do
+  "$BUILD"/bench/bench_train --config $c --steps 12 --threads 1
+  for s in 0 1 2 3; do mpirun -np 2 --oversubscribe "$BUILD"/bench/bench_train --config $c --steps 12 --threads 1 --zero-stage $s; done
+done
+echo "== checkpoint save vs plain sequential write (d6, 2 ranks)"
+mkdir -p "$BUILD"/bench_tmp
+mpirun -np 2 --oversubscribe "$BUILD"/bench/bench_ckpt d6 "$BUILD"/bench_tmp/ckpt 3 || true
+rm -rf "$BUILD"/bench_tmp
