@@ -3,7 +3,7 @@
 // with several ranks, how much of the communication was hidden behind backward.
 //
 //   bench_train [--config tiny|small|gpt2] [--steps 20] [--zero-stage S] [--dtype fp32|bf16]
-//               [--threads N] [--grad-accum A]
+//               [--threads N] [--grad-accum A] [--bucket-mb MiB]
 //   mpirun -np 2 bench_train --config tiny --zero-stage 0 --threads 1
 // Configs (the issue's): tiny L4 H4 C256 V256 T256 B8; small L6 H6 C384 V256 T256 B8;
 // gpt2 = GPT-2 124M shape L12 H12 C768 V50257 (max T 1024) run at T64 B4. B is per rank.
@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   std::string config = "tiny", dtype = "fp32";
   int steps = 20, stage = 0, threads = 2, accum = 1;
+  double bucket_mb = 25.0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--config") config = v;
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
     else if (k == "--threads") threads = std::stoi(v);
     else if (k == "--dtype") dtype = v;
     else if (k == "--grad-accum") accum = std::stoi(v);
+    else if (k == "--bucket-mb") bucket_mb = std::stod(v);
   }
   GPTConfig c;
   int B = 8, T = 256;
@@ -55,6 +57,7 @@ int main(int argc, char** argv) {
   ParamLayout layout(c);
   EngineOptions eo;
   eo.zero_stage = stage;
+  eo.bucket_mb = bucket_mb;
   eo.dtype = eo.reduce_dtype = dtype == "bf16" ? DType::kBF16 : DType::kF32;
   auto engine_or = Engine::Create(layout, &comm, eo);
   if (!engine_or.ok()) { std::fprintf(stderr, "%s\n", engine_or.status().message().c_str()); return 1; }
@@ -84,7 +87,10 @@ int main(int argc, char** argv) {
     const StepReport& r = engine.last_report();
     if (s >= 2) {  // skip warm-up
       times.push_back(dt);
-      if (r.comm_busy_s > 0) hidden.push_back(std::max(0.0, 1.0 - r.backward_exposed_s / r.comm_busy_s));
+      // share of this step's communication time that the training thread did not wait for
+      // after backward, averaged over ranks
+      double h = r.comm_busy_s > 0 ? std::max(0.0, 1.0 - r.backward_exposed_s / r.comm_busy_s) : 0.0;
+      hidden.push_back(comm.AllReduceScalar(h, ReduceOp::kAvg));
     }
   }
   std::sort(times.begin(), times.end());

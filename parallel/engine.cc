@@ -1,5 +1,6 @@
 #include "parallel/engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -119,12 +120,13 @@ StateSizes Engine::PersistentStateSizes(const ShardPlan& plan, const EngineOptio
 
 // Consecutive units in backward order (final, blocks L..1, embed) until a bucket holds
 // bucket_mb; consecutive units are adjacent in the padded buffer, so a bucket is one range.
+// As in PyTorch DDP, the first bucket is capped at 1 MiB so that communication starts early.
 std::vector<std::vector<int>> Engine::PlanBuckets(const ShardPlan& plan, const EngineOptions& o) {
   std::vector<std::vector<int>> buckets;
-  const double bucket_bytes = o.bucket_mb * 1024 * 1024;
+  const double cap = o.bucket_mb * 1024 * 1024, first_cap = std::min(cap, 1024.0 * 1024);
   double filled = 0;
   for (int u = plan.num_units() - 1; u >= 0; u--) {
-    if (buckets.empty() || filled >= bucket_bytes) buckets.emplace_back(), filled = 0;
+    if (buckets.empty() || filled >= (buckets.size() == 1 ? first_cap : cap)) buckets.emplace_back(), filled = 0;
     buckets.back().push_back(u);
     filled += static_cast<double>(plan.unit(u).padded) * DTypeSize(o.reduce_dtype);
   }
@@ -424,12 +426,12 @@ void Engine::LaunchReduceScatter(int u, float* scratch) {
       FloatToBf16(scratch, bf->as<uint16_t>(), s.padded);
       send = bf;
     }
-    auto recv = NewBuffer(&memory_, MemKind::kGrads, s.shard * DTypeSize(rd));
-    Enqueue(comm_->ReduceScatter(send->data(), recv->data(), s.shard, rd, ReduceOp::kAvg),
+    // the reduced shard lands in this rank's own block of the send buffer (in place)
+    void* recv = send->as<uint8_t>() + rank_ * s.shard * DTypeSize(rd);
+    Enqueue(comm_->ReduceScatter(send->data(), recv, s.shard, rd, ReduceOp::kAvg),
             [this, u, send, recv, rd, s]() mutable {
-              Accumulate(OwnedGrads(u), opt_.dtype, recv->data(), rd, s.shard);
+              Accumulate(OwnedGrads(u), opt_.dtype, recv, rd, s.shard);
               send.reset();
-              recv.reset();
               inflight_reductions_--;
             });
     return;

@@ -182,7 +182,9 @@ class Engine : public UnitHooks {
   double exposed_s_ = 0;
   double busy_at_step_begin_ = 0;
   int retired_ = 0;  // collectives retired since BeginStep
-  static constexpr int kMaxInflightReductions = 2;
+  // One unit's gradient reduces while the next unit's backward computes: enough to hide the
+  // reduction when it is faster than a unit's backward, and the smallest peak.
+  static constexpr int kMaxInflightReductions = 1;
   int inflight_reductions_ = 0;  // unit gradients (scratch) waiting for their reduce-scatter
 };
 
