@@ -1,29 +1,17 @@
-# Common tasks. `make demo` and `make test` are the README's two commands: each installs
-# what is missing, builds, then runs.
+# Shortcuts for the scripts (the README's two commands are scripts/demo.sh and scripts/test.sh,
+# which also work where make is not installed yet).
 BUILD ?= build
-JOBS ?= $(shell nproc)
-export OMPI_ALLOW_RUN_AS_ROOT ?= 1
-export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM ?= 1
+export BUILD
 
-.PHONY: all deps build test demo bench clean
-
+.PHONY: all build test demo bench clean
 all: build
-
-deps:
-	scripts/install-deps.sh
-
-build: deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
-	cmake --build $(BUILD) -j $(JOBS)
-
-test: build
-	cd $(BUILD) && ctest --output-on-failure --timeout 900
-
-demo: build
-	scripts/demo.sh $(BUILD)
-
+build:
+	scripts/build.sh
+test:
+	scripts/test.sh
+demo:
+	scripts/demo.sh
 bench: build
 	scripts/bench.sh $(BUILD)
-
 clean:
 	rm -rf $(BUILD)

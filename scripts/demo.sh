@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The demo: prepares the King James Bible (Debian's bible-kjv) as byte-level token shards,
 # trains a small GPT on 2 MPI ranks (ZeRO stage 1 by default), prints the loss falling, a
-# validation loss, and a text sample. Usage: scripts/demo.sh [build-dir] [extra train flags]
+# validation loss, and a text sample. Installs what is missing and builds first.
+# Usage: scripts/demo.sh [extra train flags, e.g. --zero-stage 3 --dtype bf16]
 set -euo pipefail
-BUILD=${1:-build}; shift || true
 cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+scripts/build.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 if [ ! -s data/kjv/train.bin ]; then
   mkdir -p data
@@ -15,6 +17,6 @@ mkdir -p runs
 mpirun -np 2 --oversubscribe "$BUILD"/shardgpt train \
   --data data/kjv/train.bin --val-data data/kjv/val.bin \
   --model tiny --n-layer 4 --n-head 4 --n-embd 128 --max-seq-len 128 --seq-len 128 \
-  --micro-batch 8 --grad-accum 1 --steps 300 --lr 2e-3 --warmup-steps 20 \
-  --zero-stage 1 --eval-every 100 --log runs/demo.jsonl --save-model runs/demo.bin \
+  --micro-batch 8 --grad-accum 1 --steps 600 --lr 3e-3 --warmup-steps 30 \
+  --zero-stage 1 --eval-every 200 --log runs/demo.jsonl --save-model runs/demo.bin \
   --sample-tokens 300 --sample-prompt "And God said" "$@"
