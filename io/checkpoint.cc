@@ -845,7 +845,9 @@ StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& 
   return idx.state;
 }
 
-Status VerifyCheckpoint(const std::string& path, CheckpointIndex* index, uint64_t* bytes_read) {
+// The index of the checkpoint `path` names, checked against the layout its config implies
+// (the common start of verify and of reading a full model without a training run).
+static StatusOr<CheckpointIndex> OpenCheckedIndex(const std::string& path) {
   h5::InitH5();
   auto dir = ResolveCheckpoint(path, "");
   if (!dir.ok()) return dir.status();
@@ -853,8 +855,14 @@ Status VerifyCheckpoint(const std::string& path, CheckpointIndex* index, uint64_
   if (!read.ok()) return read.status();
   const CheckpointIndex& idx = read.value();
   SHARDGPT_RETURN_IF_ERROR(idx.config.Validate());
-  const ParamLayout layout(idx.config);
-  SHARDGPT_RETURN_IF_ERROR(CheckLayout(idx, layout, idx.dir + "/" + kIndexName));
+  SHARDGPT_RETURN_IF_ERROR(CheckLayout(idx, ParamLayout(idx.config), idx.dir + "/" + kIndexName));
+  return read;
+}
+
+Status VerifyCheckpoint(const std::string& path, CheckpointIndex* index, uint64_t* bytes_read) {
+  auto read = OpenCheckedIndex(path);
+  if (!read.ok()) return read.status();
+  const CheckpointIndex& idx = read.value();
   uint64_t total = 0;
   std::vector<float> buf;
   for (size_t i = 0; i < idx.files.size(); i++) {
@@ -886,15 +894,10 @@ Status VerifyCheckpoint(const std::string& path, CheckpointIndex* index, uint64_
 }
 
 StatusOr<LlmcModel> LoadCheckpointFullModel(const std::string& path) {
-  h5::InitH5();
-  auto dir = ResolveCheckpoint(path, "");
-  if (!dir.ok()) return dir.status();
-  auto read = ReadCheckpointIndex(dir.value());
+  auto read = OpenCheckedIndex(path);
   if (!read.ok()) return read.status();
   const CheckpointIndex& idx = read.value();
-  SHARDGPT_RETURN_IF_ERROR(idx.config.Validate());
   const ParamLayout layout(idx.config);
-  SHARDGPT_RETURN_IF_ERROR(CheckLayout(idx, layout, idx.dir + "/" + kIndexName));
   LlmcModel model;
   model.config = idx.config;
   model.params.assign(layout.total_numel(), 0.0f);

@@ -1,4 +1,5 @@
 #include "io/data_loader.h"
+#include "tests/unit/io_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -16,16 +17,11 @@
 namespace shardgpt {
 namespace {
 
+using testutil::TestDir;
+
 namespace fs = std::filesystem;
 using Window = std::vector<int32_t>;  // T inputs followed by the last target: T+1 tokens
 
-std::string TestDir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::path(::testing::TempDir()) / "shardgpt_io" / (std::string(info->test_suite_name()) + "." + info->name());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
 
 // Random tokens in [0, vocab): with T >= 4 every window is distinct with overwhelming
 // probability, so a window's content identifies which sample it is.

@@ -1,4 +1,5 @@
 #include "io/tokenizer.h"
+#include "tests/unit/io_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -13,30 +14,16 @@
 namespace shardgpt {
 namespace {
 
+using testutil::TestDir;
+using testutil::PutLE32;
+using testutil::WriteFile;
+using testutil::ReadFile;
+
 namespace fs = std::filesystem;
 
-std::string TestDir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::path(::testing::TempDir()) / "shardgpt_io" / (std::string(info->test_suite_name()) + "." + info->name());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
 
-void PutLE32(std::string* s, int32_t v) {
-  const uint32_t u = static_cast<uint32_t>(v);
-  for (int i = 0; i < 4; ++i) s->push_back(static_cast<char>((u >> (8 * i)) & 0xff));
-}
 
-void WriteFile(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
 
 // An llm.c tokenizer file, written by hand from the format in docs/DATA.md.
 std::string LlmcTokenizerFile(int32_t magic, int32_t version, const std::vector<std::string>& pieces,
