@@ -182,6 +182,7 @@ int Main(int argc, char** argv) {
   plan->add_option("-b,--micro-batch", p.micro_batch, "sequences per rank per micro-batch")->capture_default_str();
   plan->add_option("-t,--seq-len", p.seq_len, "tokens per sequence")->capture_default_str();
   plan->add_option("--grad-accum", p.grad_accum, "micro-batches per step")->capture_default_str();
+  plan->add_option("--mem-gib", p.mem_gib, "memory per rank in GiB: mark which stages fit");
 
   // ---- ckpt verify / inspect, export ----
   std::string ckpt_path, export_out, export_llmc;

@@ -56,15 +56,11 @@ Status RunSample(const SampleOptions& o, int threads) {
   GPT model(cfg, 1, cfg.max_seq_len);
   Rng rng(o.seed, 11);
   for (int32_t id : ctx) std::fputs(tok.Decode(id).c_str(), stdout);
-  for (int i = 0; i < o.tokens; i++) {
-    const int T = std::min(static_cast<int>(ctx.size()), cfg.max_seq_len);
-    model.Forward(local, ctx.data() + ctx.size() - T, nullptr, 1, T, 0.0f);
-    const int next = SampleToken(model.logits() + static_cast<size_t>(T - 1) * cfg.padded_vocab(), cfg.vocab_size,
-                                 o.temperature, o.top_k, rng);
-    ctx.push_back(next);
-    std::fputs(tok.Decode(next).c_str(), stdout);
+  SamplingOptions so{o.tokens, o.temperature, o.top_k};
+  Generate(model, local, ctx, so, rng, [&](int id) {
+    std::fputs(tok.Decode(id).c_str(), stdout);
     std::fflush(stdout);
-  }
+  });
   std::printf("\n");
   return Status::OK();
 }
@@ -80,25 +76,28 @@ Status RunPlan(const PlanOptions& o) {
               o.model.ToString().c_str(), psi / 1e6, o.ranks, o.micro_batch, o.seq_len, o.grad_accum,
               DTypeName(o.engine.dtype), DTypeName(o.engine.reduce_dtype));
   std::printf("activations (fp32, all layers saved, attention O(T)): %.3f GiB per rank\n", act / GiB);
-  std::printf("%-6s %11s %11s %11s %11s %12s %13s %13s\n", "stage", "params", "grads", "optimizer", "states",
-              "formula", "+activations", "traffic/step");
+  std::printf("%-6s %11s %11s %11s %11s %12s %13s %13s%s\n", "stage", "params", "grads", "optimizer", "states",
+              "formula", "+activations", "traffic/step", o.mem_gib > 0 ? "  fits?" : "");
   for (int stage = 0; stage <= 3; stage++) {
     EngineOptions e = o.engine;
     e.zero_stage = stage;
     if (stage < 2) e.reduce_every_micro = true;
     const StateSizes s = Engine::PersistentStateSizes(plan, e);
     const CommLedger traffic = Engine::ExpectedStepTraffic(layout, plan, e, o.grad_accum);
-    std::printf("%s%-5d %9.3f G %9.3f G %9.3f G %9.3f G %10.3f G %11.3f G %11.3f G\n",
+    // stage 3 also holds the gathered parameters of the running and the prefetched unit
+    double gathered = 0;
+    if (stage == 3)
+      for (int u = 0; u < plan.num_units(); u++) gathered = std::max(gathered, 2.0 * plan.unit(u).padded * DTypeSize(e.dtype));
+    const double need = s.total() + act + gathered;
+    std::printf("%s%-5d %9.3f G %9.3f G %9.3f G %9.3f G %10.3f G %11.3f G %11.3f G%s\n",
                 stage == o.engine.zero_stage ? "*" : " ", stage, s.params / GiB, s.grads / GiB, s.optimizer / GiB,
-                s.total() / GiB, Formula::ModelStateBytes(psi, o.ranks, stage, e.dtype) / GiB,
-                (s.total() + act) / GiB, traffic.Total().bytes_sent / GiB);
+                s.total() / GiB, Formula::ModelStateBytes(psi, o.ranks, stage, e.dtype) / GiB, need / GiB,
+                traffic.Total().bytes_sent / GiB,
+                o.mem_gib <= 0 ? "" : need <= o.mem_gib * GiB ? "  yes" : "  no");
   }
   std::printf("(* = --zero-stage; bytes per rank; 'formula' is the seed's 2/2/k Psi split for this precision; "
               "traffic counts bytes sent per rank, ring model)\n");
-  if (o.engine.zero_stage == 3)
-    std::printf("stage 3 also holds, while a unit runs, its gathered parameters (largest unit: %.3f GiB)\n",
-                [&] { size_t mx = 0; for (int u = 0; u < plan.num_units(); u++) mx = std::max(mx, plan.unit(u).padded);
-                      return mx * DTypeSize(o.engine.dtype) / GiB; }());
+  std::printf("(+activations includes, for stage 3, two gathered units: the running one and the prefetched one)\n");
   return Status::OK();
 }
 

@@ -33,6 +33,7 @@ struct PlanOptions {
   int micro_batch = 8;
   int seq_len = 128;
   int grad_accum = 1;
+  double mem_gib = 0;  // > 0: say which stages fit in this much memory per rank
 };
 Status RunPlan(const PlanOptions& options);
 

@@ -19,7 +19,7 @@ KindFormula FormulaByKind(double psi, int N, const EngineOptions& o) {
 }
 }  // namespace
 
-void PrintStartupReport(Engine& engine, const ParamLayout& layout, int A) {
+void PrintStartupReport(Engine& engine, const ParamLayout& layout, int A, const std::vector<uint64_t>& per_rank) {
   const EngineOptions& o = engine.options();
   const int N = engine.plan().world_size();
   const double psi = static_cast<double>(layout.total_numel());
@@ -32,6 +32,9 @@ void PrintStartupReport(Engine& engine, const ParamLayout& layout, int A) {
   std::printf("  optimizer  %10.3f MiB | %10.3f MiB\n", MiB(m.current(MemKind::kOptimizer)), MiB(f.optimizer));
   std::printf("  total      %10.3f MiB | %10.3f MiB (padding: %zu elements per full copy)\n", MiB(m.Total()),
               MiB(f.params + f.grads + f.optimizer), engine.plan().total_padding());
+  std::printf("  every rank (measured):");
+  for (uint64_t b : per_rank) std::printf(" %.3f", MiB(static_cast<double>(b)));
+  std::printf(" MiB\n");
   std::printf("traffic per rank per step (seed formula, ring model, x(N-1)/N): %.3f MiB\n",
               MiB(Formula::TrafficBytes(psi, N, o.zero_stage, o.dtype, o.reduce_dtype, A, o.reduce_every_micro)));
   if (o.zero_stage >= 2 && A > 1)

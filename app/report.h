@@ -11,9 +11,10 @@
 
 namespace shardgpt {
 
-// Prints, on the calling rank, model-state bytes by kind (measured and formula), the traffic
-// formula for one step, and the accumulation trade-off for stages 2 and 3.
-void PrintStartupReport(Engine& engine, const ParamLayout& layout, int grad_accum);
+// Prints, on the calling rank, its model-state bytes by kind (measured and formula), every
+// rank's total, the traffic formula for one step, and the accumulation trade-off (stages 2, 3).
+void PrintStartupReport(Engine& engine, const ParamLayout& layout, int grad_accum,
+                        const std::vector<uint64_t>& state_bytes_per_rank);
 // The ledger fields of one step's JSON line.
 nlohmann::json StepJson(const StepReport& report, const Engine& engine, const ParamLayout& layout, int grad_accum);
 // Every rank's value, on every rank. Collective.

@@ -55,17 +55,12 @@ std::string Sample(const ParamLayout& layout, Engine& engine, const TrainOptions
   for (uint16_t t : ByteLevelTokenizer::Encode(o.sample_prompt))
     if (t < layout.config().vocab_size) ctx.push_back(t);
   if (ctx.empty()) ctx.push_back(0);
-  const int maxT = layout.config().max_seq_len, V = layout.config().vocab_size, Vp = layout.config().padded_vocab();
-  GPT model(layout.config(), 1, maxT);
+  GPT model(layout.config(), 1, layout.config().max_seq_len);
   Rng rng(o.seed, 7);
   std::string text;
-  for (int i = 0; i < o.sample_tokens; i++) {
-    const int T = std::min(static_cast<int>(ctx.size()), maxT);
-    model.Forward(local, ctx.data() + ctx.size() - T, nullptr, 1, T, 0.0f);
-    int next = SampleToken(model.logits() + static_cast<size_t>(T - 1) * Vp, V, 1.0f, 40, rng);
-    ctx.push_back(next);
-    text += tok.Decode(next);
-  }
+  SamplingOptions so;
+  so.tokens = o.sample_tokens;
+  Generate(model, local, ctx, so, rng, [&](int id) { text += tok.Decode(id); });
   return text;
 }
 
@@ -187,12 +182,13 @@ Status RunTrain(TrainOptions o, Communicator& comm, int* exit_code) {
 
   GPT model(o.model, B, T);
   const double psi = static_cast<double>(layout.total_numel());
+  const std::vector<uint64_t> state_per_rank = GatherPerRank(comm, engine.memory().Total());
   if (lead && !o.quiet) {
     std::printf("shardgpt: model %s, %.2fM parameters, %d rank(s), zero stage %d, %s, B=%d T=%d grad-accum=%d "
                 "(%lld tokens/step), %d thread(s)/rank\n",
                 o.model.ToString().c_str(), psi / 1e6, world, o.engine.zero_stage, DTypeName(o.engine.dtype), B, T, A,
                 static_cast<long long>(B) * T * A * world, ComputeThreads());
-    PrintStartupReport(engine, layout, A);
+    PrintStartupReport(engine, layout, A, state_per_rank);
   }
 
   // ---- loop ----

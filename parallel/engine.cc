@@ -331,9 +331,10 @@ UnitBuffers Engine::PreBackward(int u) {
   if (shards_params()) {
     if (unit.gathered.empty()) Gather(u);
     WaitUnitGather(u);
-    // backward order: final, blocks L..1, embed (already gathered: it is first in backward)
-    const int next = u == layout_.final_unit() ? u - 1 : u - 1;
-    if (next >= 1 && next < layout_.final_unit() && units_[next]->gathered.empty()) Gather(next);
+    // backward order: final, blocks L..1, embed; the next unit is u - 1, except that embed is
+    // already gathered (its backward starts first, for the tied LM head)
+    const int next = u - 1;
+    if (next >= 1 && units_[next]->gathered.empty()) Gather(next);
   }
   UnitBuffers b;
   b.params = ComputeParams(u);
