@@ -157,6 +157,11 @@ Status RunTrain(TrainOptions o, Communicator& comm, int* exit_code) {
     val = std::make_unique<DataLoader>(std::move(v.value()));
     o.val_batches = static_cast<int>(std::min<uint64_t>(o.val_batches, val->num_samples() / (uint64_t(B) * world)));
   }
+  if (!o.save_model.empty()) {  // fail now, not after training
+    const std::string dir = o.save_model.find('/') == std::string::npos ? "." : o.save_model.substr(0, o.save_model.rfind('/') + 1);
+    if (access(dir.c_str(), W_OK) != 0)
+      return Status::InvalidArgument("--save-model " + o.save_model + ": directory " + dir + " is not writable or does not exist");
+  }
   std::ofstream log;
   if (lead && !o.log_file.empty()) {
     log.open(o.log_file);

@@ -43,4 +43,25 @@ check preset            "preset"             -- train $D --model d7
 check log-unwritable    "/nonexistent/dir"   -- train $D --log /nonexistent/dir/log.jsonl
 check prepare-missing   "$T/missing.txt"     -- prepare --input "$T/missing.txt" --output "$T/out"
 check sample-missing    "$T/none.bin"        -- sample --model-file "$T/none.bin"
+# checkpoints: a good one, then broken copies
+mpirun -np 2 --oversubscribe "$BIN" train $D --ckpt-dir "$T/ck" --quiet >/dev/null 2>&1 || { echo "FAIL: could not make a checkpoint"; exit 1; }
+good="$T/ck/step_00000002"
+for c in noindex missing trunc flip; do cp -r "$good" "$T/$c"; done
+rm "$T/noindex/index.h5"
+rm "$T/missing/rank_00001.h5"
+truncate -s 3000 "$T/trunc/rank_00000.h5"
+# flip one byte in the middle of the master dataset's data (after the HDF5 metadata)
+size=$(stat -c %s "$T/flip/rank_00000.h5")
+printf '\x5a' | dd of="$T/flip/rank_00000.h5" bs=1 seek=$((size - 100)) conv=notrunc status=none
+mkdir -p "$T/empty"
+check resume-not-ckpt   "$T/empty"           -- train $D --resume "$T/empty"
+check resume-no-index   "$T/noindex"         -- train $D --resume "$T/noindex"
+check resume-missing    "rank_00001.h5"      -- train $D --resume "$T/missing"
+check resume-truncated  "rank_00000.h5"      -- train $D --resume "$T/trunc"
+check resume-other-model "n_layer"           -- train $D --resume "$good" --n-layer 3
+check resume-latest-dir "--ckpt-dir"         -- train $D --resume latest
+check resume-flipped    "rank_00000.h5"      -- train $D --resume "$T/flip"
+check verify-flipped    "rank_00000.h5"      -- ckpt verify "$T/flip"
+check save-model-dir    "/nonexistent/dir"   -- train $D --save-model /nonexistent/dir/m.bin
+[ -s "$good/index.h5" ] && "$BIN" ckpt verify "$good" >/dev/null || { echo "FAIL: the good checkpoint was damaged"; fails=$((fails+1)); }
 [ $fails -eq 0 ] && echo "all CLI error cases ok" || { echo "$fails case(s) failed"; exit 1; }
