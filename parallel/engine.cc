@@ -27,6 +27,12 @@ void LoadF32(const void* src, float* dst, DType dtype, size_t n) {
   else
     Bf16ToFloat(static_cast<const uint16_t*>(src), dst, n);
 }
+// dst (to) = src (from), through fp32
+void Convert(const void* src, DType from, void* dst, DType to, size_t n) {
+  std::vector<float> f32(n);
+  LoadF32(src, f32.data(), from, n);
+  StoreF32(f32.data(), dst, to, n);
+}
 // dst (dtype) += src (src_dtype); bf16 sums are rounded once (RNE)
 void Accumulate(void* dst, DType dtype, const void* src, DType src_dtype, size_t n) {
   if (dtype == DType::kF32 && src_dtype == DType::kF32) {
@@ -391,13 +397,9 @@ void Engine::LaunchBucket(int b) {
     return;
   }
   auto tmp = NewBuffer(&memory_, MemKind::kGrads, count * DTypeSize(opt_.reduce_dtype));
-  std::vector<float> f32(count);
-  LoadF32(grads, f32.data(), opt_.dtype, count);
-  StoreF32(f32.data(), tmp->data(), opt_.reduce_dtype, count);
+  Convert(grads, opt_.dtype, tmp->data(), opt_.reduce_dtype, count);
   Enqueue(comm_->AllReduce(tmp->data(), count, opt_.reduce_dtype, ReduceOp::kAvg), [this, tmp, grads, count]() {
-    std::vector<float> back(count);
-    LoadF32(tmp->data(), back.data(), opt_.reduce_dtype, count);
-    StoreF32(back.data(), grads, opt_.dtype, count);
+    Convert(tmp->data(), opt_.reduce_dtype, grads, opt_.dtype, count);
   });
 }
 
@@ -445,16 +447,10 @@ void Engine::LaunchReduceScatter(int u, float* scratch) {
     return;
   }
   auto tmp = NewBuffer(&memory_, MemKind::kGrads, s.padded * DTypeSize(rd));
-  std::vector<float> f32(s.padded);
-  LoadF32(full, f32.data(), opt_.dtype, s.padded);
-  StoreF32(f32.data(), tmp->data(), rd, s.padded);
+  Convert(full, opt_.dtype, tmp->data(), rd, s.padded);
   void* own_in_tmp = tmp->as<uint8_t>() + rank_ * s.shard * DTypeSize(rd);
   Enqueue(comm_->ReduceScatter(tmp->data(), own_in_tmp, s.shard, rd, ReduceOp::kAvg),
-          [this, u, tmp, own_in_tmp, rd, s]() {
-            std::vector<float> back(s.shard);
-            LoadF32(own_in_tmp, back.data(), rd, s.shard);
-            StoreF32(back.data(), OwnedGrads(u), opt_.dtype, s.shard);
-          });
+          [this, u, tmp, own_in_tmp, rd, s]() { Convert(own_in_tmp, rd, OwnedGrads(u), opt_.dtype, s.shard); });
 }
 
 // ---- step ----

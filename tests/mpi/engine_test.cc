@@ -169,13 +169,16 @@ TEST(EngineBf16, TracksFp32) {
   SetComputeThreads(1);
   const Trajectory& ref = Reference(1.0f);
   auto comm = World();
-  for (int stage = 0; stage <= 3; stage++) {
-    EngineOptions eo;
-    eo.zero_stage = stage;
-    eo.dtype = eo.reduce_dtype = DType::kBF16;
-    Trajectory got = RunEngine(*comm, eo, 2, 1.0f, nullptr);
-    for (int s = 0; s < kSteps; s++) EXPECT_NEAR(got.losses[s], ref.losses[s], 2e-2) << "stage " << stage;
-  }
+  for (DType reduce : {DType::kBF16, DType::kF32})
+    for (int stage = 0; stage <= 3; stage++) {
+      EngineOptions eo;
+      eo.zero_stage = stage;
+      eo.dtype = DType::kBF16;
+      eo.reduce_dtype = reduce;
+      Trajectory got = RunEngine(*comm, eo, 2, 1.0f, nullptr);
+      for (int s = 0; s < kSteps; s++)
+        EXPECT_NEAR(got.losses[s], ref.losses[s], 2e-2) << "stage " << stage << " reduce " << DTypeName(reduce);
+    }
 }
 
 // Traffic: the ledger equals the plan-derived figure exactly, and the seed's formula within
