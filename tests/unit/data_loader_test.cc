@@ -22,7 +22,6 @@ using testutil::TestDir;
 namespace fs = std::filesystem;
 using Window = std::vector<int32_t>;  // T inputs followed by the last target: T+1 tokens
 
-
 // Random tokens in [0, vocab): with T >= 4 every window is distinct with overwhelming
 // probability, so a window's content identifies which sample it is.
 std::vector<uint16_t> RandomTokens(size_t n, uint32_t salt, int vocab = 50257) {

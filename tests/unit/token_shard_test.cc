@@ -19,8 +19,6 @@ using testutil::ReadFile;
 
 namespace fs = std::filesystem;
 
-
-
 // Builds a shard by hand (not with WriteTokenShard) so bad files can be made.
 std::string RawShard(int32_t magic, int32_t version, int32_t count, const std::vector<uint16_t>& tokens) {
   std::string s;
@@ -34,8 +32,6 @@ std::string RawShard(int32_t magic, int32_t version, int32_t count, const std::v
   }
   return s;
 }
-
-
 
 TEST(TokenShard, RoundTrip) {
   const std::string path = TestDir() + "/a.bin";

@@ -21,10 +21,6 @@ using testutil::ReadFile;
 
 namespace fs = std::filesystem;
 
-
-
-
-
 // An llm.c tokenizer file, written by hand from the format in docs/DATA.md.
 std::string LlmcTokenizerFile(int32_t magic, int32_t version, const std::vector<std::string>& pieces,
                               int32_t eot) {
