@@ -19,7 +19,6 @@ namespace {
 
 using testutil::TestDir;
 
-namespace fs = std::filesystem;
 using Window = std::vector<int32_t>;  // T inputs followed by the last target: T+1 tokens
 
 // Random tokens in [0, vocab): with T >= 4 every window is distinct with overwhelming
