@@ -164,6 +164,31 @@ TEST(EngineStages, AgreeWithEachOther) {
     }
 }
 
+// The other policies of stages 2 and 3: one reduce-scatter after accumulating full local
+// gradients, and stage 3 keeping block parameters gathered from forward to backward.
+TEST(EnginePolicies, LastMicroAndNoReshardMatchReference) {
+  SetComputeThreads(1);
+  const Trajectory& ref = Reference(1.0f);
+  auto comm = World();
+  ParamLayout layout(kConfig);
+  ShardPlan plan(layout, comm->world_size());
+  struct Case { int stage; bool every_micro, reshard; };
+  for (Case c : {Case{2, false, true}, Case{3, false, true}, Case{3, true, false}, Case{3, false, false}}) {
+    EngineOptions eo;
+    eo.zero_stage = c.stage;
+    eo.reduce_every_micro = c.every_micro;
+    eo.reshard_after_forward = c.reshard;
+    std::vector<StepReport> reports;
+    Trajectory got = RunEngine(*comm, eo, 4, 1.0f, &reports);
+    for (int s = 0; s < kSteps; s++)
+      EXPECT_NEAR(got.losses[s], ref.losses[s], 2e-5) << "stage " << c.stage << " every_micro " << c.every_micro;
+    EXPECT_LT(MaxAbsDiff(got.params, ref.params), 2e-5);
+    const CommLedger expected = Engine::ExpectedStepTraffic(layout, plan, eo, 4);
+    EXPECT_EQ(reports.back().comm.Total().bytes_sent, expected.Total().bytes_sent);
+    EXPECT_EQ(reports.back().model_state_bytes, Engine::PersistentStateSizes(plan, eo).total());
+  }
+}
+
 // bf16 storage (fp32 master and compute) tracks the fp32 run closely, for every stage.
 TEST(EngineBf16, TracksFp32) {
   SetComputeThreads(1);
