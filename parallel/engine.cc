@@ -257,13 +257,17 @@ void Engine::RetireCompleted() {
   }
 }
 
-void Engine::WaitAll() {
+// Blocks on the oldest collective (counted as exposed communication), then retires it and
+// whatever else has completed.
+void Engine::WaitOldest() {
   const double t0 = Now();
-  while (!pending_.empty()) {
-    pending_.front().work->Wait();
-    RetireCompleted();
-  }
+  pending_.front().work->Wait();
   exposed_s_ += Now() - t0;
+  RetireCompleted();
+}
+
+void Engine::WaitAll() {
+  while (!pending_.empty()) WaitOldest();
 }
 
 // ---- parameters ----
@@ -415,12 +419,7 @@ void Engine::LaunchReduceScatter(int u, float* scratch) {
     // Rate limit (as FSDP's): at most kMaxInflightReductions unit gradients wait for their
     // reduce-scatter, otherwise a slow network lets every unit's full gradient pile up and
     // stage 2's memory saving is lost.
-    while (inflight_reductions_ >= kMaxInflightReductions) {
-      const double t0 = Now();
-      pending_.front().work->Wait();
-      exposed_s_ += Now() - t0;
-      RetireCompleted();
-    }
+    while (inflight_reductions_ >= kMaxInflightReductions) WaitOldest();
     inflight_reductions_++;
     std::shared_ptr<TrackedBuffer> send = unit.grad_scratch;
     unit.grad_scratch.reset();

@@ -151,6 +151,7 @@ class Engine : public UnitHooks {
 
   void Enqueue(std::shared_ptr<Work> work, std::function<void()> on_done);
   void RetireCompleted();
+  void WaitOldest();
   void WaitAll();
   void WaitUnitGather(int u);
   void Gather(int u);                  // stage 3: launch the all-gather of unit u
