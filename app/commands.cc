@@ -82,8 +82,8 @@ Status RunPlan(const PlanOptions& o) {
     EngineOptions e = o.engine;
     e.zero_stage = stage;
     if (stage < 2) e.reduce_every_micro = true;
-    const StateSizes s = Engine::PersistentStateSizes(plan, e);
-    const CommLedger traffic = Engine::ExpectedStepTraffic(layout, plan, e, o.grad_accum);
+    const StateSizes s = PersistentStateSizes(plan, e);
+    const CommLedger traffic = ExpectedStepTraffic(layout, plan, e, o.grad_accum);
     // stage 3 also holds the gathered parameters of the running and the prefetched unit
     double gathered = 0;
     if (stage == 3)
@@ -91,7 +91,7 @@ Status RunPlan(const PlanOptions& o) {
     const double need = s.total() + act + gathered;
     std::printf("%s%-5d %9.3f G %9.3f G %9.3f G %9.3f G %10.3f G %11.3f G %11.3f G%s\n",
                 stage == o.engine.zero_stage ? "*" : " ", stage, s.params / GiB, s.grads / GiB, s.optimizer / GiB,
-                s.total() / GiB, Formula::ModelStateBytes(psi, o.ranks, stage, e.dtype) / GiB, need / GiB,
+                s.total() / GiB, Formula::ModelStateBytes(psi, o.ranks, e) / GiB, need / GiB,
                 traffic.Total().bytes_sent / GiB,
                 o.mem_gib <= 0 ? "" : need <= o.mem_gib * GiB ? "  yes" : "  no");
   }

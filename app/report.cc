@@ -7,23 +7,13 @@ namespace shardgpt {
 namespace {
 double MiB(double b) { return b / (1024.0 * 1024.0); }
 
-struct KindFormula {
-  double params, grads, optimizer;
-};
-// Per-kind split of Formula::ModelStateBytes (same arithmetic, by kind).
-KindFormula FormulaByKind(double psi, int N, const EngineOptions& o) {
-  const double p = DTypeSize(o.dtype), k = o.dtype == DType::kBF16 ? 12 : 8;
-  const bool sharded_grads = o.zero_stage >= 2 && o.reduce_every_micro;
-  return KindFormula{o.zero_stage >= 3 ? p * psi / N : p * psi, sharded_grads ? p * psi / N : p * psi,
-                     o.zero_stage >= 1 ? k * psi / N : k * psi};
-}
 }  // namespace
 
 void PrintStartupReport(Engine& engine, const ParamLayout& layout, int A, const std::vector<uint64_t>& per_rank) {
   const EngineOptions& o = engine.options();
   const int N = engine.plan().world_size();
   const double psi = static_cast<double>(layout.total_numel());
-  const KindFormula f = FormulaByKind(psi, N, o);
+  const StateSizes f = Formula::ModelStateByKind(psi, N, o);
   MemoryLedger& m = engine.memory();
   std::printf("model state per rank (measured allocations | seed formula, Psi=%.0f, N=%d, stage %d, %s):\n", psi, N,
               o.zero_stage, DTypeName(o.dtype));
@@ -36,7 +26,7 @@ void PrintStartupReport(Engine& engine, const ParamLayout& layout, int A, const 
   for (uint64_t b : per_rank) std::printf(" %.3f", MiB(static_cast<double>(b)));
   std::printf(" MiB\n");
   std::printf("traffic per rank per step (seed formula, ring model, x(N-1)/N): %.3f MiB\n",
-              MiB(Formula::TrafficBytes(psi, N, o.zero_stage, o.dtype, o.reduce_dtype, A, o.reduce_every_micro)));
+              MiB(Formula::TrafficBytes(psi, N, o, A)));
   if (o.zero_stage >= 2 && A > 1)
     std::printf("gradient accumulation (A=%d): %s\n", A,
                 o.reduce_every_micro
@@ -56,10 +46,10 @@ nlohmann::json StepJson(const StepReport& r, const Engine& engine, const ParamLa
   comm["total"] = r.comm.Total().bytes_sent;
   nlohmann::json j;
   j["comm_bytes"] = comm;
-  j["comm_bytes_formula"] = Formula::TrafficBytes(psi, N, o.zero_stage, o.dtype, o.reduce_dtype, A, o.reduce_every_micro);
+  j["comm_bytes_formula"] = Formula::TrafficBytes(psi, N, o, A);
   j["model_state_bytes"] = r.model_state_bytes;
   j["model_state_bytes_by_kind"] = {{"params", r.params_bytes}, {"grads", r.grads_bytes}, {"optimizer", r.optimizer_bytes}};
-  j["model_state_bytes_formula"] = Formula::ModelStateBytes(psi, N, o.zero_stage, o.dtype);
+  j["model_state_bytes_formula"] = Formula::ModelStateBytes(psi, N, o);
   j["peak_grads_bytes"] = r.peak_grads_bytes;
   j["peak_params_bytes"] = r.peak_params_bytes;
   j["exposed_comm_ms"] = r.exposed_comm_s * 1e3;

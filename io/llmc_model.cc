@@ -5,7 +5,7 @@
 #include <cstring>
 #include <memory>
 
-#include "parallel/bf16.h"
+#include "base/bf16.h"
 
 namespace shardgpt {
 

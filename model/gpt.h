@@ -3,7 +3,9 @@
 // The model owns only activations. Parameters and gradient buffers are handed to it unit by
 // unit through UnitHooks, which the parallel engine implements (gathering, freeing and
 // reducing there, like FSDP's pre/post forward/backward hooks); a single process uses
-// LocalParams. The model knows nothing of ranks, MPI or files.
+// LocalParams. The model knows nothing of ranks, MPI or files. Activations live on a Device and
+// every kernel runs through its kernel set, so the same code trains on the CPU and on a GPU;
+// the unit pointers the hooks hand out must be memory of that same device.
 //
 // Hook order for one micro-batch (E = embed unit, F = final unit, blocks 1..L):
 //   forward:  PreForward(E)  encoder  [PreForward(l) block l PostForward(l)]  PreForward(F) ln_f
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/device.h"
 #include "model/param_layout.h"
 
 namespace shardgpt {
@@ -43,15 +46,16 @@ class UnitHooks {
 
 class GPT {
  public:
-  // Allocates activations for micro-batches of up to B sequences of up to T tokens.
-  GPT(const GPTConfig& config, int B, int T);
+  // Allocates activations on `device` for micro-batches of up to B sequences of up to T
+  // tokens. The device must outlive the model. Throws DeviceOutOfMemory.
+  GPT(const GPTConfig& config, int B, int T, Device& device = CpuDevice());
   GPT(const GPT&) = delete;
   GPT& operator=(const GPT&) = delete;
 
   const GPTConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
 
-  // Runs the forward pass on inputs[B,T]. With targets, returns the mean cross-entropy over
+  // Runs the forward pass on inputs[B,T] (host memory). With targets (host memory), returns the mean cross-entropy over
   // the B*T positions (else 0). If grad_scale != 0 the logits are replaced by the gradient of
   // grad_scale * mean loss, ready for Backward() (fused softmax + cross-entropy backward).
   float Forward(UnitHooks& hooks, const int32_t* inputs, const int32_t* targets, int B, int T,
@@ -59,30 +63,36 @@ class GPT {
   // Backward of the last Forward (which must have had targets and grad_scale != 0).
   void Backward(UnitHooks& hooks);
 
-  // Logits [B,T,Vp] of the last Forward without grad_scale (padded columns are garbage).
-  const float* logits() const { return logits_.data(); }
+  // Row n = b*T + t of the logits [B,T,Vp] of the last Forward without grad_scale, copied to
+  // the host (Vp values; the padded columns are garbage).
+  std::vector<float> LogitsRow(int n) const;
   // Bytes of activation memory allocated for (B, T).
   size_t activation_bytes() const;
   // The same figure without allocating (for `shardgpt plan`).
   static size_t ActivationBytes(const GPTConfig& config, int B, int T);
 
  private:
-  struct LayerActs {  // saved for backward, per layer
-    std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, atty, lse, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, res3;
+  struct LayerActs {  // saved for backward, per layer (pointers into acts_)
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *res3;
   };
   void BlockForward(const float* p, const float* x, LayerActs& a, int B, int T);
   void BlockBackward(const float* p, float* g, float* dres, const float* x, const LayerActs& a, int B, int T);
+  void Zero(float* p, size_t n) { device_.Zero(p, n * sizeof(float)); }
 
   GPTConfig config_;
   ParamLayout layout_;
+  Device& device_;
+  Kernels& k_;
   int maxB_, maxT_;
   int B_ = 0, T_ = 0;
   bool have_grad_ = false;
-  std::vector<int32_t> inputs_;
-  std::vector<float> encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, scratch_;
+  DeviceBuffer acts_;  // every activation below, one allocation
+  size_t act_floats_ = 0;
+  int32_t *inputs_ = nullptr, *targets_ = nullptr;
+  float *encoded_, *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_, *scratch_;
   std::vector<LayerActs> layers_;
   // backward scratch
-  std::vector<float> dres_, dln_, dqkv_, datty_, dfch_, dfch_gelu_;
+  float *dres_, *dln_, *dqkv_, *datty_, *dfch_, *dfch_gelu_;
 };
 
 // LocalParams: all parameters and gradients of a model in two flat buffers (one process).

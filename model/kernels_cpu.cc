@@ -21,6 +21,8 @@
 #include <cstring>
 #include <vector>
 
+#include "base/bf16.h"
+
 namespace shardgpt {
 
 namespace {
@@ -468,6 +470,50 @@ double crossentropy_softmax(float* logits, float* losses, const int32_t* targets
   double total = 0.0;  // serial, fixed order
   for (int n = 0; n < N; n++) total += losses[n];
   return total;
+}
+
+// ---- element-wise kernels of the engine ----
+
+void convert(const void* src, DType from, void* dst, DType to, size_t n) {
+  if (from == to) {
+    std::memcpy(dst, src, n * DTypeSize(from));
+  } else if (from == DType::kF32) {
+    FloatToBf16(static_cast<const float*>(src), static_cast<uint16_t*>(dst), n);
+  } else {
+    Bf16ToFloat(static_cast<const uint16_t*>(src), static_cast<float*>(dst), n);
+  }
+}
+
+void accumulate(void* dst, DType dtype, const void* src, DType src_dtype, size_t n) {
+  if (dtype == DType::kF32 && src_dtype == DType::kF32) {
+    float* d = static_cast<float*>(dst);
+    const float* s = static_cast<const float*>(src);
+#pragma omp parallel for schedule(static) num_threads(nthreads())
+    for (size_t i = 0; i < n; i++) d[i] += s[i];
+    return;
+  }
+#pragma omp parallel for schedule(static) num_threads(nthreads())
+  for (size_t i = 0; i < n; i++) {
+    const float s = src_dtype == DType::kF32 ? static_cast<const float*>(src)[i]
+                                             : Bf16ToFloat(static_cast<const uint16_t*>(src)[i]);
+    if (dtype == DType::kF32) {
+      static_cast<float*>(dst)[i] += s;
+    } else {
+      uint16_t* d = static_cast<uint16_t*>(dst) + i;
+      *d = FloatToBf16(Bf16ToFloat(*d) + s);
+    }
+  }
+}
+
+double sum_squares(const void* x, DType dtype, size_t n) {
+  double ss = 0;
+#pragma omp parallel for schedule(static) reduction(+ : ss) num_threads(nthreads())
+  for (size_t i = 0; i < n; i++) {
+    const double v = dtype == DType::kF32 ? static_cast<const float*>(x)[i]
+                                          : Bf16ToFloat(static_cast<const uint16_t*>(x)[i]);
+    ss += v * v;
+  }
+  return ss;
 }
 
 }  // namespace shardgpt

@@ -19,6 +19,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "base/dtype.h"
+
 namespace shardgpt {
 
 // Sets the OpenMP and OpenBLAS thread counts used by all kernels (>= 1).
@@ -70,5 +72,15 @@ void residual_backward(float* da, float* db, const float* dout, size_t n);
 // Returns sum_n losses[n] in double.
 double crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                             float dloss_scale);
+
+// ---- element-wise kernels of the engine (gradients, dtype conversion, norm) ----
+
+// dst (to) = src (from), n elements; bf16 narrowing rounds to nearest even (base/bf16.h).
+void convert(const void* src, DType from, void* dst, DType to, size_t n);
+// dst (dtype) += src (src_dtype), n elements; a bf16 destination: dst = bf16(fp32(dst) + src),
+// rounded once (RNE).
+void accumulate(void* dst, DType dtype, const void* src, DType src_dtype, size_t n);
+// sum_i x[i]^2, accumulated in double.
+double sum_squares(const void* x, DType dtype, size_t n);
 
 }  // namespace shardgpt

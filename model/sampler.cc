@@ -32,8 +32,8 @@ void Generate(GPT& model, UnitHooks& params, std::vector<int32_t>& context, cons
   for (int i = 0; i < o.tokens; i++) {
     const int T = std::min(static_cast<int>(context.size()), c.max_seq_len);
     model.Forward(params, context.data() + context.size() - T, nullptr, 1, T, 0.0f);
-    const int next = SampleToken(model.logits() + static_cast<size_t>(T - 1) * c.padded_vocab(), c.vocab_size,
-                                 o.temperature, o.top_k, rng);
+    const std::vector<float> logits = model.LogitsRow(T - 1);
+    const int next = SampleToken(logits.data(), c.vocab_size, o.temperature, o.top_k, rng);
     context.push_back(next);
     on_token(next);
   }

@@ -62,14 +62,10 @@
 #include <string>
 #include <utility>
 
+#include "base/dtype.h"
 #include "base/status.h"
 
 namespace shardgpt {
-
-// Element types a collective moves. bf16 travels as raw uint16_t bits (parallel/bf16.h).
-enum class DType { kF32, kBF16 };
-inline size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
-inline const char* DTypeName(DType t) { return t == DType::kF32 ? "f32" : "bf16"; }
 
 // kAvg = sum over ranks divided by the world size. For bf16 the sum is accumulated pairwise
 // with each partial sum rounded to bf16 (RNE), then divided in fp32 and rounded once more.

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "parallel/bf16.h"
+#include "base/bf16.h"
 
 namespace shardgpt {
 

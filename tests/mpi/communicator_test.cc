@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "parallel/bf16.h"
+#include "base/bf16.h"
 #include "parallel/mpi_communicator.h"
 
 namespace shardgpt {

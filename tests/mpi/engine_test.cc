@@ -183,9 +183,9 @@ TEST(EnginePolicies, LastMicroAndNoReshardMatchReference) {
     for (int s = 0; s < kSteps; s++)
       EXPECT_NEAR(got.losses[s], ref.losses[s], 2e-5) << "stage " << c.stage << " every_micro " << c.every_micro;
     EXPECT_LT(MaxAbsDiff(got.params, ref.params), 2e-5);
-    const CommLedger expected = Engine::ExpectedStepTraffic(layout, plan, eo, 4);
+    const CommLedger expected = ExpectedStepTraffic(layout, plan, eo, 4);
     EXPECT_EQ(reports.back().comm.Total().bytes_sent, expected.Total().bytes_sent);
-    EXPECT_EQ(reports.back().model_state_bytes, Engine::PersistentStateSizes(plan, eo).total());
+    EXPECT_EQ(reports.back().model_state_bytes, PersistentStateSizes(plan, eo).total());
   }
 }
 
@@ -224,7 +224,7 @@ TEST_P(EngineLedger, TrafficAndMemoryMatchFormulas) {
   RunEngine(*comm, eo, A, 1.0f, &reports);
   ParamLayout layout(kConfig);
   ShardPlan plan(layout, N);
-  const CommLedger expected = Engine::ExpectedStepTraffic(layout, plan, eo, A);
+  const CommLedger expected = ExpectedStepTraffic(layout, plan, eo, A);
   const double psi = static_cast<double>(layout.total_numel());
   const double e = DTypeSize(eo.dtype), f = (N - 1.0) / N;
   const double padding_bytes = plan.total_padding() * e * 2 * (stage == 3 ? 3 * A : 1 + A);
@@ -234,14 +234,14 @@ TEST_P(EngineLedger, TrafficAndMemoryMatchFormulas) {
   for (const StepReport& r : reports) {
     for (size_t k = 0; k < kNumCollKinds; k++)
       EXPECT_EQ(r.comm.kinds[k].bytes_sent, expected.kinds[k].bytes_sent) << CollKindName(CollKind(k));
-    const double formula = Formula::TrafficBytes(psi, N, stage, eo.dtype, eo.reduce_dtype, A, true);
+    const double formula = Formula::TrafficBytes(psi, N, eo, A);
     EXPECT_NEAR(r.comm.Total().bytes_sent + root_bytes, formula, padding_bytes + 1);
-    const StateSizes sizes = Engine::PersistentStateSizes(plan, eo);
+    const StateSizes sizes = PersistentStateSizes(plan, eo);
     EXPECT_EQ(r.model_state_bytes, sizes.total());
     EXPECT_EQ(r.params_bytes, sizes.params);
     EXPECT_EQ(r.grads_bytes, sizes.grads);
     EXPECT_EQ(r.optimizer_bytes, sizes.optimizer);
-    EXPECT_NEAR(r.model_state_bytes, Formula::ModelStateBytes(psi, N, stage, eo.dtype),
+    EXPECT_NEAR(r.model_state_bytes, Formula::ModelStateBytes(psi, N, eo),
                 plan.total_padding() * (2 * e + (bf16 ? 12 : 8)) + 1);
     if (N == 1) EXPECT_EQ(r.comm.Total().bytes_sent, 0u);
   }

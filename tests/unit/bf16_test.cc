@@ -1,5 +1,5 @@
 // bf16 <-> fp32: round to nearest even, exact round trip, inf/NaN/denormal handling.
-#include "parallel/bf16.h"
+#include "base/bf16.h"
 
 #include <gtest/gtest.h>
 

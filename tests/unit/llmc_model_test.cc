@@ -10,7 +10,7 @@
 #include <fstream>
 #include <vector>
 
-#include "parallel/bf16.h"
+#include "base/bf16.h"
 
 namespace shardgpt {
 namespace {

@@ -1,0 +1,126 @@
+// The CPU device: host memory (calloc) and the OpenBLAS/OpenMP kernels of model/kernels_cpu.h.
+// Copies are memcpy and events are complete at once: the CPU computes synchronously.
+#include <cstdlib>
+#include <cstring>
+
+#include "model/device.h"
+#include "model/kernels_cpu.h"
+
+namespace shardgpt {
+
+namespace {
+
+// Forwards every kernel to its free function in model/kernels_cpu.h.
+class CpuKernels final : public Kernels {
+ public:
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+                       int C) const override {
+    shardgpt::encoder_forward(out, tokens, wte, wpe, B, T, C);
+  }
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                        int C) const override {
+    shardgpt::encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                         int N, int C) const override {
+    shardgpt::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+  }
+  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                          const float* mean, const float* rstd, int N, int C) const override {
+    shardgpt::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  }
+  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C,
+                      int OC) const override {
+    shardgpt::matmul_forward(out, inp, w, bias, N, C, OC);
+  }
+  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+                       int N, int C, int OC) const override {
+    shardgpt::matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
+  }
+  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) const override {
+    shardgpt::attention_forward(out, lse, qkv, B, T, C, NH);
+  }
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                          int B, int T, int C, int NH) const override {
+    shardgpt::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
+  }
+  void gelu_forward(float* out, const float* inp, size_t n) const override { shardgpt::gelu_forward(out, inp, n); }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override {
+    shardgpt::gelu_backward(dinp, inp, dout, n);
+  }
+  void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
+    shardgpt::residual_forward(out, a, b, n);
+  }
+  double crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+                              float dloss_scale) const override {
+    return shardgpt::crossentropy_softmax(logits, losses, targets, N, V, Vp, dloss_scale);
+  }
+  void convert(const void* src, DType from, void* dst, DType to, size_t n) const override {
+    shardgpt::convert(src, from, dst, to, n);
+  }
+  void accumulate(void* dst, DType dtype, const void* src, DType src_dtype, size_t n) const override {
+    shardgpt::accumulate(dst, dtype, src, src_dtype, n);
+  }
+  double sum_squares(const void* x, DType dtype, size_t n) const override {
+    return shardgpt::sum_squares(x, dtype, n);
+  }
+  void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
+             const AdamWConfig& cfg, int64_t t, float grad_scale) const override {
+    adamw_update(param, grad, m, v, n, lr, weight_decay, cfg, t, grad_scale);
+  }
+};
+
+class DoneEvent final : public DeviceEvent {
+ public:
+  void Synchronize() override {}
+};
+
+class CpuDeviceImpl final : public Device {
+ public:
+  explicit CpuDeviceImpl(bool pretend_device_memory) : pretend_(pretend_device_memory) {}
+  std::string name() const override { return pretend_ ? "cpu (as device memory)" : "cpu"; }
+  bool is_cuda() const override { return false; }
+  bool host_accessible() const override { return !pretend_; }
+  void* Allocate(size_t bytes, const std::string& what) override {
+    if (bytes == 0) return nullptr;
+    void* p = std::calloc(bytes, 1);
+    if (p == nullptr)
+      throw DeviceOutOfMemory("out of host memory allocating " + what + " (" + std::to_string(bytes) +
+                              " bytes); try a higher --zero-stage or a smaller --micro-batch");
+    return p;
+  }
+  void Free(void* p) override { std::free(p); }
+  void CopyToDevice(void* dst, const void* src, size_t bytes) override { Move(dst, src, bytes); }
+  void CopyToHost(void* dst, const void* src, size_t bytes) override { Move(dst, src, bytes); }
+  void Copy(void* dst, const void* src, size_t bytes) override { Move(dst, src, bytes); }
+  void Zero(void* p, size_t bytes) override {
+    if (bytes) std::memset(p, 0, bytes);
+  }
+  void Synchronize() override {}
+  std::shared_ptr<DeviceEvent> RecordEvent() override { return std::make_shared<DoneEvent>(); }
+  void* AllocateHost(size_t bytes) override { return std::malloc(bytes > 0 ? bytes : 1); }
+  void FreeHost(void* p) override { std::free(p); }
+  void StageToHost(void* dst, const void* src, size_t bytes) override { Move(dst, src, bytes); }
+  void StageToDevice(void* dst, const void* src, size_t bytes) override { Move(dst, src, bytes); }
+  Kernels& kernels() override { return kernels_; }
+
+ private:
+  static void Move(void* dst, const void* src, size_t bytes) {
+    if (bytes && dst != src) std::memmove(dst, src, bytes);
+  }
+  const bool pretend_;
+  CpuKernels kernels_;
+};
+
+}  // namespace
+
+Device& CpuDevice() {
+  static CpuDeviceImpl device(false);
+  return device;
+}
+
+std::unique_ptr<Device> NewCpuDevice(bool pretend_device_memory) {
+  return std::make_unique<CpuDeviceImpl>(pretend_device_memory);
+}
+
+}  // namespace shardgpt

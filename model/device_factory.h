@@ -1,0 +1,22 @@
+// Picks and creates this rank's device from the --device flag.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "model/device.h"
+
+namespace shardgpt {
+
+// True when this build contains the CUDA backend (the toolkit was found at configure time).
+bool CudaBackendBuilt();
+
+// kind "cpu": the CPU device. kind "cuda": one of the GPUs visible to this process
+// (CUDA_VISIBLE_DEVICES and Slurm's per-task binding both shrink that set): with one visible
+// GPU, that one; otherwise GPU (local_rank mod count), local_rank being this rank's index among
+// the local_size ranks of its node. Errors: a build without CUDA, no driver, no GPU (naming the
+// CUDA error).
+StatusOr<std::unique_ptr<Device>> CreateDevice(const std::string& kind, int local_rank, int local_size);
+
+}  // namespace shardgpt

@@ -1,0 +1,73 @@
+// Kernels: the kernel set of one device, as one interface, so that the model's forward and
+// backward (model/gpt.cc), the engine's gradient and optimizer arithmetic (parallel/) and the
+// tests are written once for every device.
+//
+// Every pointer is a pointer into the device's memory (Device::Allocate); sizes and scalars are
+// host values. Kernels run in order on the device's compute stream; a kernel returning a host
+// value (crossentropy_softmax, sum_squares) waits for its result. The maths and shapes of each
+// kernel are documented once, at its CPU twin in model/kernels_cpu.h (same name, same argument
+// order); the CUDA twins are in model/cuda/. Backward kernels ACCUMULATE (+=) into their
+// gradients exactly as the CPU twins do.
+//
+// Thread contract: one caller thread per device (the training thread).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "base/dtype.h"
+#include "model/optimizer.h"
+
+namespace shardgpt {
+
+// How matmuls round their inputs. kExact: fp32 products, fp32 accumulation (CUDA: TF32 off,
+// so GPU and CPU agree to ~1e-6). kBf16: inputs rounded to bf16, fp32 accumulation (CUDA:
+// tensor cores, CUBLAS_COMPUTE_32F_FAST_16BF; CPU: as kExact until it has bf16 kernels).
+enum class MatmulPrecision { kExact, kBf16 };
+
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+
+  // ---- model: forward next to backward, as in model/kernels_cpu.h ----
+  virtual void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+                               int C) const = 0;
+  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                                int C) const = 0;
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                                 const float* b, int N, int C) const = 0;
+  virtual void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                                  const float* w, const float* mean, const float* rstd, int N, int C) const = 0;
+  virtual void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C,
+                              int OC) const = 0;
+  virtual void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                               const float* w, int N, int C, int OC) const = 0;
+  virtual void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) const = 0;
+  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                                  const float* lse, int B, int T, int C, int NH) const = 0;
+  virtual void gelu_forward(float* out, const float* inp, size_t n) const = 0;
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const = 0;
+  virtual void residual_forward(float* out, const float* a, const float* b, size_t n) const = 0;
+  // Returns sum_n losses[n] (a host value: waits for the device).
+  virtual double crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+                                      float dloss_scale) const = 0;
+
+  // ---- engine: dtype conversion, gradient accumulation, norm, optimizer ----
+  // dst (to) = src (from), n elements; bf16 narrowing rounds to nearest even. src != dst.
+  virtual void convert(const void* src, DType from, void* dst, DType to, size_t n) const = 0;
+  // dst (dtype) += src (src_dtype); a bf16 destination is rounded once per element (RNE).
+  virtual void accumulate(void* dst, DType dtype, const void* src, DType src_dtype, size_t n) const = 0;
+  // sum_i x[i]^2 in double precision accumulation (a host value: waits for the device).
+  virtual double sum_squares(const void* x, DType dtype, size_t n) const = 0;
+  // adamw_update (model/optimizer.h) over n elements of fp32 param, grad, m, v.
+  virtual void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
+                     const AdamWConfig& cfg, int64_t t, float grad_scale) const = 0;
+
+  void set_matmul_precision(MatmulPrecision p) { precision_ = p; }
+  MatmulPrecision matmul_precision() const { return precision_; }
+
+ protected:
+  MatmulPrecision precision_ = MatmulPrecision::kExact;
+};
+
+}  // namespace shardgpt

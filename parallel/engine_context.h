@@ -1,0 +1,101 @@
+// EngineContext and CollectiveQueue: what the engine's parts (ParamStore, GradReducer,
+// ShardedAdamW) share: the layout and plan, the options, this rank's communicator, device and
+// memory ledger, and the queue of collectives in flight.
+//
+// Thread contract: the training thread only (completion callbacks run on it, in RetireCompleted).
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "base/memory_ledger.h"
+#include "model/device.h"
+#include "model/param_layout.h"
+#include "parallel/communicator.h"
+#include "parallel/shard_plan.h"
+#include "parallel/zero_math.h"
+
+namespace shardgpt {
+
+// Collectives this rank has launched and not yet retired, in launch order (the communicator
+// completes them in that order). Retiring one runs its completion step on the training thread
+// (accumulate a reduced shard, free a send buffer). Time spent blocked is counted as exposed.
+class CollectiveQueue {
+ public:
+  void Enqueue(std::shared_ptr<Work> work, std::function<void()> on_done) {
+    pending_.push_back(Pending{std::move(work), std::move(on_done)});
+  }
+  void RetireCompleted() {
+    while (!pending_.empty() && pending_.front().work->IsCompleted()) {
+      Pending p = std::move(pending_.front());
+      pending_.pop_front();
+      retired_++;
+      if (p.on_done) p.on_done();
+    }
+  }
+  // Blocks on the oldest collective, then retires whatever has completed.
+  void WaitOldest() {
+    Wait(*pending_.front().work);
+    RetireCompleted();
+  }
+  void WaitAll() {
+    while (!pending_.empty()) WaitOldest();
+  }
+  // Blocks on one work, counting the time as exposed communication.
+  void Wait(Work& work) {
+    const auto t0 = std::chrono::steady_clock::now();
+    work.Wait();
+    exposed_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  // Retired plus completed-but-not-yet-retired collectives since ResetCounters().
+  int CompletedCount() const {
+    int done = retired_;
+    for (const Pending& p : pending_) done += p.work->IsCompleted() ? 1 : 0;
+    return done;
+  }
+  void ResetCounters() { exposed_s_ = 0, retired_ = 0; }
+  double exposed_seconds() const { return exposed_s_; }
+  bool empty() const { return pending_.empty(); }
+
+ private:
+  struct Pending {
+    std::shared_ptr<Work> work;
+    std::function<void()> on_done;
+  };
+  std::deque<Pending> pending_;
+  double exposed_s_ = 0;
+  int retired_ = 0;
+};
+
+struct EngineContext {
+  const ParamLayout& layout;
+  ShardPlan plan;
+  EngineOptions opt;
+  Communicator* comm;
+  Device* device;
+  MemoryLedger memory;
+  CollectiveQueue queue;
+  int rank, world;
+
+  EngineContext(const ParamLayout& l, Communicator* c, Device* d, const EngineOptions& o)
+      : layout(l), plan(l, c->world_size()), opt(o), comm(c), device(d), rank(c->rank()), world(c->world_size()) {}
+  Kernels& kernels() { return device->kernels(); }
+  size_t elt() const { return DTypeSize(opt.dtype); }
+  // The embed and final units: used first in backward, kept gathered from forward (FSDP2's root).
+  bool is_root_unit(int u) const { return u == ParamLayout::kEmbedUnit || u == layout.final_unit(); }
+  DeviceBuffer NewBuffer(MemKind kind, size_t bytes, const std::string& what) {
+    return DeviceBuffer(device, &memory, kind, bytes, what);
+  }
+  // A device copy of n host fp32 values stored as dtype.
+  void Upload(void* dst, DType dtype, const float* host, size_t n) {
+    if (dtype == DType::kF32) return device->CopyToDevice(dst, host, n * sizeof(float));
+    DeviceBuffer tmp(device, nullptr, MemKind::kParams, n * sizeof(float), "upload staging");
+    device->CopyToDevice(tmp.data(), host, n * sizeof(float));
+    kernels().convert(tmp.data(), DType::kF32, dst, dtype, n);
+  }
+};
+
+}  // namespace shardgpt

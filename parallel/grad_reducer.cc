@@ -1,0 +1,159 @@
+#include "parallel/grad_reducer.h"
+
+#include <vector>
+
+namespace shardgpt {
+
+namespace {
+
+// Full (padded) gradients of every unit in dtype. fp32 backward accumulates straight into
+// them; bf16 gradients go through an fp32 scratch per unit, added once the unit is done.
+class FullGradients : public GradReducer {
+ public:
+  explicit FullGradients(EngineContext* ctx) : ctx_(*ctx), scratch_(ctx->plan.num_units()) {
+    grads_ = ctx_.NewBuffer(MemKind::kGrads, ctx_.plan.total_padded() * ctx_.elt(), "gradients");
+  }
+  void BeginStep() override { ctx_.device->Zero(grads_.data(), grads_.bytes()); }
+  void BeginMicroBatch(bool sync) override { sync_ = sync; }
+  float* PreBackward(int u) override {
+    if (ctx_.opt.dtype == DType::kF32) return static_cast<float*>(Full(u));
+    scratch_[u] = ctx_.NewBuffer(MemKind::kGrads, ctx_.plan.unit(u).padded * sizeof(float), "fp32 gradient scratch");
+    return scratch_[u].as<float>();
+  }
+  void PostBackward(int u) override {
+    if (!scratch_[u].empty()) {
+      ctx_.kernels().accumulate(Full(u), ctx_.opt.dtype, scratch_[u].data(), DType::kF32, ctx_.plan.unit(u).padded);
+      scratch_[u].Free();
+    }
+    if (sync_) Reduce(u);
+  }
+
+ protected:
+  virtual void Reduce(int u) = 0;  // the last micro-batch's gradient of unit u is complete
+  void* Full(int u) { return grads_.as<uint8_t>() + ctx_.plan.unit(u).padded_offset * ctx_.elt(); }
+  void* At(size_t padded_index) { return grads_.as<uint8_t>() + padded_index * ctx_.elt(); }
+  // Averages `count` gradient elements in place through the communicator, in reduce dtype.
+  void AverageInPlace(void* grads, size_t count, bool all_reduce, size_t shard) {
+    const DType d = ctx_.opt.dtype, rd = ctx_.opt.reduce_dtype;
+    const size_t own = ctx_.rank * shard;
+    if (rd == d) {
+      ctx_.queue.Enqueue(all_reduce ? ctx_.comm->AllReduce(grads, count, d, ReduceOp::kAvg)
+                                    : ctx_.comm->ReduceScatter(grads, static_cast<uint8_t*>(grads) + own * ctx_.elt(),
+                                                               shard, d, ReduceOp::kAvg),
+                         nullptr);
+      return;
+    }
+    auto tmp = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kGrads, count * DTypeSize(rd), "reduce buffer"));
+    ctx_.kernels().convert(grads, d, tmp->data(), rd, count);
+    // all-reduce: the whole buffer comes back; reduce-scatter: the owned block of it
+    const size_t back_offset = all_reduce ? 0 : own, back_count = all_reduce ? count : shard;
+    void* back = tmp->as<uint8_t>() + back_offset * DTypeSize(rd);
+    std::shared_ptr<Work> work = all_reduce ? ctx_.comm->AllReduce(tmp->data(), count, rd, ReduceOp::kAvg)
+                                            : ctx_.comm->ReduceScatter(tmp->data(), back, shard, rd, ReduceOp::kAvg);
+    void* dst = static_cast<uint8_t*>(grads) + back_offset * ctx_.elt();
+    ctx_.queue.Enqueue(work, [this, tmp, back, dst, back_count, rd]() {
+      ctx_.kernels().convert(back, rd, dst, ctx_.opt.dtype, back_count);
+    });
+  }
+
+  EngineContext& ctx_;
+  DeviceBuffer grads_;
+  std::vector<DeviceBuffer> scratch_;
+  bool sync_ = true;
+};
+
+class BucketAllReduce final : public FullGradients {
+ public:
+  explicit BucketAllReduce(EngineContext* ctx) : FullGradients(ctx), buckets_(PlanBuckets(ctx->plan, ctx->opt)) {
+    bucket_of_unit_.assign(ctx_.plan.num_units(), 0);
+    for (size_t b = 0; b < buckets_.size(); b++)
+      for (int u : buckets_[b]) bucket_of_unit_[u] = static_cast<int>(b);
+    ready_.assign(buckets_.size(), 0);
+  }
+  void BeginMicroBatch(bool sync) override {
+    FullGradients::BeginMicroBatch(sync);
+    std::fill(ready_.begin(), ready_.end(), 0);
+  }
+  const void* Owned(int u) override { return Full(u); }
+
+ private:
+  // A bucket is a contiguous range of the padded buffer: from its lowest unit to its highest.
+  void Reduce(int u) override {
+    const int b = bucket_of_unit_[u];
+    if (++ready_[b] < static_cast<int>(buckets_[b].size())) return;
+    const UnitShardInfo &lo = ctx_.plan.unit(buckets_[b].back()), &hi = ctx_.plan.unit(buckets_[b].front());
+    AverageInPlace(At(lo.padded_offset), hi.padded_offset + hi.padded - lo.padded_offset, true, 0);
+  }
+  std::vector<std::vector<int>> buckets_;  // unit ids per bucket, backward order
+  std::vector<int> bucket_of_unit_, ready_;
+};
+
+class LastMicroReduceScatter final : public FullGradients {
+ public:
+  using FullGradients::FullGradients;
+  const void* Owned(int u) override {
+    const UnitShardInfo& s = ctx_.plan.unit(u);
+    return At(s.padded_offset + ctx_.rank * s.shard);
+  }
+
+ private:
+  void Reduce(int u) override {
+    const UnitShardInfo& s = ctx_.plan.unit(u);
+    AverageInPlace(Full(u), s.padded, false, s.shard);
+  }
+};
+
+class EveryMicroReduceScatter final : public GradReducer {
+ public:
+  explicit EveryMicroReduceScatter(EngineContext* ctx) : ctx_(*ctx), scratch_(ctx->plan.num_units()) {
+    shards_ = ctx_.NewBuffer(MemKind::kGrads, ctx_.plan.total_shard() * ctx_.elt(), "gradient shards");
+  }
+  void BeginStep() override { ctx_.device->Zero(shards_.data(), shards_.bytes()); }
+  void BeginMicroBatch(bool) override {}
+  float* PreBackward(int u) override {
+    scratch_[u] = ctx_.NewBuffer(MemKind::kGrads, ctx_.plan.unit(u).padded * sizeof(float), "fp32 gradient scratch");
+    return scratch_[u].as<float>();
+  }
+  // Rate limit (as FSDP's): at most kMaxInflight unit gradients wait for their reduce-scatter,
+  // otherwise a slow network lets every unit's full gradient pile up and stage 2's memory
+  // saving is lost. One reduces while the next unit's backward computes.
+  void PostBackward(int u) override {
+    const UnitShardInfo s = ctx_.plan.unit(u);
+    const DType rd = ctx_.opt.reduce_dtype;
+    while (inflight_ >= kMaxInflight) ctx_.queue.WaitOldest();
+    inflight_++;
+    auto send = std::make_shared<DeviceBuffer>(std::move(scratch_[u]));
+    if (rd == DType::kBF16) {  // convert now and free the fp32 scratch at once
+      auto bf = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kGrads, s.padded * 2, "bf16 gradient"));
+      ctx_.kernels().convert(send->data(), DType::kF32, bf->data(), DType::kBF16, s.padded);
+      send = bf;
+    }
+    // the reduced shard lands in this rank's own block of the send buffer (in place)
+    void* recv = send->as<uint8_t>() + ctx_.rank * s.shard * DTypeSize(rd);
+    ctx_.queue.Enqueue(ctx_.comm->ReduceScatter(send->data(), recv, s.shard, rd, ReduceOp::kAvg),
+                       [this, u, send, recv, rd, s]() mutable {
+                         ctx_.kernels().accumulate(Shard(u), ctx_.opt.dtype, recv, rd, s.shard);
+                         send.reset();
+                         inflight_--;
+                       });
+  }
+  const void* Owned(int u) override { return Shard(u); }
+
+ private:
+  static constexpr int kMaxInflight = 1;
+  void* Shard(int u) { return shards_.as<uint8_t>() + ctx_.plan.unit(u).shard_offset * ctx_.elt(); }
+  EngineContext& ctx_;
+  DeviceBuffer shards_;  // this rank's averaged gradient slice of every unit (dtype)
+  std::vector<DeviceBuffer> scratch_;
+  int inflight_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<GradReducer> GradReducer::Create(EngineContext* ctx) {
+  if (!ctx->opt.shards_optimizer()) return std::make_unique<BucketAllReduce>(ctx);
+  if (ctx->opt.keeps_full_grads()) return std::make_unique<LastMicroReduceScatter>(ctx);
+  return std::make_unique<EveryMicroReduceScatter>(ctx);
+}
+
+}  // namespace shardgpt

@@ -1,0 +1,116 @@
+#include "parallel/param_store.h"
+
+namespace shardgpt {
+
+namespace {
+
+class ReplicatedParams final : public ParamStore {
+ public:
+  explicit ReplicatedParams(EngineContext* ctx) : ParamStore(ctx) {
+    params_ = ctx_.NewBuffer(MemKind::kParams, ctx_.plan.total_padded() * ctx_.elt(), "parameters");
+  }
+  const float* PreForward(int u) override { return ComputeView(u, Full(u)); }
+  void PostForward(int u) override {
+    if (!ctx_.is_root_unit(u)) ReleaseCompute(u);  // the root is used again at once by backward
+  }
+  const float* PreBackward(int u) override { return ComputeView(u, Full(u)); }
+  void PostBackward(int u) override { ReleaseCompute(u); }
+  void ReleaseAll() override {
+    for (int u = 0; u < ctx_.plan.num_units(); u++) ReleaseCompute(u);
+  }
+  void* Owned(int u) override {
+    const UnitShardInfo& s = ctx_.plan.unit(u);
+    const size_t first = ctx_.opt.shards_optimizer() ? ctx_.rank * s.shard : 0;
+    return params_.as<uint8_t>() + (s.padded_offset + first) * ctx_.elt();
+  }
+  // Stages 1/2: every rank updated only its slice; all-gather the unit in place.
+  void Publish(int u) override {
+    if (!ctx_.opt.shards_optimizer()) return;
+    const UnitShardInfo& s = ctx_.plan.unit(u);
+    ctx_.queue.Enqueue(ctx_.comm->AllGather(Owned(u), Full(u), s.shard, ctx_.opt.dtype), nullptr);
+  }
+
+ private:
+  void* Full(int u) { return params_.as<uint8_t>() + ctx_.plan.unit(u).padded_offset * ctx_.elt(); }
+  DeviceBuffer params_;  // every unit, padded (dtype)
+};
+
+class ShardedParams final : public ParamStore {
+ public:
+  explicit ShardedParams(EngineContext* ctx)
+      : ParamStore(ctx), gathered_(ctx->plan.num_units()), gather_work_(ctx->plan.num_units()) {
+    shards_ = ctx_.NewBuffer(MemKind::kParams, ctx_.plan.total_shard() * ctx_.elt(), "parameter shards");
+  }
+  const float* PreForward(int u) override {
+    Gathered(u);
+    const int next = u + 1;  // forward order: embed, blocks, final
+    if (next < ctx_.plan.num_units() && gathered_[next].empty()) Gather(next);
+    return ComputeView(u, gathered_[u].data());
+  }
+  void PostForward(int u) override {
+    if (ctx_.is_root_unit(u) || !ctx_.opt.reshard_after_forward) return;
+    Release(u);
+  }
+  const float* PreBackward(int u) override {
+    Gathered(u);
+    // backward order: final, blocks L..1, embed; embed is already gathered (its backward
+    // starts first, for the tied LM head)
+    const int next = u - 1;
+    if (next >= 1 && gathered_[next].empty()) Gather(next);
+    return ComputeView(u, gathered_[u].data());
+  }
+  void PostBackward(int u) override { Release(u); }
+  void ReleaseAll() override {
+    for (int u = 0; u < ctx_.plan.num_units(); u++) Release(u);
+  }
+  void* Owned(int u) override { return shards_.as<uint8_t>() + ctx_.plan.unit(u).shard_offset * ctx_.elt(); }
+
+ private:
+  void Gather(int u) {
+    const UnitShardInfo& s = ctx_.plan.unit(u);
+    gathered_[u] = ctx_.NewBuffer(MemKind::kParams, s.padded * ctx_.elt(), "gathered parameters of unit " +
+                                                                             ctx_.layout.units()[u].name);
+    gather_work_[u] = ctx_.comm->AllGather(Owned(u), gathered_[u].data(), s.shard, ctx_.opt.dtype);
+  }
+  // Unit u gathered and its all-gather complete.
+  void Gathered(int u) {
+    ctx_.queue.RetireCompleted();
+    if (gathered_[u].empty()) Gather(u);
+    WaitGather(u);
+  }
+  void WaitGather(int u) {
+    if (gather_work_[u] == nullptr) return;
+    ctx_.queue.Wait(*gather_work_[u]);
+    gather_work_[u].reset();
+  }
+  void Release(int u) {
+    ReleaseCompute(u);
+    WaitGather(u);
+    gathered_[u].Free();
+  }
+  DeviceBuffer shards_;                            // this rank's slice of every unit (dtype)
+  std::vector<DeviceBuffer> gathered_;             // per unit: full padded parameters while in use
+  std::vector<std::shared_ptr<Work>> gather_work_;  // in-flight all-gather into gathered_[u]
+};
+
+}  // namespace
+
+ParamStore::ParamStore(EngineContext* ctx) : ctx_(*ctx), compute_(ctx->plan.num_units()) {}
+
+std::unique_ptr<ParamStore> ParamStore::Create(EngineContext* ctx) {
+  if (ctx->opt.shards_params()) return std::make_unique<ShardedParams>(ctx);
+  return std::make_unique<ReplicatedParams>(ctx);
+}
+
+const float* ParamStore::ComputeView(int u, const void* full) {
+  if (ctx_.opt.dtype == DType::kF32) return static_cast<const float*>(full);
+  DeviceBuffer& c = compute_[u];
+  if (c.empty()) {
+    const size_t n = ctx_.plan.unit(u).padded;
+    c = ctx_.NewBuffer(MemKind::kParams, n * sizeof(float), "fp32 compute copy of unit " + ctx_.layout.units()[u].name);
+    ctx_.kernels().convert(full, DType::kBF16, c.data(), DType::kF32, n);
+  }
+  return c.as<float>();
+}
+
+}  // namespace shardgpt

@@ -1,0 +1,94 @@
+#include "parallel/zero_math.h"
+
+#include <algorithm>
+#include <string>
+
+namespace shardgpt {
+
+Status EngineOptions::Validate() const {
+  if (zero_stage < 0 || zero_stage > 3)
+    return Status::InvalidArgument("--zero-stage must be 0, 1, 2 or 3, got " + std::to_string(zero_stage));
+  if (dtype == DType::kF32 && reduce_dtype == DType::kBF16)
+    return Status::InvalidArgument("--reduce-dtype bf16 needs --dtype bf16 (fp32 gradients are reduced in fp32)");
+  if (!(bucket_mb > 0)) return Status::InvalidArgument("--bucket-mb must be > 0");
+  if (!reduce_every_micro && zero_stage < 2)
+    return Status::InvalidArgument(
+        "--reduce-grads applies to --zero-stage 2 and 3 only (stages 0 and 1 always sync in the last micro-batch)");
+  return Status::OK();
+}
+
+StateSizes Formula::ModelStateByKind(double psi, int world, const EngineOptions& o) {
+  const double p = DTypeSize(o.dtype), k = o.optimizer_bytes_per_param(), N = world;
+  StateSizes s;
+  s.params = o.shards_params() ? p * psi / N : p * psi;
+  s.grads = o.keeps_full_grads() ? p * psi : p * psi / N;
+  s.optimizer = o.shards_optimizer() ? k * psi / N : k * psi;
+  return s;
+}
+
+double Formula::TrafficBytes(double psi, int world, const EngineOptions& o, int accum) {
+  const double f = (world - 1.0) / world, p = DTypeSize(o.dtype), r = DTypeSize(o.reduce_dtype);
+  const double rs_times = (o.shards_grads() && o.reduce_every_micro) ? accum : 1;
+  switch (o.zero_stage) {
+    case 0: return 2 * r * psi * f;                          // all-reduce = reduce-scatter + all-gather
+    case 1:
+    case 2: return rs_times * r * psi * f + p * psi * f;    // reduce-scatter grads, all-gather params
+    default: return rs_times * r * psi * f + 2 * accum * p * psi * f;  // + gather in forward and backward
+  }
+}
+
+StateSizes PersistentStateSizes(const ShardPlan& plan, const EngineOptions& o) {
+  const double Tp = static_cast<double>(plan.total_padded()), Ts = static_cast<double>(plan.total_shard());
+  const double elt = static_cast<double>(DTypeSize(o.dtype));
+  StateSizes s;
+  s.params = (o.shards_params() ? Ts : Tp) * elt;
+  s.grads = (o.keeps_full_grads() ? Tp : Ts) * elt;
+  s.optimizer = (o.shards_optimizer() ? Ts : Tp) * o.optimizer_bytes_per_param();
+  return s;
+}
+
+// Consecutive units in backward order until a bucket holds bucket_mb; consecutive units are
+// adjacent in the padded buffer, so a bucket is one range. As in PyTorch DDP, the first
+// bucket is capped at 1 MiB so that communication starts early.
+std::vector<std::vector<int>> PlanBuckets(const ShardPlan& plan, const EngineOptions& o) {
+  std::vector<std::vector<int>> buckets;
+  const double cap = o.bucket_mb * 1024 * 1024, first_cap = std::min(cap, 1024.0 * 1024);
+  double filled = 0;
+  for (int u = plan.num_units() - 1; u >= 0; u--) {
+    if (buckets.empty() || filled >= (buckets.size() == 1 ? first_cap : cap)) buckets.emplace_back(), filled = 0;
+    buckets.back().push_back(u);
+    filled += static_cast<double>(plan.unit(u).padded) * DTypeSize(o.reduce_dtype);
+  }
+  return buckets;
+}
+
+CommLedger ExpectedStepTraffic(const ParamLayout& layout, const ShardPlan& plan, const EngineOptions& o, int accum) {
+  CommLedger l;
+  const int N = plan.world_size();
+  auto add = [&](CollKind k, uint64_t count, DType d, int times) {
+    for (int i = 0; i < times; i++) l.Add(k, CommLedger::RingBytes(k, count, d, N));
+  };
+  if (o.zero_stage == 0) {
+    for (const auto& b : PlanBuckets(plan, o)) {
+      uint64_t count = 0;
+      for (int u : b) count += plan.unit(u).padded;
+      add(CollKind::kAllReduce, count, o.reduce_dtype, 1);
+    }
+    return l;
+  }
+  const int rs_times = (o.shards_grads() && o.reduce_every_micro) ? accum : 1;
+  for (int u = 0; u < plan.num_units(); u++) {
+    const uint64_t shard = plan.unit(u).shard;
+    const bool root = u == ParamLayout::kEmbedUnit || u == layout.final_unit();
+    if (o.shards_params()) {
+      // forward gathers every unit; backward re-gathers the blocks that were resharded
+      add(CollKind::kAllGather, shard, o.dtype, accum);
+      if (o.reshard_after_forward && !root) add(CollKind::kAllGather, shard, o.dtype, accum);
+    }
+    add(CollKind::kReduceScatter, shard, o.reduce_dtype, rs_times);
+    if (!o.shards_params()) add(CollKind::kAllGather, shard, o.dtype, 1);
+  }
+  return l;
+}
+
+}  // namespace shardgpt
