@@ -260,7 +260,7 @@ Status WriteShard(const std::string& path, int rank, int world, uint64_t id, int
         const float* base = k == 0 ? st.master : k == 1 ? st.m : st.v;
         const uint64_t unit_at = p.begin + (at - p.file_offset);  // stage 0: a sub-range of the full unit
         const uint64_t cnt = std::min<uint64_t>(hi, p.file_offset + (p.end - p.begin)) - at;
-        std::memcpy(&staging[at - lo], base + (unit_at - st.begin), cnt * sizeof(float));
+        engine.device().CopyToHost(&staging[at - lo], base + (unit_at - st.begin), cnt * sizeof(float));
         at += cnt;
       }
       std::fill(staging.begin() + (hi - lo), staging.begin() + chunk, 0.0f);  // the last chunk's tail
@@ -804,13 +804,21 @@ StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& 
   }
   SHARDGPT_RETURN_IF_ERROR(AgreeAll(comm, st));
 
-  // 3. Hyperslab reads straight into the engine's buffers.
+  // 3. Hyperslab reads straight into the engine's buffers (through host memory for a GPU).
   const double t_read = Now();
   uint64_t bytes = 0;
+  Device& device = engine.device();
+  std::vector<float> host;
   for (auto& [f, jobs] : by_file) {
     for (int k = 0; k < 3 && st.ok(); k++)
       for (const Job& j : jobs) {
-        st = readers[f].Read(k, j.op.file_offset, j.op.count, j.dst[k]);
+        if (device.host_accessible()) {
+          st = readers[f].Read(k, j.op.file_offset, j.op.count, j.dst[k]);
+        } else {
+          host.resize(j.op.count);
+          st = readers[f].Read(k, j.op.file_offset, j.op.count, host.data());
+          if (st.ok()) device.CopyToDevice(j.dst[k], host.data(), j.op.count * sizeof(float));
+        }
         if (!st.ok()) break;
         bytes += j.op.count * sizeof(float);
       }

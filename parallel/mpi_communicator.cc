@@ -104,7 +104,7 @@ std::shared_ptr<Work> Refused(std::string msg) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(MPI_Comm comm) {
+StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(MPI_Comm comm, Device* device) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   int finalized = 0;
@@ -135,11 +135,12 @@ StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(MPI_Comm comm
     MPI_Comm_free(&dup);
     return MpiError(rc, "MPI_Op_create");
   }
-  return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(dup, rank, world, op));
+  return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(dup, rank, world, op, device));
 }
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm, int rank, int world, MPI_Op bf16_sum)
-    : comm_(comm), rank_(rank), world_(world), bf16_sum_(bf16_sum) {
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, int rank, int world, MPI_Op bf16_sum, Device* device)
+    : comm_(comm), rank_(rank), world_(world), bf16_sum_(bf16_sum),
+      device_(device != nullptr && !device->host_accessible() ? device : nullptr) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -150,6 +151,7 @@ MpiCommunicator::~MpiCommunicator() {
   }
   cv_.notify_one();
   thread_.join();  // Loop() drains the queue before it returns
+  if (staging_ != nullptr) device_->FreeHost(staging_);
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) {
@@ -186,12 +188,44 @@ std::shared_ptr<Work> MpiCommunicator::Enqueue(Task task) {
   return work;
 }
 
+std::shared_ptr<Work> MpiCommunicator::Submit(Body body, const void* send, size_t send_bytes, void* recv,
+                                              size_t recv_bytes) {
+  if (device_ == nullptr) return Enqueue([body, send, recv]() { return body(send, recv); });
+  std::shared_ptr<DeviceEvent> ready = device_->RecordEvent();  // the producer of `send`
+  return Enqueue([this, body, send, send_bytes, recv, recv_bytes, ready]() -> Status {
+    ready->Synchronize();
+    // Overlapping buffers (in place) share one host span, so the collective sees the same
+    // aliasing on the host as on the device.
+    const auto s = reinterpret_cast<uintptr_t>(send), r = reinterpret_cast<uintptr_t>(recv);
+    const bool shared = send_bytes == 0 || recv_bytes == 0 || Overlaps(send, send_bytes, recv, recv_bytes);
+    const uintptr_t lo = shared ? std::min(s, r) : 0;
+    const size_t span = shared ? std::max(s + send_bytes, r + recv_bytes) - lo : send_bytes + recv_bytes;
+    char* host = Staging(span);
+    char* host_send = shared ? host + (s - lo) : host;
+    char* host_recv = shared ? host + (r - lo) : host + send_bytes;
+    if (send_bytes) device_->StageToHost(host_send, send, send_bytes);
+    Status st = body(host_send, host_recv);
+    if (st.ok() && recv_bytes) device_->StageToDevice(recv, host_recv, recv_bytes);
+    return st;
+  });
+}
+
+char* MpiCommunicator::Staging(size_t bytes) {
+  if (bytes > staging_bytes_) {
+    if (staging_ != nullptr) device_->FreeHost(staging_);
+    staging_bytes_ = std::max(bytes, 2 * staging_bytes_);
+    staging_ = static_cast<char*>(device_->AllocateHost(staging_bytes_));
+  }
+  return staging_;
+}
+
 MPI_Op MpiCommunicator::SumOp(DType dtype) const { return dtype == DType::kF32 ? MPI_SUM : bf16_sum_; }
 
 std::shared_ptr<Work> MpiCommunicator::AllReduce(void* buf, size_t count, DType dtype, ReduceOp op) {
   if (count > 0 && buf == nullptr) return Refused("AllReduce: null buffer with count " + std::to_string(count));
   ledger_.Add(CollKind::kAllReduce, CommLedger::RingBytes(CollKind::kAllReduce, count, dtype, world_));
-  return Enqueue([this, buf, count, dtype, op]() -> Status {
+  const size_t bytes = count * DTypeSize(dtype);
+  return Submit([this, count, dtype, op](const void*, void* buf) -> Status {
     char* p = static_cast<char*>(buf);
     const size_t esize = DTypeSize(dtype);
     size_t done = 0;
@@ -204,7 +238,7 @@ std::shared_ptr<Work> MpiCommunicator::AllReduce(void* buf, size_t count, DType 
     } while (done < count);
     if (op == ReduceOp::kAvg && world_ > 1) DivideInPlace(buf, count, dtype, world_);
     return Status::OK();
-  });
+  }, buf, bytes, buf, bytes);
 }
 
 std::shared_ptr<Work> MpiCommunicator::ReduceScatter(const void* send, void* recv, size_t recv_count,
@@ -217,7 +251,8 @@ std::shared_ptr<Work> MpiCommunicator::ReduceScatter(const void* send, void* rec
   }
   ledger_.Add(CollKind::kReduceScatter,
               CommLedger::RingBytes(CollKind::kReduceScatter, recv_count, dtype, world_));
-  return Enqueue([this, send, recv, recv_count, dtype, op]() -> Status {
+  const size_t rbytes = recv_count * DTypeSize(dtype);
+  return Submit([this, recv_count, dtype, op](const void* send, void* recv) -> Status {
     const size_t esize = DTypeSize(dtype);
     const size_t recv_bytes = recv_count * esize;
     // MPI forbids aliasing send and recv (its MPI_IN_PLACE means something else here), so
@@ -231,7 +266,7 @@ std::shared_ptr<Work> MpiCommunicator::ReduceScatter(const void* send, void* rec
     if (alias) std::memcpy(recv, tmp.data(), recv_bytes);
     if (op == ReduceOp::kAvg && world_ > 1) DivideInPlace(recv, recv_count, dtype, world_);
     return Status::OK();
-  });
+  }, send, rbytes * world_, recv, rbytes);
 }
 
 std::shared_ptr<Work> MpiCommunicator::AllGather(const void* send, void* recv, size_t send_count, DType dtype) {
@@ -248,13 +283,13 @@ std::shared_ptr<Work> MpiCommunicator::AllGather(const void* send, void* recv, s
     return Refused("AllGather: send overlaps recv but is not this rank's block of it");
   }
   ledger_.Add(CollKind::kAllGather, CommLedger::RingBytes(CollKind::kAllGather, send_count, dtype, world_));
-  return Enqueue([this, send, recv, send_count, dtype, in_place]() -> Status {
+  return Submit([this, send_count, dtype, in_place](const void* send, void* recv) -> Status {
     const MPI_Datatype type = MpiType(dtype);
     const int n = static_cast<int>(send_count);
     SHARDGPT_MPI_CALL(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, type, recv, n, type, comm_),
                       "MPI_Allgather");
     return Status::OK();
-  });
+  }, send, send_count * esize, recv, send_count * esize * world_);
 }
 
 std::shared_ptr<Work> MpiCommunicator::Broadcast(void* buf, size_t count, DType dtype, int root) {
@@ -263,7 +298,8 @@ std::shared_ptr<Work> MpiCommunicator::Broadcast(void* buf, size_t count, DType 
   }
   if (count > 0 && buf == nullptr) return Refused("Broadcast: null buffer with count " + std::to_string(count));
   ledger_.Add(CollKind::kBroadcast, CommLedger::RingBytes(CollKind::kBroadcast, count, dtype, world_));
-  return Enqueue([this, buf, count, dtype, root]() -> Status {
+  const size_t bytes = count * DTypeSize(dtype);
+  return Submit([this, count, dtype, root](const void*, void* buf) -> Status {
     char* p = static_cast<char*>(buf);
     const size_t esize = DTypeSize(dtype);
     size_t done = 0;
@@ -273,7 +309,7 @@ std::shared_ptr<Work> MpiCommunicator::Broadcast(void* buf, size_t count, DType 
       done += n;
     } while (done < count);
     return Status::OK();
-  });
+  }, buf, bytes, buf, bytes);
 }
 
 Status MpiCommunicator::Barrier() {

@@ -16,6 +16,13 @@
 // user-defined commutative MPI_Op that widens to fp32, adds and rounds back (RNE).
 // kAvg divides the sum by the world size in the communication thread, after the MPI call.
 //
+// Device buffers: given a Device whose memory the host cannot address (CUDA), every collective
+// stages its buffers through pinned host memory on the communication thread: it waits for the
+// compute work queued before the call (an event recorded at enqueue), copies the input to the
+// host on the device's side stream, runs MPI, and copies the output back before the Work
+// completes. This is the `--comm mpi` path for GPUs (and what lets 2-4 ranks share one GPU in
+// tests); the ledger counts the same bytes either way.
+//
 // Lifetime: create after MPI_Init_thread and destroy before MPI_Finalize. The destructor
 // runs what is still queued (so remote ranks are not left waiting), then joins the thread;
 // like every call it is collective. Not copyable; owned by the caller of Create().
@@ -32,6 +39,7 @@
 #include <thread>
 
 #include "base/status.h"
+#include "model/device.h"
 #include "parallel/communicator.h"
 
 namespace shardgpt {
@@ -42,7 +50,9 @@ class MpiCommunicator final : public Communicator {
  public:
   // Collective over `comm`. Errors: MPI not initialised, thread level below
   // MPI_THREAD_SERIALIZED, MPI_COMM_NULL, or a failing MPI call (message names it).
-  static StatusOr<std::unique_ptr<MpiCommunicator>> Create(MPI_Comm comm);
+  // device: where the buffers passed to collectives live (null: host memory); it must
+  // outlive the communicator.
+  static StatusOr<std::unique_ptr<MpiCommunicator>> Create(MPI_Comm comm, Device* device = nullptr);
   ~MpiCommunicator() override;
 
   int rank() const override { return rank_; }
@@ -69,8 +79,15 @@ class MpiCommunicator final : public Communicator {
     std::shared_ptr<MpiWork> work;
   };
 
-  MpiCommunicator(MPI_Comm comm, int rank, int world, MPI_Op bf16_sum);
+  // A collective's MPI calls on (send, recv), which are host memory when it runs.
+  using Body = std::function<Status(const void* send, void* recv)>;
+
+  MpiCommunicator(MPI_Comm comm, int rank, int world, MPI_Op bf16_sum, Device* device);
   std::shared_ptr<Work> Enqueue(Task task);
+  // Enqueues body(send, recv), staging device buffers through host memory when needed.
+  std::shared_ptr<Work> Submit(Body body, const void* send, size_t send_bytes, void* recv, size_t recv_bytes);
+  // Communication thread: the host staging area, grown to at least `bytes`.
+  char* Staging(size_t bytes);
   void Loop();
   MPI_Op SumOp(DType dtype) const;
 
@@ -78,6 +95,9 @@ class MpiCommunicator final : public Communicator {
   const int rank_;
   const int world_;
   MPI_Op bf16_sum_;  // freed in the destructor
+  Device* device_;   // null or host-accessible: no staging
+  char* staging_ = nullptr;  // pinned host memory, used by the communication thread only
+  size_t staging_bytes_ = 0;
   CommLedger ledger_;
 
   std::mutex mu_;

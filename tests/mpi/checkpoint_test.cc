@@ -81,11 +81,12 @@ struct Run {
   int64_t steps = 0;
 };
 
+// device: where the engine keeps its state (default: host memory).
 std::unique_ptr<Run> MakeRun(MPI_Comm mpi, const GPTConfig& config, int stage, uint64_t seed,
-                             DType dtype = DType::kF32) {
+                             DType dtype = DType::kF32, Device& device = CpuDevice()) {
   auto run = std::make_unique<Run>();
   run->mpi = mpi;
-  auto comm = MpiCommunicator::Create(mpi);
+  auto comm = MpiCommunicator::Create(mpi, &device);
   EXPECT_TRUE(comm.ok()) << comm.status().ToString();
   run->comm = std::move(comm).value();
   run->layout = std::make_unique<ParamLayout>(config);
@@ -93,13 +94,13 @@ std::unique_ptr<Run> MakeRun(MPI_Comm mpi, const GPTConfig& config, int stage, u
   opt.zero_stage = stage;
   opt.dtype = dtype;
   opt.reduce_dtype = dtype;
-  auto engine = Engine::Create(*run->layout, run->comm.get(), opt);
+  auto engine = Engine::Create(*run->layout, run->comm.get(), opt, device);
   EXPECT_TRUE(engine.ok()) << engine.status().ToString();
   run->engine = std::move(engine).value();
   std::vector<float> full(run->layout->total_numel());
   InitParameters(*run->layout, seed, full.data());
   run->engine->LoadFullParams(full.data());
-  run->model = std::make_unique<GPT>(config, kB, kT);
+  run->model = std::make_unique<GPT>(config, kB, kT, device);
   return run;
 }
 
@@ -525,6 +526,30 @@ TEST(Checkpoint, ExportRoundTrip) {
   }
   MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
   EXPECT_TRUE(ok);
+  Cleanup(dir);
+}
+
+// ---- device memory: the copy paths a GPU takes, on a CPU device posing as one ----
+
+// Saved from device memory and loaded into host memory (and back), across stages: the state
+// is bitwise the same, as a GPU -> CPU -> GPU round trip must be.
+TEST(Checkpoint, DeviceMemoryRoundTripIsBitwise) {
+  const std::string dir = SharedDir("device");
+  std::unique_ptr<Device> gpu_like = NewCpuDevice(/*pretend_device_memory=*/true);
+  auto a = MakeRun(MPI_COMM_WORLD, SmallConfig(), 1, 1, DType::kBF16, *gpu_like);
+  Train(*a, 2);
+  ASSERT_TRUE(SaveCheckpoint(dir + "/a", StateOf(*a), *a->engine, *a->layout, *a->comm, 0, true).ok());
+  auto b = MakeRun(MPI_COMM_WORLD, SmallConfig(), 3, 7, DType::kBF16);  // host memory, stage 3
+  ASSERT_TRUE(LoadCheckpoint("latest", dir + "/a", *b->engine, *b->layout, *b->comm, true).ok());
+  EXPECT_TRUE(FullState(*a) == FullState(*b));
+  ASSERT_TRUE(SaveCheckpoint(dir + "/b", StateOf(*b), *b->engine, *b->layout, *b->comm, 0, true).ok());
+  auto c = MakeRun(MPI_COMM_WORLD, SmallConfig(), 2, 9, DType::kBF16, *gpu_like);
+  ASSERT_TRUE(LoadCheckpoint("latest", dir + "/b", *c->engine, *c->layout, *c->comm, true).ok());
+  EXPECT_TRUE(FullState(*a) == FullState(*c));
+  std::vector<float> pa(a->layout->total_numel()), pc(pa.size());
+  a->engine->GatherFullParams(pa.data());
+  c->engine->GatherFullParams(pc.data());
+  EXPECT_TRUE(Bits(pa) == Bits(pc));
   Cleanup(dir);
 }
 
