@@ -11,6 +11,7 @@
 #include "app/commands.h"
 #include "app/report.h"
 #include "app/train.h"
+#include "model/device_factory.h"
 #include "parallel/mpi_communicator.h"
 
 namespace shardgpt {
@@ -80,13 +81,18 @@ struct EngineFlags {
   }
 };
 
-// Threads per rank: the cores of this node divided among the ranks on it.
-int DefaultThreads() {
+// This rank's index among the ranks of its node, and how many there are (MPI's shared-memory
+// split, which is what Open MPI and Slurm use to place ranks on a node).
+void NodeLocalRank(int* local_rank, int* local_size) {
   MPI_Comm local;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-  int local_size = 1;
-  MPI_Comm_size(local, &local_size);
+  MPI_Comm_rank(local, local_rank);
+  MPI_Comm_size(local, local_size);
   MPI_Comm_free(&local);
+}
+
+// Threads per rank: the cores of this node divided among the ranks on it.
+int DefaultThreads(int local_size) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::max(1, cores / local_size);
 }
@@ -99,7 +105,9 @@ int Main(int argc, char** argv) {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  const int default_threads = DefaultThreads();
+  int local_rank = 0, local_size = 1;
+  NodeLocalRank(&local_rank, &local_size);
+  const int default_threads = DefaultThreads(local_size);
 
   CLI::App app{"shardgpt: train GPT models with DDP / ZeRO-1/2/3 over MPI"};
   app.require_subcommand(1);
@@ -136,7 +144,7 @@ int Main(int argc, char** argv) {
   train->add_option("--val-batches", t.val_batches, "micro-batches per validation")->capture_default_str();
   train->add_option("--seed", t.seed, "seed of initialisation and data order")->capture_default_str();
   train->add_flag("--no-shuffle", no_shuffle, "visit the training windows in file order");
-  train->add_option("--device", device, "cpu (cuda: not implemented yet)")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  train->add_option("--device", device, "cpu, or cuda (one GPU per rank, chosen by node-local rank)")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   train->add_option("--ckpt-dir", t.ckpt_dir, "write sharded HDF5 checkpoints under DIR (every --ckpt-every steps and at the end)");
   train->add_option("--ckpt-every", t.ckpt_every, "checkpoint every N steps (0: only at the end)")->capture_default_str();
   train->add_option("--keep-last", t.keep_last, "keep only the K newest checkpoints (0: all)")->capture_default_str();
@@ -211,12 +219,15 @@ int Main(int argc, char** argv) {
 
   Status st;
   if (*train) {
-    auto comm = MpiCommunicator::Create(MPI_COMM_WORLD);
+    // The device first: the communicator must know where the buffers it moves live. A rank
+    // whose device fails still joins the communicator, so that every rank agrees on the error.
+    auto dev = CreateDevice(device, local_rank, local_size);
+    if (!dev.ok()) st = dev.status();
+    auto comm = MpiCommunicator::Create(MPI_COMM_WORLD, dev.ok() ? dev.value().get() : nullptr);
     if (!comm.ok()) {
       st = comm.status();
     } else {
-      if (device == "cuda")
-        st = Status::Unimplemented("--device cuda: the CUDA backend is not implemented yet (use --device cpu)");
+      st = Agree(*comm.value(), st);
       auto cfg = model_flags.Resolve(t.seq_len);
       if (st.ok() && !cfg.ok()) st = cfg.status();
       if (st.ok()) {
@@ -226,7 +237,14 @@ int Main(int argc, char** argv) {
         t.schedule.kind = LrSchedule::ParseKind(schedule).value();
         if (t.threads <= 0) t.threads = default_threads;
         InstallStopSignalHandlers();
-        st = RunTrain(t, *comm.value(), &rc);
+        try {
+          st = RunTrain(t, *comm.value(), *dev.value(), &rc);
+        } catch (const DeviceOutOfMemory& e) {
+          // Mid-step: the other ranks wait inside a collective and cannot agree; end them all.
+          std::fprintf(stderr, "shardgpt: error: rank %d: %s\n", rank, e.what());
+          std::fflush(stderr);
+          MPI_Abort(MPI_COMM_WORLD, 1);
+        }
       }
       st = Agree(*comm.value(), st);
     }

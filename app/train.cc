@@ -79,40 +79,41 @@ void InstallStopSignalHandlers() {
   sigaction(SIGTERM, &sa, nullptr);
 }
 
-Status RunTrain(TrainOptions o, Communicator& comm, int* exit_code) {
-  *exit_code = 0;
-  const int rank = comm.rank(), world = comm.world_size();
-  const bool lead = rank == 0;
-  SetComputeThreads(o.threads);
+namespace {
 
-  // ---- model and parameters ----
-  std::unique_ptr<LlmcModel> init;
+// Setup phase 1: the model config (from --init or the flags) and the checkpoint to resume from
+// (empty: a fresh start), agreed on by every rank.
+Status ResolveModelAndResume(TrainOptions& o, Communicator& comm, std::unique_ptr<LlmcModel>* init,
+                             std::string* resume_path) {
   if (!o.init_file.empty()) {
     auto m = ReadLlmcModel(o.init_file);
     SHARDGPT_RETURN_IF_ERROR(Agree(comm, m.status()));
-    init = std::make_unique<LlmcModel>(std::move(m.value()));
-    o.model = init->config;
+    *init = std::make_unique<LlmcModel>(std::move(m.value()));
+    o.model = (*init)->config;
   }
   SHARDGPT_RETURN_IF_ERROR(o.model.Validate());
-  std::string resume_path;
-  if (!o.resume.empty()) {
-    if (o.resume == "latest" && o.ckpt_dir.empty())
-      return Status::InvalidArgument("--resume latest needs --ckpt-dir (where to look for the latest checkpoint)");
-    auto where = ResolveCheckpoint(o.resume, o.ckpt_dir);
-    if (where.ok()) {
-      resume_path = where.value();
-      auto saved = ReadCheckpointConfig(resume_path, o.ckpt_dir);
-      SHARDGPT_RETURN_IF_ERROR(Agree(comm, saved.status()));
-      const std::string diff = saved->FirstDifference(o.model);
-      if (!diff.empty())
-        return Status::InvalidArgument(resume_path + ": checkpoint is for another model (" + diff +
-                                       ", checkpoint vs this run)");
-    } else if (!(o.resume == "latest" && where.status().code() == Status::Code::kNotFound)) {
-      return Agree(comm, where.status());
-    } else if (lead && !o.quiet) {
-      std::printf("--resume latest: no checkpoint in %s yet, starting from scratch\n", o.ckpt_dir.c_str());
-    }
+  if (o.resume.empty()) return Status::OK();
+  if (o.resume == "latest" && o.ckpt_dir.empty())
+    return Status::InvalidArgument("--resume latest needs --ckpt-dir (where to look for the latest checkpoint)");
+  auto where = ResolveCheckpoint(o.resume, o.ckpt_dir);
+  if (where.ok()) {
+    *resume_path = where.value();
+    auto saved = ReadCheckpointConfig(*resume_path, o.ckpt_dir);
+    SHARDGPT_RETURN_IF_ERROR(Agree(comm, saved.status()));
+    const std::string diff = saved->FirstDifference(o.model);
+    if (!diff.empty())
+      return Status::InvalidArgument(*resume_path + ": checkpoint is for another model (" + diff +
+                                     ", checkpoint vs this run)");
+  } else if (!(o.resume == "latest" && where.status().code() == Status::Code::kNotFound)) {
+    return Agree(comm, where.status());
+  } else if (comm.rank() == 0 && !o.quiet) {
+    std::printf("--resume latest: no checkpoint in %s yet, starting from scratch\n", o.ckpt_dir.c_str());
   }
+  return Status::OK();
+}
+
+// Setup phase 2: batch geometry and loop flags that need no file.
+Status ValidateLoopOptions(TrainOptions& o, int world) {
   if (o.seq_len < 1 || o.seq_len > o.model.max_seq_len)
     return Status::InvalidArgument("--seq-len " + std::to_string(o.seq_len) + " must be in [1, " +
                                    std::to_string(o.model.max_seq_len) + "] (the model's maximum sequence length)");
@@ -129,11 +130,45 @@ Status RunTrain(TrainOptions o, Communicator& comm, int* exit_code) {
   if (o.ckpt_every > 0 && o.ckpt_dir.empty())
     return Status::InvalidArgument("--ckpt-every needs --ckpt-dir (where to write checkpoints)");
   o.schedule.total_steps = o.steps;
+  return Status::OK();
+}
 
+}  // namespace
+
+Status RunTrain(TrainOptions o, Communicator& comm, Device& device, int* exit_code) {
+  *exit_code = 0;
+  const int rank = comm.rank(), world = comm.world_size();
+  const bool lead = rank == 0;
+  SetComputeThreads(o.threads);
+
+  // ---- setup: model, resume point, batch geometry ----
+  std::unique_ptr<LlmcModel> init;
+  std::string resume_path;
+  SHARDGPT_RETURN_IF_ERROR(ResolveModelAndResume(o, comm, &init, &resume_path));
+  SHARDGPT_RETURN_IF_ERROR(ValidateLoopOptions(o, world));
+  // bf16 runs round matmul inputs to bf16 where the device has fast bf16 matmuls (tensor cores)
+  device.kernels().set_matmul_precision(o.engine.dtype == DType::kBF16 && device.is_cuda() ? MatmulPrecision::kBf16
+                                                                                            : MatmulPrecision::kExact);
+
+  // ---- setup: engine and activations on the device (out of memory: one agreed error) ----
   ParamLayout layout(o.model);
-  auto engine_or = Engine::Create(layout, &comm, o.engine);
-  if (!engine_or.ok()) return engine_or.status();
-  Engine& engine = *engine_or.value();
+  const int B = o.micro_batch, T = o.seq_len, A = o.grad_accum;
+  std::unique_ptr<Engine> engine_ptr;
+  std::unique_ptr<GPT> model_ptr;
+  Status alloc = [&]() -> Status {
+    try {
+      auto engine_or = Engine::Create(layout, &comm, o.engine, device);
+      if (!engine_or.ok()) return engine_or.status();
+      engine_ptr = std::move(engine_or.value());
+      model_ptr = std::make_unique<GPT>(o.model, B, T, device);
+    } catch (const DeviceOutOfMemory& e) {
+      return Status::Internal(std::string(e.what()));
+    }
+    return Status::OK();
+  }();
+  SHARDGPT_RETURN_IF_ERROR(Agree(comm, alloc));
+  Engine& engine = *engine_ptr;
+  GPT& model = *model_ptr;
   {
     std::vector<float> full(layout.total_numel());
     if (init)
@@ -143,8 +178,7 @@ Status RunTrain(TrainOptions o, Communicator& comm, int* exit_code) {
     engine.LoadFullParams(full.data());
   }
 
-  // ---- data ----
-  const int B = o.micro_batch, T = o.seq_len, A = o.grad_accum;
+  // ---- setup: data, outputs ----
   DataLoaderOptions dopt{o.data, B, T, o.seed, o.shuffle, rank, world, o.model.vocab_size};
   auto train_or = DataLoader::Open(dopt);
   SHARDGPT_RETURN_IF_ERROR(Agree(comm, train_or.status()));
@@ -169,6 +203,7 @@ Status RunTrain(TrainOptions o, Communicator& comm, int* exit_code) {
   }
   SHARDGPT_RETURN_IF_ERROR(Agree(comm, Status::OK()));
 
+  // ---- resume ----
   TrainState state;
   state.seed = o.seed;
   if (!resume_path.empty()) {
@@ -185,14 +220,13 @@ Status RunTrain(TrainOptions o, Communicator& comm, int* exit_code) {
     return SaveCheckpoint(o.ckpt_dir, state, engine, layout, comm, o.keep_last, o.quiet);
   };
 
-  GPT model(o.model, B, T);
   const double psi = static_cast<double>(layout.total_numel());
   const std::vector<uint64_t> state_per_rank = GatherPerRank(comm, engine.memory().Total());
   if (lead && !o.quiet) {
     std::printf("shardgpt: model %s, %.2fM parameters, %d rank(s), zero stage %d, %s, B=%d T=%d grad-accum=%d "
-                "(%lld tokens/step), %d thread(s)/rank\n",
+                "(%lld tokens/step), device %s, %d thread(s)/rank\n",
                 o.model.ToString().c_str(), psi / 1e6, world, o.engine.zero_stage, DTypeName(o.engine.dtype), B, T, A,
-                static_cast<long long>(B) * T * A * world, ComputeThreads());
+                static_cast<long long>(B) * T * A * world, device.name().c_str(), ComputeThreads());
     PrintStartupReport(engine, layout, A, state_per_rank);
   }
 
@@ -225,6 +259,7 @@ Status RunTrain(TrainOptions o, Communicator& comm, int* exit_code) {
       model.Backward(engine);
     }
     const float norm = engine.Step(lr, o.grad_clip);
+    device.Synchronize();  // the step's time includes the device's queued work
     const StepReport report = engine.last_report();
     const float loss = static_cast<float>(comm.AllReduceScalar(loss_sum / A, ReduceOp::kAvg));
     const double dt = Now() - t0;

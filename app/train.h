@@ -6,6 +6,7 @@
 
 #include "base/status.h"
 #include "model/config.h"
+#include "model/device.h"
 #include "model/optimizer.h"
 #include "parallel/communicator.h"
 #include "parallel/engine.h"
@@ -51,10 +52,11 @@ struct TrainOptions {
 // and stopped; resubmit with --resume latest (EX_TEMPFAIL: "try again").
 constexpr int kExitSignalled = 75;
 
-// Runs training on every rank of comm. Returns OK or the first error (already agreed on by
+// Runs training on every rank of comm, on `device` (the communicator must carry buffers of that
+// device). Returns OK or the first error (already agreed on by
 // all ranks where the error can differ between them). *exit_code is 0, or kExitSignalled
 // when a signal stopped the run after a checkpoint.
-Status RunTrain(TrainOptions opts, Communicator& comm, int* exit_code);
+Status RunTrain(TrainOptions opts, Communicator& comm, Device& device, int* exit_code);
 
 // Installs the SIGUSR1 / SIGTERM handlers that ask the loop to checkpoint and stop.
 void InstallStopSignalHandlers();

@@ -2,11 +2,15 @@
 // tokens and prints tokens/s (median step), model GFLOP/s (6N + 6LCT FLOPs per token) and,
 // with several ranks, how much of the communication was hidden behind backward.
 //
-//   bench_train [--config tiny|small|gpt2] [--steps 20] [--zero-stage S] [--dtype fp32|bf16]
-//               [--threads N] [--grad-accum A] [--bucket-mb MiB]
+//   bench_train [--config tiny|small|gpt2|d12] [--steps 20] [--zero-stage S] [--dtype fp32|bf16]
+//               [--threads N] [--grad-accum A] [--bucket-mb MiB] [--device cpu|cuda]
+//               [--micro-batch B] [--seq-len T] [--peak-tflops P]
+// With --device cuda it also prints model TFLOP/s and MFU against the GPU's dense bf16 peak
+// (a table by GPU name below, or --peak-tflops).
 //   mpirun -np 2 bench_train --config tiny --zero-stage 0 --threads 1
 // Configs (the issue's): tiny L4 H4 C256 V256 T256 B8; small L6 H6 C384 V256 T256 B8;
-// gpt2 = GPT-2 124M shape L12 H12 C768 V50257 (max T 1024) run at T64 B4. B is per rank.
+// gpt2 = GPT-2 124M shape L12 H12 C768 V50257 (max T 1024) run at T64 B4; d12 = the same model
+// at T1024 B16 (llm.c's GPU setting). B is per rank.
 #include <mpi.h>
 
 #include <algorithm>
@@ -17,6 +21,7 @@
 #include <vector>
 
 #include "base/passive_wait.h"
+#include "model/device_factory.h"
 #include "model/gpt.h"
 #include "model/kernels_cpu.h"
 #include "model/rng.h"
@@ -25,13 +30,25 @@
 
 using namespace shardgpt;
 
+namespace {
+// Dense bf16 tensor-core peak (TFLOP/s, no sparsity) by GPU name, from the vendor data sheets.
+double PeakBf16Tflops(const std::string& name) {
+  struct Row { const char* key; double tflops; };
+  const Row table[] = {{"H200", 989}, {"H100 PCIe", 756}, {"H100", 989}, {"H800", 989}, {"A100", 312},
+                       {"A800", 312}, {"L40S", 362}, {"A10", 125}, {"L4", 121}, {"V100", 125}};
+  for (const Row& r : table)
+    if (name.find(r.key) != std::string::npos) return r.tflops;
+  return 0;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   EnsurePassiveOpenMPWait(argv);
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  std::string config = "tiny", dtype = "fp32";
-  int steps = 20, stage = 0, threads = 2, accum = 1;
-  double bucket_mb = 25.0;
+  std::string config = "tiny", dtype = "fp32", device_kind = "cpu";
+  int steps = 20, stage = 0, threads = 2, accum = 1, micro_batch = 0, seq_len = 0;
+  double bucket_mb = 25.0, peak_tflops = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--config") config = v;
@@ -41,16 +58,36 @@ int main(int argc, char** argv) {
     else if (k == "--dtype") dtype = v;
     else if (k == "--grad-accum") accum = std::stoi(v);
     else if (k == "--bucket-mb") bucket_mb = std::stod(v);
+    else if (k == "--device") device_kind = v;
+    else if (k == "--micro-batch") micro_batch = std::stoi(v);
+    else if (k == "--seq-len") seq_len = std::stoi(v);
+    else if (k == "--peak-tflops") peak_tflops = std::stod(v);
   }
   GPTConfig c;
   int B = 8, T = 256;
   if (config == "tiny") c = GPTConfig{4, 4, 256, 256, 256};
   else if (config == "small") c = GPTConfig{6, 6, 384, 256, 256};
   else if (config == "gpt2") c = GPTConfig{12, 12, 768, 1024, 50257}, B = 4, T = 64;
-  else { std::fprintf(stderr, "bench_train: unknown --config %s (tiny, small, gpt2)\n", config.c_str()); return 1; }
+  else if (config == "d12") c = GPTConfig{12, 12, 768, 1024, 50257}, B = 16, T = 1024;
+  else { std::fprintf(stderr, "bench_train: unknown --config %s (tiny, small, gpt2, d12)\n", config.c_str()); return 1; }
+  if (micro_batch > 0) B = micro_batch;
+  if (seq_len > 0) T = seq_len;
 
   SetComputeThreads(threads);
-  auto comm_or = MpiCommunicator::Create(MPI_COMM_WORLD);
+  int local_rank = 0, local_size = 1;
+  {
+    MPI_Comm local;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+    MPI_Comm_rank(local, &local_rank), MPI_Comm_size(local, &local_size);
+    MPI_Comm_free(&local);
+  }
+  auto device_or = CreateDevice(device_kind, local_rank, local_size);
+  if (!device_or.ok()) { std::fprintf(stderr, "bench_train: %s\n", device_or.status().message().c_str()); MPI_Finalize(); return 1; }
+  Device& device = *device_or.value();
+  device.kernels().set_matmul_precision(dtype == "bf16" && device.is_cuda() ? MatmulPrecision::kBf16
+                                                                           : MatmulPrecision::kExact);
+  if (peak_tflops <= 0) peak_tflops = PeakBf16Tflops(device.name());
+  auto comm_or = MpiCommunicator::Create(MPI_COMM_WORLD, &device);
   if (!comm_or.ok()) { std::fprintf(stderr, "%s\n", comm_or.status().message().c_str()); return 1; }
   {
   Communicator& comm = *comm_or.value();
@@ -59,14 +96,14 @@ int main(int argc, char** argv) {
   eo.zero_stage = stage;
   eo.bucket_mb = bucket_mb;
   eo.dtype = eo.reduce_dtype = dtype == "bf16" ? DType::kBF16 : DType::kF32;
-  auto engine_or = Engine::Create(layout, &comm, eo);
+  auto engine_or = Engine::Create(layout, &comm, eo, device);
   if (!engine_or.ok()) { std::fprintf(stderr, "%s\n", engine_or.status().message().c_str()); return 1; }
   Engine& engine = *engine_or.value();
   std::vector<float> full(layout.total_numel());
   InitParameters(layout, 1, full.data());
   engine.LoadFullParams(full.data());
   full.clear(), full.shrink_to_fit();
-  GPT model(c, B, T);
+  GPT model(c, B, T, device);
   Rng rng(42, comm.rank());
   std::vector<int32_t> x(B * T), y(B * T);
   std::vector<double> times, hidden;
@@ -82,6 +119,7 @@ int main(int argc, char** argv) {
       model.Backward(engine);
     }
     engine.Step(1e-4f, 1.0f);
+    device.Synchronize();
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     dt = comm.AllReduceScalar(dt, ReduceOp::kAvg);
     const StepReport& r = engine.last_report();
@@ -100,15 +138,23 @@ int main(int argc, char** argv) {
   const double N = static_cast<double>(layout.total_numel());
   const double flops_per_token = 6 * N + 6.0 * c.n_layer * c.n_embd * T;
   if (comm.rank() == 0) {
-    std::printf("config=%s ranks=%d stage=%d dtype=%s threads/rank=%d B=%d T=%d A=%d params=%.2fM | "
+    const double tflops = tokens * flops_per_token / med / 1e12;
+    std::printf("config=%s device=%s ranks=%d stage=%d dtype=%s threads/rank=%d B=%d T=%d A=%d params=%.2fM | "
                 "median step %.1f ms | %.0f tokens/s | %.1f GFLOP/s",
-                config.c_str(), comm.world_size(), stage, dtype.c_str(), threads, B, T, accum, N / 1e6, med * 1e3,
-                tokens / med, tokens * flops_per_token / med / 1e9);
+                config.c_str(), device.name().c_str(), comm.world_size(), stage, dtype.c_str(), threads, B, T, accum,
+                N / 1e6, med * 1e3, tokens / med, tflops * 1e3);
+    if (device.is_cuda()) {
+      std::printf(" | %.1f TFLOP/s", tflops / comm.world_size());
+      if (peak_tflops > 0) std::printf(" | MFU %.1f%% of %.0f TFLOP/s bf16 peak", 100 * tflops / comm.world_size() / peak_tflops, peak_tflops);
+      std::printf(" | model state %.3f GiB/rank (formula %.3f GiB)", engine.memory().Total() / 1073741824.0,
+                  Formula::ModelStateBytes(N, comm.world_size(), eo) / 1073741824.0);
+    }
     if (!hidden.empty() && comm.world_size() > 1) std::printf(" | comm hidden behind backward %.0f%%", 100 * hidden[hidden.size() / 2]);
     std::printf("\n");
   }
   }
   comm_or.value().reset();
+  device_or.value().reset();
   MPI_Finalize();
   return 0;
 }
