@@ -32,19 +32,6 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Mean validation loss over val_batches global micro-batches (the same ones every time).
-float Evaluate(GPT& model, Engine& engine, DataLoader& val, int batches, int B, int T) {
-  std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
-  val.Reset();
-  double sum = 0;
-  for (int i = 0; i < batches; i++) {
-    val.NextBatch(x.data(), y.data());
-    sum += model.Forward(engine, x.data(), y.data(), B, T, 0.0f);
-  }
-  engine.ReleaseAll();
-  return static_cast<float>(engine.comm().AllReduceScalar(sum / batches, ReduceOp::kAvg));
-}
-
 // Text from the trained model, on rank 0 (parameters gathered first: a collective).
 std::string Sample(const ParamLayout& layout, Engine& engine, const TrainOptions& o) {
   LocalParams local(layout);
@@ -133,190 +120,265 @@ Status ValidateLoopOptions(TrainOptions& o, int world) {
   return Status::OK();
 }
 
-}  // namespace
+// The training run of one rank, as named phases: Setup (model, resume point, engine and
+// activations on the device, data, outputs), Resume, Loop (TrainStep, Evaluate, Save, Log),
+// Finish (final checkpoint, model file, loss, sample). Every phase is collective.
+class Trainer {
+ public:
+  Trainer(TrainOptions o, Communicator& comm, Device& device)
+      : o_(std::move(o)), comm_(comm), device_(device), lead_(comm.rank() == 0) {}
 
-Status RunTrain(TrainOptions o, Communicator& comm, Device& device, int* exit_code) {
-  *exit_code = 0;
-  const int rank = comm.rank(), world = comm.world_size();
-  const bool lead = rank == 0;
-  SetComputeThreads(o.threads);
+  Status Run(int* exit_code) {
+    *exit_code = 0;
+    SHARDGPT_RETURN_IF_ERROR(Setup());
+    SHARDGPT_RETURN_IF_ERROR(Resume());
+    SHARDGPT_RETURN_IF_ERROR(Loop(exit_code));
+    if (stopped_) return Status::OK();
+    return Finish();
+  }
 
-  // ---- setup: model, resume point, batch geometry ----
-  std::unique_ptr<LlmcModel> init;
-  std::string resume_path;
-  SHARDGPT_RETURN_IF_ERROR(ResolveModelAndResume(o, comm, &init, &resume_path));
-  SHARDGPT_RETURN_IF_ERROR(ValidateLoopOptions(o, world));
-  // bf16 runs round matmul inputs to bf16 where the device has fast bf16 matmuls (tensor cores)
-  device.kernels().set_matmul_precision(o.engine.dtype == DType::kBF16 && device.is_cuda() ? MatmulPrecision::kBf16
-                                                                                            : MatmulPrecision::kExact);
+ private:
+  Status Setup() {
+    SetComputeThreads(o_.threads);
+    std::unique_ptr<LlmcModel> init;
+    SHARDGPT_RETURN_IF_ERROR(ResolveModelAndResume(o_, comm_, &init, &resume_path_));
+    SHARDGPT_RETURN_IF_ERROR(ValidateLoopOptions(o_, comm_.world_size()));
+    // bf16 runs round matmul inputs to bf16 where the device has fast bf16 matmuls (tensor cores)
+    device_.kernels().set_matmul_precision(
+        o_.engine.dtype == DType::kBF16 && device_.is_cuda() ? MatmulPrecision::kBf16 : MatmulPrecision::kExact);
+    layout_ = std::make_unique<ParamLayout>(o_.model);
+    SHARDGPT_RETURN_IF_ERROR(Agree(comm_, AllocateOnDevice()));
+    {
+      std::vector<float> full(layout_->total_numel());
+      if (init)
+        full = std::move(init->params);
+      else
+        InitParameters(*layout_, o_.seed, full.data());
+      engine_->LoadFullParams(full.data());
+    }
+    SHARDGPT_RETURN_IF_ERROR(OpenData());
+    SHARDGPT_RETURN_IF_ERROR(OpenOutputs());
+    state_.seed = o_.seed;
+    return Status::OK();
+  }
 
-  // ---- setup: engine and activations on the device (out of memory: one agreed error) ----
-  ParamLayout layout(o.model);
-  const int B = o.micro_batch, T = o.seq_len, A = o.grad_accum;
-  std::unique_ptr<Engine> engine_ptr;
-  std::unique_ptr<GPT> model_ptr;
-  Status alloc = [&]() -> Status {
+  // The engine's persistent state and the activations; out of memory is one agreed error.
+  Status AllocateOnDevice() {
     try {
-      auto engine_or = Engine::Create(layout, &comm, o.engine, device);
+      auto engine_or = Engine::Create(*layout_, &comm_, o_.engine, device_);
       if (!engine_or.ok()) return engine_or.status();
-      engine_ptr = std::move(engine_or.value());
-      model_ptr = std::make_unique<GPT>(o.model, B, T, device);
+      engine_ = std::move(engine_or.value());
+      model_ = std::make_unique<GPT>(o_.model, o_.micro_batch, o_.seq_len, device_);
     } catch (const DeviceOutOfMemory& e) {
       return Status::Internal(std::string(e.what()));
     }
     return Status::OK();
-  }();
-  SHARDGPT_RETURN_IF_ERROR(Agree(comm, alloc));
-  Engine& engine = *engine_ptr;
-  GPT& model = *model_ptr;
-  {
-    std::vector<float> full(layout.total_numel());
-    if (init)
-      full = std::move(init->params);
-    else
-      InitParameters(layout, o.seed, full.data());
-    engine.LoadFullParams(full.data());
   }
 
-  // ---- setup: data, outputs ----
-  DataLoaderOptions dopt{o.data, B, T, o.seed, o.shuffle, rank, world, o.model.vocab_size};
-  auto train_or = DataLoader::Open(dopt);
-  SHARDGPT_RETURN_IF_ERROR(Agree(comm, train_or.status()));
-  DataLoader& train = train_or.value();
-  std::unique_ptr<DataLoader> val;
-  if (!o.val_data.empty()) {
-    DataLoaderOptions vopt{o.val_data, B, T, o.seed, false, rank, world, o.model.vocab_size};
-    auto v = DataLoader::Open(vopt);
-    SHARDGPT_RETURN_IF_ERROR(Agree(comm, v.status()));
-    val = std::make_unique<DataLoader>(std::move(v.value()));
-    o.val_batches = static_cast<int>(std::min<uint64_t>(o.val_batches, val->num_samples() / (uint64_t(B) * world)));
+  Status OpenData() {
+    const int B = o_.micro_batch, T = o_.seq_len, rank = comm_.rank(), world = comm_.world_size();
+    auto train = DataLoader::Open(DataLoaderOptions{o_.data, B, T, o_.seed, o_.shuffle, rank, world, o_.model.vocab_size});
+    SHARDGPT_RETURN_IF_ERROR(Agree(comm_, train.status()));
+    train_ = std::make_unique<DataLoader>(std::move(train.value()));
+    if (o_.val_data.empty()) return Status::OK();
+    auto v = DataLoader::Open(DataLoaderOptions{o_.val_data, B, T, o_.seed, false, rank, world, o_.model.vocab_size});
+    SHARDGPT_RETURN_IF_ERROR(Agree(comm_, v.status()));
+    val_ = std::make_unique<DataLoader>(std::move(v.value()));
+    o_.val_batches = static_cast<int>(std::min<uint64_t>(o_.val_batches, val_->num_samples() / (uint64_t(B) * world)));
+    return Status::OK();
   }
-  if (!o.save_model.empty()) {  // fail now, not after training
-    const std::string dir = o.save_model.find('/') == std::string::npos ? "." : o.save_model.substr(0, o.save_model.rfind('/') + 1);
-    if (access(dir.c_str(), W_OK) != 0)
-      return Status::InvalidArgument("--save-model " + o.save_model + ": directory " + dir + " is not writable or does not exist");
-  }
-  std::ofstream log;
-  if (lead && !o.log_file.empty()) {
-    log.open(o.log_file);
-    if (!log) return Agree(comm, Status::IOError(o.log_file + ": cannot open the --log file for writing"));
-  }
-  SHARDGPT_RETURN_IF_ERROR(Agree(comm, Status::OK()));
 
-  // ---- resume ----
-  TrainState state;
-  state.seed = o.seed;
-  if (!resume_path.empty()) {
-    auto loaded = LoadCheckpoint(resume_path, o.ckpt_dir, engine, layout, comm, o.quiet);
-    SHARDGPT_RETURN_IF_ERROR(Agree(comm, loaded.status()));
-    state = loaded.value();
-    train.Restore(LoaderState{state.loader_position});
-    if (lead && !o.quiet)
-      std::printf("resumed from %s at step %lld (%lld tokens seen)\n", resume_path.c_str(),
-                  static_cast<long long>(state.step), static_cast<long long>(state.tokens));
+  // Outputs that could fail only after training are checked now.
+  Status OpenOutputs() {
+    if (!o_.save_model.empty()) {
+      const std::string& f = o_.save_model;
+      const std::string dir = f.find('/') == std::string::npos ? "." : f.substr(0, f.rfind('/') + 1);
+      if (access(dir.c_str(), W_OK) != 0)
+        return Status::InvalidArgument("--save-model " + f + ": directory " + dir + " is not writable or does not exist");
+    }
+    if (lead_ && !o_.log_file.empty()) {
+      log_.open(o_.log_file);
+      if (!log_) return Agree(comm_, Status::IOError(o_.log_file + ": cannot open the --log file for writing"));
+    }
+    return Agree(comm_, Status::OK());
   }
-  auto save = [&]() -> Status {
-    state.loader_position = train.state().position;
-    return SaveCheckpoint(o.ckpt_dir, state, engine, layout, comm, o.keep_last, o.quiet);
+
+  Status Resume() {
+    if (!resume_path_.empty()) {
+      auto loaded = LoadCheckpoint(resume_path_, o_.ckpt_dir, *engine_, *layout_, comm_, o_.quiet);
+      SHARDGPT_RETURN_IF_ERROR(Agree(comm_, loaded.status()));
+      state_ = loaded.value();
+      train_->Restore(LoaderState{state_.loader_position});
+      if (lead_ && !o_.quiet)
+        std::printf("resumed from %s at step %lld (%lld tokens seen)\n", resume_path_.c_str(),
+                    static_cast<long long>(state_.step), static_cast<long long>(state_.tokens));
+    }
+    const std::vector<uint64_t> state_per_rank = GatherPerRank(comm_, engine_->memory().Total());
+    if (lead_ && !o_.quiet) {
+      std::printf("shardgpt: model %s, %.2fM parameters, %d rank(s), zero stage %d, %s, B=%d T=%d grad-accum=%d "
+                  "(%lld tokens/step), device %s, %d thread(s)/rank\n",
+                  o_.model.ToString().c_str(), layout_->total_numel() / 1e6, comm_.world_size(), o_.engine.zero_stage,
+                  DTypeName(o_.engine.dtype), o_.micro_batch, o_.seq_len, o_.grad_accum, tokens_per_step(),
+                  device_.name().c_str(), ComputeThreads());
+      PrintStartupReport(*engine_, *layout_, o_.grad_accum, state_per_rank);
+    }
+    return Status::OK();
+  }
+
+  Status Loop(int* exit_code) {
+    for (int step = static_cast<int>(state_.step); step < o_.steps; step++) {
+      // a stop on any rank: every rank checkpoints at this step boundary and stops
+      if (o_.stop_at_step > 0 && step == o_.stop_at_step) {
+        SHARDGPT_RETURN_IF_ERROR(Save());
+        if (lead_ && !o_.quiet) std::printf("stopped at step %d (--stop-at-step)\n", step);
+        stopped_ = true;
+        return Status::OK();
+      }
+      if (!comm_.AllTrue(g_stop_signal == 0)) {
+        if (lead_)
+          std::printf("stop signal received: checkpointing at step %d and exiting (status %d)\n", step, kExitSignalled);
+        SHARDGPT_RETURN_IF_ERROR(Save());
+        *exit_code = kExitSignalled;
+        stopped_ = true;
+        return Status::OK();
+      }
+      const StepResult r = TrainStep(step);
+      state_.step = step + 1;
+      state_.tokens += tokens_per_step();
+      if (o_.ckpt_every > 0 && state_.step % o_.ckpt_every == 0 && state_.step < o_.steps)
+        SHARDGPT_RETURN_IF_ERROR(Save());
+      const bool eval_now = val_ && ((o_.eval_every > 0 && (step + 1) % o_.eval_every == 0) || step + 1 == o_.steps);
+      if (eval_now) last_val_ = Evaluate();
+      Log(step, r, eval_now);
+    }
+    return Status::OK();
+  }
+
+  struct StepResult {
+    float loss, lr, norm;
+    double seconds;
   };
-
-  const double psi = static_cast<double>(layout.total_numel());
-  const std::vector<uint64_t> state_per_rank = GatherPerRank(comm, engine.memory().Total());
-  if (lead && !o.quiet) {
-    std::printf("shardgpt: model %s, %.2fM parameters, %d rank(s), zero stage %d, %s, B=%d T=%d grad-accum=%d "
-                "(%lld tokens/step), device %s, %d thread(s)/rank\n",
-                o.model.ToString().c_str(), psi / 1e6, world, o.engine.zero_stage, DTypeName(o.engine.dtype), B, T, A,
-                static_cast<long long>(B) * T * A * world, device.name().c_str(), ComputeThreads());
-    PrintStartupReport(engine, layout, A, state_per_rank);
-  }
-
-  // ---- loop ----
-  std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
-  const long long tokens_per_step = static_cast<long long>(B) * T * A * world;
-  const bool tty = isatty(fileno(stdout));
-  float last_loss = 0, last_val = NAN;
-  for (int step = static_cast<int>(state.step); step < o.steps; step++) {
-    // a stop signal on any rank: every rank checkpoints at this step boundary and stops
-    if (o.stop_at_step > 0 && step == o.stop_at_step) {
-      if (!o.ckpt_dir.empty()) SHARDGPT_RETURN_IF_ERROR(Agree(comm, save()));
-      if (lead && !o.quiet) std::printf("stopped at step %d (--stop-at-step)\n", step);
-      return Status::OK();
-    }
-    if (!comm.AllTrue(g_stop_signal == 0)) {
-      if (lead) std::printf("stop signal received: checkpointing at step %d and exiting (status %d)\n", step, kExitSignalled);
-      if (!o.ckpt_dir.empty()) SHARDGPT_RETURN_IF_ERROR(Agree(comm, save()));
-      *exit_code = kExitSignalled;
-      return Status::OK();
-    }
+  // One optimizer step over grad_accum micro-batches; the loss is the mean over ranks.
+  StepResult TrainStep(int step) {
+    const int B = o_.micro_batch, T = o_.seq_len, A = o_.grad_accum;
+    x_.resize(static_cast<size_t>(B) * T), y_.resize(x_.size());
     const double t0 = Now();
-    const float lr = o.schedule.At(step);
-    engine.BeginStep();
+    StepResult r;
+    r.lr = o_.schedule.At(step);
+    engine_->BeginStep();
     double loss_sum = 0;
     for (int m = 0; m < A; m++) {
-      train.NextBatch(x.data(), y.data());
-      engine.BeginMicroBatch(m, A);
-      loss_sum += model.Forward(engine, x.data(), y.data(), B, T, 1.0f / A);
-      model.Backward(engine);
+      train_->NextBatch(x_.data(), y_.data());
+      engine_->BeginMicroBatch(m, A);
+      loss_sum += model_->Forward(*engine_, x_.data(), y_.data(), B, T, 1.0f / A);
+      model_->Backward(*engine_);
     }
-    const float norm = engine.Step(lr, o.grad_clip);
-    device.Synchronize();  // the step's time includes the device's queued work
-    const StepReport report = engine.last_report();
-    const float loss = static_cast<float>(comm.AllReduceScalar(loss_sum / A, ReduceOp::kAvg));
-    const double dt = Now() - t0;
-    last_loss = loss;
-    state.step = step + 1;
-    state.tokens += tokens_per_step;
-    if (o.ckpt_every > 0 && state.step % o.ckpt_every == 0 && state.step < o.steps)
-      SHARDGPT_RETURN_IF_ERROR(Agree(comm, save()));
-    const bool eval_now = val && ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || step + 1 == o.steps);
-    if (eval_now) last_val = Evaluate(model, engine, *val, o.val_batches, B, T);
-    const std::vector<uint64_t> per_rank_comm = GatherPerRank(comm, report.comm.Total().bytes_sent);
-    const std::vector<uint64_t> per_rank_state = GatherPerRank(comm, report.model_state_bytes);
-    if (!lead) continue;
-    const double tps = tokens_per_step / dt;
-    if (!o.quiet) {
-      std::printf("%sstep %5d/%d | loss %.4f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s\n",
-                  tty ? ProgressBar(step + 1, o.steps).c_str() : "", step + 1, o.steps, loss, lr, norm, dt * 1e3, tps,
-                  eval_now ? (" | val " + std::to_string(last_val)).c_str() : "");
-      std::fflush(stdout);
-    }
-    if (log.is_open()) {
-      nlohmann::json j = StepJson(report, engine, layout, A);
-      j["step"] = step + 1;
-      j["loss"] = loss;
-      j["lr"] = lr;
-      j["grad_norm"] = norm;
-      j["tokens"] = state.tokens;
-      j["tokens_per_s"] = tps;
-      j["ms"] = dt * 1e3;
-      j["comm_bytes_per_rank"] = per_rank_comm;
-      j["model_state_bytes_per_rank"] = per_rank_state;
-      if (eval_now) j["val_loss"] = last_val;
-      log << j.dump() << "\n";
-      log.flush();
-    }
+    r.norm = engine_->Step(r.lr, o_.grad_clip);
+    device_.Synchronize();  // the step's time includes the device's queued work
+    r.loss = static_cast<float>(comm_.AllReduceScalar(loss_sum / A, ReduceOp::kAvg));
+    r.seconds = Now() - t0;
+    last_loss_ = r.loss;
+    return r;
   }
 
-  // ---- outputs ----
-  if (!o.ckpt_dir.empty()) SHARDGPT_RETURN_IF_ERROR(Agree(comm, save()));
-  if (!o.save_model.empty()) {
-    LocalParams local(layout);
-    engine.GatherFullParams(local.params());
-    Status st = lead ? WriteLlmcModel(o.save_model, layout, local.params()) : Status::OK();
-    SHARDGPT_RETURN_IF_ERROR(Agree(comm, st));
-    if (lead && !o.quiet) std::printf("saved model to %s (llm.c format, version 3)\n", o.save_model.c_str());
+  // Mean validation loss over val_batches global micro-batches (the same ones every time).
+  float Evaluate() {
+    const int B = o_.micro_batch, T = o_.seq_len;
+    std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
+    val_->Reset();
+    double sum = 0;
+    for (int i = 0; i < o_.val_batches; i++) {
+      val_->NextBatch(x.data(), y.data());
+      sum += model_->Forward(*engine_, x.data(), y.data(), B, T, 0.0f);
+    }
+    engine_->ReleaseAll();
+    return static_cast<float>(comm_.AllReduceScalar(sum / o_.val_batches, ReduceOp::kAvg));
   }
-  if (lead) {
-    std::printf("final train loss %.4f", last_loss);
-    if (!std::isnan(last_val)) std::printf(" | val loss %.4f", last_val);
-    std::printf("\n");
+
+  // A checkpoint of the current state (no-op without --ckpt-dir).
+  Status Save() {
+    if (o_.ckpt_dir.empty()) return Status::OK();
+    state_.loader_position = train_->state().position;
+    return Agree(comm_, SaveCheckpoint(o_.ckpt_dir, state_, *engine_, *layout_, comm_, o_.keep_last, o_.quiet));
   }
-  if (o.sample_tokens > 0) {
-    std::string text = Sample(layout, engine, o);
-    if (lead) std::printf("---- sample (%d tokens) ----\n%s%s\n----\n", o.sample_tokens, o.sample_prompt.c_str(), text.c_str());
+
+  // The step line on stdout and the JSONL record (rank 0; the per-rank figures are collective).
+  void Log(int step, const StepResult& r, bool eval_now) {
+    const StepReport& report = engine_->last_report();
+    const std::vector<uint64_t> per_rank_comm = GatherPerRank(comm_, report.comm.Total().bytes_sent);
+    const std::vector<uint64_t> per_rank_state = GatherPerRank(comm_, report.model_state_bytes);
+    if (!lead_) return;
+    const double tps = tokens_per_step() / r.seconds;
+    if (!o_.quiet) {
+      std::printf("%sstep %5d/%d | loss %.4f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s\n",
+                  isatty(fileno(stdout)) ? ProgressBar(step + 1, o_.steps).c_str() : "", step + 1, o_.steps, r.loss,
+                  r.lr, r.norm, r.seconds * 1e3, tps, eval_now ? (" | val " + std::to_string(last_val_)).c_str() : "");
+      std::fflush(stdout);
+    }
+    if (!log_.is_open()) return;
+    nlohmann::json j = StepJson(report, *engine_, *layout_, o_.grad_accum);
+    j["step"] = step + 1;
+    j["loss"] = r.loss;
+    j["lr"] = r.lr;
+    j["grad_norm"] = r.norm;
+    j["tokens"] = state_.tokens;
+    j["tokens_per_s"] = tps;
+    j["ms"] = r.seconds * 1e3;
+    j["comm_bytes_per_rank"] = per_rank_comm;
+    j["model_state_bytes_per_rank"] = per_rank_state;
+    if (eval_now) j["val_loss"] = last_val_;
+    log_ << j.dump() << "\n";
+    log_.flush();
   }
-  std::fflush(stdout);
-  return Status::OK();
+
+  Status Finish() {
+    SHARDGPT_RETURN_IF_ERROR(Save());
+    if (!o_.save_model.empty()) {
+      LocalParams local(*layout_);
+      engine_->GatherFullParams(local.params());
+      Status st = lead_ ? WriteLlmcModel(o_.save_model, *layout_, local.params()) : Status::OK();
+      SHARDGPT_RETURN_IF_ERROR(Agree(comm_, st));
+      if (lead_ && !o_.quiet) std::printf("saved model to %s (llm.c format, version 3)\n", o_.save_model.c_str());
+    }
+    if (lead_) {
+      std::printf("final train loss %.4f", last_loss_);
+      if (!std::isnan(last_val_)) std::printf(" | val loss %.4f", last_val_);
+      std::printf("\n");
+    }
+    if (o_.sample_tokens > 0) {
+      const std::string text = Sample(*layout_, *engine_, o_);
+      if (lead_)
+        std::printf("---- sample (%d tokens) ----\n%s%s\n----\n", o_.sample_tokens, o_.sample_prompt.c_str(), text.c_str());
+    }
+    std::fflush(stdout);
+    return Status::OK();
+  }
+
+  long long tokens_per_step() const {
+    return static_cast<long long>(o_.micro_batch) * o_.seq_len * o_.grad_accum * comm_.world_size();
+  }
+
+  TrainOptions o_;
+  Communicator& comm_;
+  Device& device_;
+  const bool lead_;
+  std::string resume_path_;
+  std::unique_ptr<ParamLayout> layout_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<GPT> model_;
+  std::unique_ptr<DataLoader> train_, val_;
+  std::ofstream log_;
+  TrainState state_;
+  std::vector<int32_t> x_, y_;
+  float last_loss_ = 0, last_val_ = NAN;
+  bool stopped_ = false;  // a stop signal or --stop-at-step ended the loop (checkpoint written)
+};
+
+}  // namespace
+
+Status RunTrain(TrainOptions o, Communicator& comm, Device& device, int* exit_code) {
+  Trainer trainer(std::move(o), comm, device);
+  return trainer.Run(exit_code);
 }
 
 }  // namespace shardgpt
