@@ -57,13 +57,7 @@ nlohmann::json StepJson(const StepReport& r, const Engine& engine, const ParamLa
   return j;
 }
 
-std::vector<uint64_t> GatherPerRank(Communicator& comm, uint64_t value) {
-  // all-gather moves bytes only, so a uint64 travels exactly as two 4-byte elements
-  std::vector<uint64_t> all(comm.world_size(), 0);
-  all[comm.rank()] = value;
-  comm.AllGather(&all[comm.rank()], all.data(), 2, DType::kF32)->Wait();
-  return all;
-}
+std::vector<uint64_t> GatherPerRank(Communicator& comm, uint64_t value) { return AllGatherU64(comm, {value}); }
 
 Status Agree(Communicator& comm, Status local) {
   if (comm.AllTrue(local.ok())) return Status::OK();

@@ -69,16 +69,6 @@ Status MakeStatus(int code, std::string msg) {
 
 // ---- agreement over ranks ----
 
-// Every rank's values, on every rank (all-gather moves bytes, so a uint64 travels as two
-// 4-byte elements).
-std::vector<uint64_t> AllGatherU64(Communicator& comm, const std::vector<uint64_t>& mine) {
-  const size_t k = mine.size();
-  std::vector<uint64_t> all(k * comm.world_size(), 0);
-  std::copy(mine.begin(), mine.end(), all.begin() + k * comm.rank());
-  comm.AllGather(&all[k * comm.rank()], all.data(), 2 * k, DType::kF32)->Wait();
-  return all;
-}
-
 // Every rank returns an error when any rank has one, all with the message of the lowest
 // failing rank (so whichever rank the caller prints from names the file).
 Status AgreeAll(Communicator& comm, const Status& local) {
@@ -89,10 +79,10 @@ Status AgreeAll(Communicator& comm, const Status& local) {
   if (speaker == comm.world_size()) return Status::Internal("checkpoint: communication failed");
   uint64_t hdr[2] = {0, 0};
   if (comm.rank() == speaker) hdr[0] = local.message().size(), hdr[1] = static_cast<uint64_t>(local.code());
-  comm.Broadcast(hdr, 4, DType::kF32, speaker)->Wait();
-  std::vector<char> buf((hdr[0] + 3) / 4 * 4 + 4, '\0');
+  comm.ControlBroadcast(hdr, sizeof(hdr), speaker);
+  std::vector<char> buf(hdr[0] + 1, '\0');
   if (comm.rank() == speaker) std::memcpy(buf.data(), local.message().data(), hdr[0]);
-  comm.Broadcast(buf.data(), buf.size() / 4, DType::kF32, speaker)->Wait();
+  comm.ControlBroadcast(buf.data(), buf.size(), speaker);
   return MakeStatus(static_cast<int>(hdr[1]), std::string(buf.data(), hdr[0]));
 }
 
@@ -705,7 +695,7 @@ Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& e
 
   uint64_t id[1] = {rank == 0 ? RandomId() : 0};
   SHARDGPT_RETURN_IF_ERROR(AgreeAll(comm, rank == 0 ? PrepareSave(dir, tmp) : Status::OK()));
-  comm.Broadcast(id, 2, DType::kF32, 0)->Wait();
+  comm.ControlBroadcast(id, sizeof(id), 0);
 
   const std::vector<SavedPiece> pieces = PlanSave(layout, world);
   ShardResult res;

@@ -1,7 +1,10 @@
 // The CPU device: host memory (calloc) and the OpenBLAS/OpenMP kernels of model/kernels_cpu.h.
 // Copies are memcpy and events are complete at once: the CPU computes synchronously.
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "model/device.h"
 #include "model/kernels_cpu.h"
@@ -75,6 +78,9 @@ class DoneEvent final : public DeviceEvent {
   void Synchronize() override {}
 };
 
+// With pretend_device_memory, the device also checks that every pointer it is given as device
+// memory lies inside one of its allocations (as a GPU would fault on a host pointer), so tests
+// of the device-memory paths fail loudly when host memory reaches them.
 class CpuDeviceImpl final : public Device {
  public:
   explicit CpuDeviceImpl(bool pretend_device_memory) : pretend_(pretend_device_memory) {}
@@ -87,29 +93,57 @@ class CpuDeviceImpl final : public Device {
     if (p == nullptr)
       throw DeviceOutOfMemory("out of host memory allocating " + what + " (" + std::to_string(bytes) +
                               " bytes); try a higher --zero-stage or a smaller --micro-batch");
+    if (pretend_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      allocations_[reinterpret_cast<uintptr_t>(p)] = bytes;
+    }
     return p;
   }
-  void Free(void* p) override { std::free(p); }
-  void CopyToDevice(void* dst, const void* src, size_t bytes) override { Move(dst, src, bytes); }
-  void CopyToHost(void* dst, const void* src, size_t bytes) override { Move(dst, src, bytes); }
-  void Copy(void* dst, const void* src, size_t bytes) override { Move(dst, src, bytes); }
+  void Free(void* p) override {
+    if (pretend_ && p != nullptr) {
+      std::lock_guard<std::mutex> lock(mu_);
+      allocations_.erase(reinterpret_cast<uintptr_t>(p));
+    }
+    std::free(p);
+  }
+  void CopyToDevice(void* dst, const void* src, size_t bytes) override { Move(Dev(dst, bytes, "CopyToDevice"), src, bytes); }
+  void CopyToHost(void* dst, const void* src, size_t bytes) override { Move(dst, Dev(src, bytes, "CopyToHost"), bytes); }
+  void Copy(void* dst, const void* src, size_t bytes) override {
+    Move(Dev(dst, bytes, "Copy"), Dev(src, bytes, "Copy"), bytes);
+  }
   void Zero(void* p, size_t bytes) override {
-    if (bytes) std::memset(p, 0, bytes);
+    if (bytes) std::memset(Dev(p, bytes, "Zero"), 0, bytes);
   }
   void Synchronize() override {}
   std::shared_ptr<DeviceEvent> RecordEvent() override { return std::make_shared<DoneEvent>(); }
   void* AllocateHost(size_t bytes) override { return std::malloc(bytes > 0 ? bytes : 1); }
   void FreeHost(void* p) override { std::free(p); }
-  void StageToHost(void* dst, const void* src, size_t bytes) override { Move(dst, src, bytes); }
-  void StageToDevice(void* dst, const void* src, size_t bytes) override { Move(dst, src, bytes); }
+  void StageToHost(void* dst, const void* src, size_t bytes) override { Move(dst, Dev(src, bytes, "StageToHost"), bytes); }
+  void StageToDevice(void* dst, const void* src, size_t bytes) override { Move(Dev(dst, bytes, "StageToDevice"), src, bytes); }
   Kernels& kernels() override { return kernels_; }
 
  private:
   static void Move(void* dst, const void* src, size_t bytes) {
     if (bytes && dst != src) std::memmove(dst, src, bytes);
   }
+  // p, checked to be device memory when pretending.
+  template <typename P>
+  P Dev(P p, size_t bytes, const char* call) {
+    if (!pretend_ || bytes == 0) return p;
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = allocations_.upper_bound(a);
+    if (it == allocations_.begin() || a + bytes > std::prev(it)->first + std::prev(it)->second) {
+      std::fprintf(stderr, "shardgpt: internal error: Device::%s given %zu bytes at %p, which is not device memory\n",
+                   call, bytes, static_cast<const void*>(p));
+      std::abort();
+    }
+    return p;
+  }
   const bool pretend_;
   CpuKernels kernels_;
+  std::mutex mu_;
+  std::map<uintptr_t, size_t> allocations_;  // pretend_ only: start -> bytes
 };
 
 }  // namespace

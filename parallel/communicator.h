@@ -61,6 +61,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "base/dtype.h"
 #include "base/status.h"
@@ -225,11 +226,24 @@ class Communicator {
   virtual bool AllTrue(bool local) = 0;
   virtual double AllReduceScalar(double value, ReduceOp op) = 0;
 
+  // Control plane: blocking, HOST memory, never staged (on MPI even where the data plane is
+  // NCCL), counted as control traffic. recv of ControlAllGather holds world * bytes: block r
+  // comes from rank r. Used for agreement, per-rank figures and small metadata.
+  virtual Status ControlAllGather(const void* send, void* recv, size_t bytes) = 0;
+  virtual Status ControlBroadcast(void* buf, size_t bytes, int root) = 0;
+
   // This rank's traffic counters. Reset it whenever a measurement starts.
   virtual CommLedger& ledger() = 0;
   // Wall time spent executing collectives since creation (to measure how much of it was
   // hidden behind computation); 0 where the backend cannot tell.
   virtual double busy_seconds() const { return 0.0; }
 };
+
+// Every rank's values, on every rank (k values per rank, rank-major). Collective.
+inline std::vector<uint64_t> AllGatherU64(Communicator& comm, const std::vector<uint64_t>& mine) {
+  std::vector<uint64_t> all(mine.size() * comm.world_size(), 0);
+  if (!comm.ControlAllGather(mine.data(), all.data(), mine.size() * sizeof(uint64_t)).ok()) all.assign(all.size(), 0);
+  return all;
+}
 
 }  // namespace shardgpt

@@ -344,4 +344,26 @@ double MpiCommunicator::AllReduceScalar(double value, ReduceOp op) {
   return op == ReduceOp::kAvg ? v / world_ : v;
 }
 
+Status MpiCommunicator::ControlAllGather(const void* send, void* recv, size_t bytes) {
+  if (bytes > static_cast<size_t>(INT_MAX)) return Status::InvalidArgument("ControlAllGather: too many bytes");
+  ledger_.AddControl(bytes);
+  return Enqueue([this, send, recv, bytes]() -> Status {
+           const int n = static_cast<int>(bytes);
+           SHARDGPT_MPI_CALL(MPI_Allgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_), "MPI_Allgather(control)");
+           return Status::OK();
+         })->status();
+}
+
+Status MpiCommunicator::ControlBroadcast(void* buf, size_t bytes, int root) {
+  if (root < 0 || root >= world_)
+    return Status::InvalidArgument("ControlBroadcast: root " + std::to_string(root) + " outside [0, " +
+                                   std::to_string(world_) + ")");
+  if (bytes > static_cast<size_t>(INT_MAX)) return Status::InvalidArgument("ControlBroadcast: too many bytes");
+  ledger_.AddControl(bytes);
+  return Enqueue([this, buf, bytes, root]() -> Status {
+           SHARDGPT_MPI_CALL(MPI_Bcast(buf, static_cast<int>(bytes), MPI_BYTE, root, comm_), "MPI_Bcast(control)");
+           return Status::OK();
+         })->status();
+}
+
 }  // namespace shardgpt

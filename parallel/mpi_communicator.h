@@ -68,6 +68,8 @@ class MpiCommunicator final : public Communicator {
   Status Barrier() override;
   bool AllTrue(bool local) override;
   double AllReduceScalar(double value, ReduceOp op) override;
+  Status ControlAllGather(const void* send, void* recv, size_t bytes) override;
+  Status ControlBroadcast(void* buf, size_t bytes, int root) override;
 
   CommLedger& ledger() override { return ledger_; }
   double busy_seconds() const override { return busy_ns_.load() * 1e-9; }
