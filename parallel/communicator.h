@@ -170,6 +170,9 @@ class Work {
   virtual ~Work() = default;
   // Blocks until the collective is complete (output final). Safe to call more than once.
   virtual void Wait() = 0;
+  // Makes later work on the device's compute stream wait for the collective; the host thread
+  // goes on (NCCL). Host backends have no stream: Wait().
+  virtual void WaitStream() { Wait(); }
   // Non-blocking; never calls the communication library from the calling thread.
   virtual bool IsCompleted() = 0;
   // The outcome. Blocks until complete, then returns OK or the error (an MPI error string,

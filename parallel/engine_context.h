@@ -50,6 +50,12 @@ class CollectiveQueue {
     work.Wait();
     exposed_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
+  // Orders later device work after the collective (the host waits only on host backends).
+  void WaitStream(Work& work) {
+    const auto t0 = std::chrono::steady_clock::now();
+    work.WaitStream();
+    exposed_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   // Retired plus completed-but-not-yet-retired collectives since ResetCounters().
   int CompletedCount() const {
     int done = retired_;

@@ -80,7 +80,7 @@ class ShardedParams final : public ParamStore {
   }
   void WaitGather(int u) {
     if (gather_work_[u] == nullptr) return;
-    ctx_.queue.Wait(*gather_work_[u]);
+    ctx_.queue.WaitStream(*gather_work_[u]);  // the unit's kernels run after the gather
     gather_work_[u].reset();
   }
   void Release(int u) {
