@@ -4,14 +4,17 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <algorithm>
 #include <map>
 #include <thread>
+#include <vector>
 
 #include "app/ckpt_commands.h"
 #include "app/commands.h"
 #include "app/report.h"
 #include "app/train.h"
 #include "model/device_factory.h"
+#include "parallel/comm_factory.h"
 #include "parallel/mpi_communicator.h"
 
 namespace shardgpt {
@@ -91,6 +94,15 @@ void NodeLocalRank(int* local_rank, int* local_size) {
   MPI_Comm_free(&local);
 }
 
+// Rank 0 prints every rank's topology line, in rank order (gathered over the control plane).
+void PrintTopology(Communicator& comm, const std::string& mine) {
+  constexpr size_t kLine = 256;
+  std::vector<char> all(kLine * comm.world_size(), '\0'), own(kLine, '\0');
+  std::copy_n(mine.begin(), std::min(mine.size(), kLine - 1), own.begin());
+  if (!comm.ControlAllGather(own.data(), all.data(), kLine).ok() || comm.rank() != 0) return;
+  for (int r = 0; r < comm.world_size(); r++) std::printf("rank %d: %s\n", r, &all[r * kLine]);
+}
+
 // Threads per rank: the cores of this node divided among the ranks on it.
 int DefaultThreads(int local_size) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -120,6 +132,7 @@ int Main(int argc, char** argv) {
   ModelFlags model_flags;
   EngineFlags engine_flags;
   std::string schedule = "cosine", device = "cpu";
+  CommOptions comm_options;
   bool no_shuffle = false;
   CLI::App* train = app.add_subcommand("train", "train a GPT on token shards (llm.c format)");
   model_flags.Add(train);
@@ -144,6 +157,11 @@ int Main(int argc, char** argv) {
   train->add_option("--val-batches", t.val_batches, "micro-batches per validation")->capture_default_str();
   train->add_option("--seed", t.seed, "seed of initialisation and data order")->capture_default_str();
   train->add_flag("--no-shuffle", no_shuffle, "visit the training windows in file order");
+  train->add_option("--comm", comm_options.kind, "data-plane communicator: auto (nccl with --device cuda), mpi, nccl")
+      ->check(CLI::IsMember({"auto", "mpi", "nccl"}))->capture_default_str();
+  train->add_option("--comm-timeout", comm_options.timeout_s,
+                    "NCCL: seconds a collective may take before the job is ended (a rank or GPU died)")
+      ->capture_default_str();
   train->add_option("--device", device, "cpu, or cuda (one GPU per rank, chosen by node-local rank)")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   train->add_option("--ckpt-dir", t.ckpt_dir, "write sharded HDF5 checkpoints under DIR (every --ckpt-every steps and at the end)");
   train->add_option("--ckpt-every", t.ckpt_every, "checkpoint every N steps (0: only at the end)")->capture_default_str();
@@ -219,15 +237,25 @@ int Main(int argc, char** argv) {
 
   Status st;
   if (*train) {
-    // The device first: the communicator must know where the buffers it moves live. A rank
-    // whose device fails still joins the communicator, so that every rank agrees on the error.
+    // The device first: the communicator must know where the buffers it moves live. Every
+    // rank learns whether all devices came up before any communicator collective starts.
     auto dev = CreateDevice(device, local_rank, local_size);
     if (!dev.ok()) st = dev.status();
-    auto comm = MpiCommunicator::Create(MPI_COMM_WORLD, dev.ok() ? dev.value().get() : nullptr);
-    if (!comm.ok()) {
-      st = comm.status();
+    int all_ok = st.ok() ? 1 : 0;
+    MPI_Allreduce(MPI_IN_PLACE, &all_ok, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
+    std::unique_ptr<Communicator> comm;
+    const std::string comm_kind = dev.ok() ? ResolveCommKind(comm_options.kind, *dev.value()) : "mpi";
+    if (all_ok) {
+      auto c = CreateCommunicator(comm_options, MPI_COMM_WORLD, *dev.value(), local_size, VisibleGpuCount());
+      if (c.ok()) comm = std::move(c.value());
+      else st = c.status();
+    }
+    if (!comm) {  // agree on the error over a plain host communicator: one line, every rank exits
+      auto host = MpiCommunicator::Create(MPI_COMM_WORLD);
+      st = host.ok() ? Agree(*host.value(), st) : host.status();
     } else {
-      st = Agree(*comm.value(), st);
+      if (dev.value()->is_cuda() && !t.quiet)
+        PrintTopology(*comm, TopologyLine(*dev.value(), local_rank, local_size, comm_kind));
       auto cfg = model_flags.Resolve(t.seq_len);
       if (st.ok() && !cfg.ok()) st = cfg.status();
       if (st.ok()) {
@@ -238,7 +266,7 @@ int Main(int argc, char** argv) {
         if (t.threads <= 0) t.threads = default_threads;
         InstallStopSignalHandlers();
         try {
-          st = RunTrain(t, *comm.value(), *dev.value(), &rc);
+          st = RunTrain(t, *comm, *dev.value(), &rc);
         } catch (const DeviceOutOfMemory& e) {
           // Mid-step: the other ranks wait inside a collective and cannot agree; end them all.
           std::fprintf(stderr, "shardgpt: error: rank %d: %s\n", rank, e.what());
@@ -246,7 +274,7 @@ int Main(int argc, char** argv) {
           MPI_Abort(MPI_COMM_WORLD, 1);
         }
       }
-      st = Agree(*comm.value(), st);
+      st = Agree(*comm, st);
     }
   } else if (*prepare) {
     if (rank == 0) st = RunPrepare(prep_inputs, prep_out, val_fraction);

@@ -14,6 +14,14 @@ bool CudaBackendBuilt() {
 #endif
 }
 
+int VisibleGpuCount() {
+#ifdef SHARDGPT_HAVE_CUDA
+  return CudaVisibleDeviceCount(nullptr);
+#else
+  return 0;
+#endif
+}
+
 StatusOr<std::unique_ptr<Device>> CreateDevice(const std::string& kind, int local_rank, int local_size) {
   if (kind == "cpu") return NewCpuDevice(false);
   if (kind != "cuda") return Status::InvalidArgument("--device " + kind + ": expected cpu or cuda");

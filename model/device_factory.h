@@ -12,6 +12,9 @@ namespace shardgpt {
 // True when this build contains the CUDA backend (the toolkit was found at configure time).
 bool CudaBackendBuilt();
 
+// GPUs this process can use (CUDA_VISIBLE_DEVICES applied); 0 without the CUDA backend or a GPU.
+int VisibleGpuCount();
+
 // kind "cpu": the CPU device. kind "cuda": one of the GPUs visible to this process
 // (CUDA_VISIBLE_DEVICES and Slurm's per-task binding both shrink that set): with one visible
 // GPU, that one; otherwise GPU (local_rank mod count), local_rank being this rank's index among

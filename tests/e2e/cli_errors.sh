@@ -33,6 +33,8 @@ check seq-too-long      "seq-len"            -- train $D --seq-len 4096
 check reduce-grads      "reduce-grads"       -- train $D --zero-stage 1 --reduce-grads last-micro
 check reduce-dtype      "reduce-dtype"       -- train $D --reduce-dtype bf16
 check cuda              "--device cuda"      -- train $D --device cuda
+check nccl-on-cpu       "--comm nccl"        -- train $D --comm nccl
+check comm-timeout      "--comm-timeout"     -- train $D --comm-timeout 0
 check init-missing      "$T/none.bin"        -- train $D --init "$T/none.bin"
 check init-bad          "model.bin"          -- train $D --init "$T/model.bin"
 check batch-tokens      "batch-tokens"       -- train $D --batch-tokens 1000
