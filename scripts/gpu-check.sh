@@ -30,7 +30,7 @@ if [ $SKIP_BUILD -eq 0 ]; then
   scripts/install-deps.sh || exit 1
   t0=$(date +%s)
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" -DSHARDGPT_BENCH=ON >/dev/null || exit 1
-  cmake --build "$BUILD" -j "$(nproc)" --target shardgpt gpu_tests bench_train 2>&1 | grep -E "error|warning: " ; \
+  cmake --build "$BUILD" -j "$(nproc)" --target shardgpt gpu_tests train_gpu_test nccl_gpu_test bench_train 2>&1 | grep -E "error|warning: " ; \
     [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu-check: build failed"; exit 1; }
   echo "== build: $(( $(date +%s) - t0 )) s"
 fi

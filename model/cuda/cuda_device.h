@@ -1,0 +1,35 @@
+// The CUDA device: one GPU, its compute stream, a side stream for the communicator's staging,
+// cuBLASLt and our kernels (model/cuda/kernels_cuda.h). Built only when CMake found a CUDA
+// toolkit (SHARDGPT_HAVE_CUDA); this header includes no CUDA header, so plain C++ files
+// (model/device_factory.cc, the tests) can include it.
+//
+// Errors that a user can cause (no driver, no GPU, a GPU this build has no code for, out of
+// memory at start-up) come back as a Status with one line; Allocate throws DeviceOutOfMemory
+// (model/device.h). Anything else failing inside a kernel or copy (an illegal address, a lost
+// GPU) throws std::runtime_error("CUDA: <call>: <error string> (<error name>)").
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "model/device.h"
+
+namespace shardgpt {
+
+// Number of GPUs this process can use (CUDA_VISIBLE_DEVICES applied). 0 when there is none or
+// CUDA cannot start; then *error (if not null) says why, naming the CUDA error string, name and
+// code, e.g. "CUDA driver version is insufficient for CUDA runtime version
+// (cudaErrorInsufficientDriver, 35)".
+int CudaVisibleDeviceCount(std::string* error);
+
+// Opens GPU (local_rank mod count) of the visible ones (GPU 0 when only one is visible).
+// Errors: "--device cuda: no usable GPU: <cuda error>", and the like, one line each.
+StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int local_rank, int local_size);
+
+// For the NCCL communicator: the CUDA ordinal of a device made by CreateCudaDevice (-1 for any
+// other device) and its compute stream (a cudaStream_t; null for any other device).
+int CudaDeviceOrdinal(Device& device);
+void* CudaComputeStream(Device& device);
+
+}  // namespace shardgpt

@@ -1,0 +1,556 @@
+// CUDA kernels of the GPT forward and backward pass and of the engine (fp32 maths, bf16 storage
+// where asked), in the style of llm.c's train_gpt2.cu: forward next to backward, one small
+// kernel per step. The matmuls are in matmul_cuda.cu, attention in attention_cuda.cu.
+// The twins and the maths of every kernel: model/kernels_cpu.h; determinism: kernels_cuda.h.
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/cuda/device_util.cuh"
+#include "model/cuda/kernels_cuda.h"
+#include "model/device.h"
+
+namespace shardgpt {
+
+// ----------------------------------------------------------------------------------------------
+// errors
+
+namespace cuda {
+
+namespace {
+std::string CallName(const char* call) {
+  std::string s(call);
+  const size_t paren = s.find('(');
+  if (paren != std::string::npos) s.resize(paren);
+  const size_t colon = s.rfind("::");  // "::shardgpt::..." and "cuda::" prefixes
+  if (colon != std::string::npos) s.erase(0, colon + 2);
+  return s;
+}
+}  // namespace
+
+std::string ErrorText(cudaError_t e) {
+  return std::string(cudaGetErrorString(e)) + " (" + cudaGetErrorName(e) + ", " + std::to_string((int)e) + ")";
+}
+
+void ThrowCudaError(const char* call, cudaError_t e) {
+  throw std::runtime_error("CUDA: " + CallName(call) + ": " + cudaGetErrorString(e) + " (" + cudaGetErrorName(e) +
+                           ")");
+}
+
+void ThrowCublasError(const char* call, cublasStatus_t s) {
+  throw std::runtime_error("CUDA: " + CallName(call) + ": " + cublasLtGetStatusString(s) + " (" +
+                           cublasLtGetStatusName(s) + ")");
+}
+
+}  // namespace cuda
+
+using cuda::GridFor;
+
+namespace {
+
+constexpr int kThreads = 256;  // threads per block of the element-wise and row kernels
+using cuda::kRowsPerChunk;
+
+// ----------------------------------------------------------------------------------------------
+// encoder. CPU twins: encoder_forward / encoder_backward.
+
+// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
+__global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                                       int T, int C, size_t total) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+    const size_t n = i / C;
+    const int c = (int)(i - n * C), t = (int)(n % T);
+    out[i] = wte[(size_t)tokens[n] * C + c] + wpe[(size_t)t * C + c];
+  }
+}
+
+// dwte[tok,:] += dout[n,:] for every row n with tokens[n] == tok, in increasing n: one block
+// row per distinct token (uniq[u]); its rows are positions[offsets[u] .. offsets[u+1]).
+// Same additions in the same order as the CPU twin, so the results are bitwise equal.
+__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int32_t* uniq,
+                                            const int32_t* offsets, const int32_t* positions, int C) {
+  const int u = blockIdx.x;
+  const int c = blockIdx.y * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float* dw = dwte + (size_t)uniq[u] * C + c;
+  float acc = *dw;
+  for (int p = offsets[u]; p < offsets[u + 1]; p++) acc += dout[(size_t)positions[p] * C + c];
+  *dw = acc;
+}
+
+// dwpe[t,:] += sum_b dout[b,t,:], b in increasing order (one thread per (t, c)).
+__global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int B, int T, int C) {
+  const size_t total = (size_t)T * C;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+    float acc = dwpe[i];
+    for (int b = 0; b < B; b++) acc += dout[(size_t)b * total + i];
+    dwpe[i] = acc;
+  }
+}
+
+// ----------------------------------------------------------------------------------------------
+// layernorm. CPU twins: layernorm_forward / layernorm_backward.
+//   m = mean(x), v = mean((x-m)^2), rstd = 1/sqrt(v + 1e-5), y = (x-m)*rstd*w + b
+// One warp per row.
+
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                                         const float* b, int N, int C) {
+  const int lane = threadIdx.x % 32;
+  const int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (n >= N) return;
+  const float* x = inp + (size_t)n * C;
+  float* y = out + (size_t)n * C;
+  float s = 0.0f;
+  for (int i = lane; i < C; i += 32) s += x[i];
+  const float m = cuda::warp_sum(s) / C;
+  float v = 0.0f;
+  for (int i = lane; i < C; i += 32) v += (x[i] - m) * (x[i] - m);
+  const float r = 1.0f / sqrtf(cuda::warp_sum(v) / C + 1e-5f);
+  for (int i = lane; i < C; i += 32) y[i] = (x[i] - m) * r * w[i] + b[i];
+  if (lane == 0) {
+    mean[n] = m;
+    rstd[n] = r;
+  }
+}
+
+// norm = (x-m)*rstd, g = w*dout:  dinp += (g - mean(g) - norm * mean(g*norm)) * rstd
+// (the row part; dw and db, sums over rows, are the next two kernels). One warp per row.
+__global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* w,
+                                               const float* mean, const float* rstd, int N, int C) {
+  const int lane = threadIdx.x % 32;
+  const int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (n >= N) return;
+  const float* x = inp + (size_t)n * C;
+  const float* d = dout + (size_t)n * C;
+  float* dx = dinp + (size_t)n * C;
+  const float m = mean[n], r = rstd[n];
+  float g_mean = 0.0f, gn_mean = 0.0f;
+  for (int i = lane; i < C; i += 32) {
+    const float g = w[i] * d[i];
+    g_mean += g;
+    gn_mean += g * (x[i] - m) * r;
+  }
+  g_mean = cuda::warp_sum(g_mean) / C;
+  gn_mean = cuda::warp_sum(gn_mean) / C;
+  for (int i = lane; i < C; i += 32) {
+    const float norm = (x[i] - m) * r;
+    dx[i] += (w[i] * d[i] - g_mean - norm * gn_mean) * r;
+  }
+}
+
+// Partial sums of dw = sum_n dout*norm and db = sum_n dout over the rows of one chunk
+// (kRowsPerChunk rows, blockIdx.y) for 32 columns (blockIdx.x). Block (32, 8): thread (x, y)
+// sums rows y, y+8, ... of the chunk in order; then row y = 0 adds the 8 sums in order.
+// partial[chunk][0:C] = dw part, partial[chunk][C:2C] = db part.
+__global__ void layernorm_backward_partial_kernel(float* partial, const float* dout, const float* inp,
+                                                  const float* mean, const float* rstd, int N, int C) {
+  __shared__ float sdw[8][33], sdb[8][33];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int c = blockIdx.x * 32 + tx;
+  const int n0 = blockIdx.y * kRowsPerChunk, n1 = min(N, n0 + kRowsPerChunk);
+  float dw = 0.0f, db = 0.0f;
+  if (c < C) {
+    for (int n = n0 + ty; n < n1; n += 8) {
+      const float d = dout[(size_t)n * C + c];
+      const float norm = (inp[(size_t)n * C + c] - mean[n]) * rstd[n];
+      dw += norm * d;
+      db += d;
+    }
+  }
+  sdw[ty][tx] = dw;
+  sdb[ty][tx] = db;
+  __syncthreads();
+  if (ty == 0 && c < C) {
+    float a = 0.0f, b = 0.0f;
+    for (int k = 0; k < 8; k++) a += sdw[k][tx], b += sdb[k][tx];
+    partial[(size_t)blockIdx.y * 2 * C + c] = a;
+    partial[(size_t)blockIdx.y * 2 * C + C + c] = b;
+  }
+}
+
+}  // namespace
+
+// dst[i] += sum_k partial[k*stride + i] for k = 0..chunks-1 in order (declared in device_util.cuh).
+__global__ void add_chunk_sums_kernel(float* dst, const float* partial, int chunks, int stride, int width) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= width) return;
+  float s = 0.0f;
+  for (int k = 0; k < chunks; k++) s += partial[(size_t)k * stride + i];
+  dst[i] += s;
+}
+
+namespace {
+
+// ----------------------------------------------------------------------------------------------
+// gelu (tanh approximation). CPU twins: gelu_forward / gelu_backward.
+//   y = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
+//   dy/dx = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+
+constexpr float kGeluS = 0.7978845608028654f;  // sqrt(2/pi)
+
+__global__ void gelu_forward_kernel(float* out, const float* inp, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const float x = inp[i];
+    out[i] = 0.5f * x * (1.0f + tanhf(kGeluS * (x + 0.044715f * x * x * x)));
+  }
+}
+
+// dinp += dout * gelu'(inp)
+__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const float x = inp[i];
+    const float th = tanhf(kGeluS * (x + 0.044715f * x * x * x));
+    const float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * kGeluS * (1.0f + 3.0f * 0.044715f * x * x);
+    dinp[i] += grad * dout[i];
+  }
+}
+
+// ----------------------------------------------------------------------------------------------
+// residual. CPU twin: residual_forward.  out = a + b
+
+__global__ void residual_forward_kernel(float* out, const float* a, const float* b, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    out[i] = a[i] + b[i];
+}
+
+// ----------------------------------------------------------------------------------------------
+// crossentropy over the real columns [0,V) of logits[N,Vp]. CPU twin: crossentropy_softmax.
+//   mx = max_v x_v;  sum = sum_v exp(x_v - mx);  loss = mx + log(sum) - x[target]
+//   if dloss_scale != 0:  x_v = exp(x_v - mx) * (dloss_scale / sum) - [v == target] * dloss_scale
+//                         (in place), padded columns [V,Vp) = 0
+// One block per row; fixed-order block reductions. An out-of-range target gives a NaN loss.
+
+__global__ void crossentropy_softmax_kernel(float* logits, float* losses, const int32_t* targets, int V, int Vp,
+                                            float dloss_scale) {
+  __shared__ float shm[32];
+  const size_t n = blockIdx.x;
+  float* x = logits + n * Vp;
+  const int tgt = targets[n];
+  const bool valid = tgt >= 0 && tgt < V;
+  const float xt = valid ? x[tgt] : NAN;  // read before any thread overwrites x (block_* synchronise)
+  float mx = -INFINITY;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, x[i]);
+  mx = cuda::block_max(mx, shm);
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) sum += expf(x[i] - mx);
+  sum = cuda::block_sum(sum, shm);
+  if (dloss_scale != 0.0f) {
+    const float mul = dloss_scale / sum;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+      float g = expf(x[i] - mx) * mul;
+      if (i == tgt) g -= dloss_scale;
+      x[i] = g;
+    }
+    for (int i = V + threadIdx.x; i < Vp; i += blockDim.x) x[i] = 0.0f;
+  }
+  if (threadIdx.x == 0) losses[n] = mx + logf(sum) - xt;
+}
+
+// ----------------------------------------------------------------------------------------------
+// engine kernels. CPU twins: convert, accumulate, sum_squares (kernels_cpu.h), adamw_update
+// (model/optimizer.cc).
+
+// dst = src, f32 <-> bf16 (RNE narrowing, bit-identical to base/bf16.h)
+template <typename Dst, typename Src>
+__global__ void convert_kernel(Dst* dst, const Src* src, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    cuda::store_f32(dst, i, cuda::load_f32(src, i));
+}
+
+// dst += src in fp32; a bf16 dst is rounded once: dst = bf16(f32(dst) + f32(src))
+template <typename Dst, typename Src>
+__global__ void accumulate_kernel(Dst* dst, const Src* src, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    cuda::store_f32(dst, i, cuda::load_f32(dst, i) + cuda::load_f32(src, i));
+}
+
+// partial[block] = sum of x[i]^2 (in double) over the block's grid-stride elements, fixed order.
+template <typename T>
+__global__ void sum_squares_kernel(double* partial, const T* x, size_t n) {
+  __shared__ double shm[32];
+  double s = 0.0;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const double v = cuda::load_f32(x, i);
+    s += v * v;
+  }
+  s = cuda::block_sum(s, shm);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// AdamW, the float operations of adamw_update in the same order (c1, c2 from the host, computed
+// there with the same expression):
+//   g = grad * grad_scale;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+//   p -= lr * (wd * p + (m * c1) / (sqrt(v * c2) + eps)),  c1 = 1/(1-b1^t), c2 = 1/(1-b2^t)
+__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, size_t n, float lr, float wd,
+                             float b1, float b2, float eps, float c1, float c2, float grad_scale) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const float g = grad[i] * grad_scale;
+    const float mi = b1 * m[i] + (1.0f - b1) * g;
+    const float vi = b2 * v[i] + (1.0f - b2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    param[i] -= lr * (wd * param[i] + (mi * c1) / (sqrtf(vi * c2) + eps));
+  }
+}
+
+}  // namespace
+
+// ==============================================================================================
+// CudaKernels: set-up, scratch
+
+CudaKernels::~CudaKernels() {
+  // Destructors must not throw: errors here are ignored (the context may already be gone).
+  cudaSetDevice(device_);
+  cudaStreamSynchronize(stream_);
+  for (auto& kv : plans_) {
+    if (kv.second.desc) cublasLtMatmulDescDestroy(kv.second.desc);
+    if (kv.second.a) cublasLtMatrixLayoutDestroy(kv.second.a);
+    if (kv.second.b) cublasLtMatrixLayoutDestroy(kv.second.b);
+    if (kv.second.d) cublasLtMatrixLayoutDestroy(kv.second.d);
+  }
+  if (lt_) cublasLtDestroy(lt_);
+  if (workspace_) cudaFree(workspace_);
+  if (scratch_) cudaFree(scratch_);
+}
+
+Status CudaKernels::Init() {
+  cudaSetDevice(device_);
+  const cublasStatus_t s = cublasLtCreate(&lt_);
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    lt_ = nullptr;
+    return Status::Internal(std::string("--device cuda: cuBLASLt failed to start: ") + cublasLtGetStatusString(s) +
+                            " (" + cublasLtGetStatusName(s) + ")");
+  }
+  const cudaError_t e = cudaMalloc(&workspace_, kWorkspaceBytes);
+  if (e != cudaSuccess) {
+    workspace_ = nullptr;
+    cudaGetLastError();
+    return Status::Internal("--device cuda: cannot allocate the " + std::to_string(kWorkspaceBytes >> 20) +
+                            " MiB cuBLASLt workspace: " + cuda::ErrorText(e));
+  }
+  return Status::OK();
+}
+
+void CudaKernels::Bind() const { SHARDGPT_CUDA_CHECK(cudaSetDevice(device_)); }
+
+void* CudaKernels::Scratch(size_t bytes) const {
+  if (bytes <= scratch_bytes_) return scratch_;
+  const size_t want = std::max(bytes, scratch_bytes_ + scratch_bytes_ / 2);  // grow by >= 1.5x
+  if (scratch_) {
+    SHARDGPT_CUDA_CHECK(cudaStreamSynchronize(stream_));  // kernels may still read the old one
+    SHARDGPT_CUDA_CHECK(cudaFree(scratch_));
+    scratch_ = nullptr, scratch_bytes_ = 0;
+  }
+  const cudaError_t e = cudaMalloc(&scratch_, want);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    scratch_ = nullptr;
+    throw DeviceOutOfMemory("out of GPU memory on cuda:" + std::to_string(device_) +
+                            " allocating kernel scratch (" + std::to_string(want) + " bytes asked, " +
+                            std::to_string(free_b) +
+                            " bytes free); try a higher --zero-stage or a smaller --micro-batch");
+  }
+  SHARDGPT_CUDA_CHECK(e);
+  scratch_bytes_ = want;
+  return scratch_;
+}
+
+// ==============================================================================================
+// model kernels
+
+void CudaKernels::encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+                                  int T, int C) const {
+  const size_t total = (size_t)B * T * C;
+  if (total == 0) return;
+  Bind();
+  encoder_forward_kernel<<<GridFor(total, kThreads), kThreads, 0, stream_>>>(out, tokens, wte, wpe, T, C, total);
+  SHARDGPT_CUDA_CHECK_LAUNCH("encoder_forward_kernel");
+}
+
+// The tokens come to the host; there each distinct token gets the list of its row positions in
+// increasing order (counting sort), which goes back to the GPU as one int32 array:
+//   [uniq: U tokens][offsets: U+1][positions: N]
+void CudaKernels::encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                                   int C) const {
+  const int N = B * T;
+  if (N == 0 || C == 0) return;
+  Bind();
+  std::vector<int32_t> tok(N);
+  SHARDGPT_CUDA_CHECK(cudaMemcpyAsync(tok.data(), tokens, sizeof(int32_t) * N, cudaMemcpyDeviceToHost, stream_));
+  SHARDGPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  int32_t max_tok = 0;
+  for (int32_t t : tok) {
+    if (t < 0) throw std::runtime_error("encoder_backward: negative token " + std::to_string(t));
+    max_tok = std::max(max_tok, t);
+  }
+  std::vector<int32_t> count((size_t)max_tok + 1, 0);
+  for (int32_t t : tok) count[t]++;
+  int U = 0;
+  for (int32_t c : count) U += c > 0;
+  host_ints_.assign((size_t)U + (U + 1) + N, 0);
+  int32_t* uniq = host_ints_.data();
+  int32_t* offsets = uniq + U;
+  int32_t* positions = offsets + U + 1;
+  std::vector<int32_t> start(count.size(), 0);  // token -> its first slot in positions
+  for (int32_t t = 0, u = 0, o = 0; t <= max_tok; t++) {
+    if (count[t] == 0) continue;
+    uniq[u] = t, offsets[u] = o, start[t] = o;
+    o += count[t], u++;
+    offsets[u] = o;
+  }
+  for (int n = 0; n < N; n++) positions[start[tok[n]]++] = n;  // increasing n within each token
+  int32_t* d_ints = static_cast<int32_t*>(Scratch(sizeof(int32_t) * host_ints_.size()));
+  // Pageable source: the call returns once the bytes are staged, so host_ints_ may be reused.
+  SHARDGPT_CUDA_CHECK(cudaMemcpyAsync(d_ints, host_ints_.data(), sizeof(int32_t) * host_ints_.size(),
+                                      cudaMemcpyHostToDevice, stream_));
+  const dim3 grid(U, (C + 127) / 128);
+  encoder_backward_wte_kernel<<<grid, 128, 0, stream_>>>(dwte, dout, d_ints, d_ints + U, d_ints + 2 * U + 1, C);
+  SHARDGPT_CUDA_CHECK_LAUNCH("encoder_backward_wte_kernel");
+  encoder_backward_wpe_kernel<<<GridFor((size_t)T * C, kThreads), kThreads, 0, stream_>>>(dwpe, dout, B, T, C);
+  SHARDGPT_CUDA_CHECK_LAUNCH("encoder_backward_wpe_kernel");
+}
+
+void CudaKernels::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                                    const float* b, int N, int C) const {
+  if (N == 0) return;
+  Bind();
+  const int rows_per_block = kThreads / 32;
+  layernorm_forward_kernel<<<(N + rows_per_block - 1) / rows_per_block, kThreads, 0, stream_>>>(out, mean, rstd,
+                                                                                                  inp, w, b, N, C);
+  SHARDGPT_CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
+}
+
+// dinp: one warp per row. dw, db: per-chunk partials (fixed chunks of kRowsPerChunk rows), then
+// one thread per column adds the chunks in order.
+void CudaKernels::layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                                     const float* w, const float* mean, const float* rstd, int N, int C) const {
+  if (N == 0 || C == 0) return;
+  Bind();
+  const int rows_per_block = kThreads / 32;
+  layernorm_backward_dinp_kernel<<<(N + rows_per_block - 1) / rows_per_block, kThreads, 0, stream_>>>(
+      dinp, dout, inp, w, mean, rstd, N, C);
+  SHARDGPT_CUDA_CHECK_LAUNCH("layernorm_backward_dinp_kernel");
+  const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
+  float* partial = static_cast<float*>(Scratch(sizeof(float) * chunks * 2 * C));
+  layernorm_backward_partial_kernel<<<dim3((C + 31) / 32, chunks), dim3(32, 8), 0, stream_>>>(partial, dout, inp,
+                                                                                              mean, rstd, N, C);
+  SHARDGPT_CUDA_CHECK_LAUNCH("layernorm_backward_partial_kernel");
+  add_chunk_sums_kernel<<<(C + kThreads - 1) / kThreads, kThreads, 0, stream_>>>(dw, partial, chunks, 2 * C, C);
+  SHARDGPT_CUDA_CHECK_LAUNCH("add_chunk_sums_kernel");
+  add_chunk_sums_kernel<<<(C + kThreads - 1) / kThreads, kThreads, 0, stream_>>>(db, partial + C, chunks, 2 * C, C);
+  SHARDGPT_CUDA_CHECK_LAUNCH("add_chunk_sums_kernel");
+}
+
+void CudaKernels::gelu_forward(float* out, const float* inp, size_t n) const {
+  if (n == 0) return;
+  Bind();
+  gelu_forward_kernel<<<GridFor(n, kThreads), kThreads, 0, stream_>>>(out, inp, n);
+  SHARDGPT_CUDA_CHECK_LAUNCH("gelu_forward_kernel");
+}
+
+void CudaKernels::gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const {
+  if (n == 0) return;
+  Bind();
+  gelu_backward_kernel<<<GridFor(n, kThreads), kThreads, 0, stream_>>>(dinp, inp, dout, n);
+  SHARDGPT_CUDA_CHECK_LAUNCH("gelu_backward_kernel");
+}
+
+void CudaKernels::residual_forward(float* out, const float* a, const float* b, size_t n) const {
+  if (n == 0) return;
+  Bind();
+  residual_forward_kernel<<<GridFor(n, kThreads), kThreads, 0, stream_>>>(out, a, b, n);
+  SHARDGPT_CUDA_CHECK_LAUNCH("residual_forward_kernel");
+}
+
+// Losses come to the host and are summed there in double, in row order (the CPU twin's order).
+double CudaKernels::crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+                                         float dloss_scale) const {
+  if (N == 0) return 0.0;
+  Bind();
+  crossentropy_softmax_kernel<<<N, kThreads, 0, stream_>>>(logits, losses, targets, V, Vp, dloss_scale);
+  SHARDGPT_CUDA_CHECK_LAUNCH("crossentropy_softmax_kernel");
+  host_floats_.resize(N);
+  SHARDGPT_CUDA_CHECK(
+      cudaMemcpyAsync(host_floats_.data(), losses, sizeof(float) * N, cudaMemcpyDeviceToHost, stream_));
+  SHARDGPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  double total = 0.0;
+  for (int n = 0; n < N; n++) total += host_floats_[n];
+  return total;
+}
+
+// ==============================================================================================
+// engine kernels
+
+void CudaKernels::convert(const void* src, DType from, void* dst, DType to, size_t n) const {
+  if (n == 0) return;
+  Bind();
+  const unsigned grid = GridFor(n, kThreads);
+  if (from == to) {
+    SHARDGPT_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * DTypeSize(from), cudaMemcpyDeviceToDevice, stream_));
+    return;
+  }
+  if (from == DType::kF32) {
+    convert_kernel<<<grid, kThreads, 0, stream_>>>(static_cast<uint16_t*>(dst), static_cast<const float*>(src), n);
+  } else {
+    convert_kernel<<<grid, kThreads, 0, stream_>>>(static_cast<float*>(dst), static_cast<const uint16_t*>(src), n);
+  }
+  SHARDGPT_CUDA_CHECK_LAUNCH("convert_kernel");
+}
+
+void CudaKernels::accumulate(void* dst, DType dtype, const void* src, DType src_dtype, size_t n) const {
+  if (n == 0) return;
+  Bind();
+  const unsigned grid = GridFor(n, kThreads);
+  const bool df = dtype == DType::kF32, sf = src_dtype == DType::kF32;
+  if (df && sf) {
+    accumulate_kernel<<<grid, kThreads, 0, stream_>>>(static_cast<float*>(dst), static_cast<const float*>(src), n);
+  } else if (df) {
+    accumulate_kernel<<<grid, kThreads, 0, stream_>>>(static_cast<float*>(dst), static_cast<const uint16_t*>(src), n);
+  } else if (sf) {
+    accumulate_kernel<<<grid, kThreads, 0, stream_>>>(static_cast<uint16_t*>(dst), static_cast<const float*>(src), n);
+  } else {
+    accumulate_kernel<<<grid, kThreads, 0, stream_>>>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src),
+                                                      n);
+  }
+  SHARDGPT_CUDA_CHECK_LAUNCH("accumulate_kernel");
+}
+
+// Block partials in double (the grid depends only on n), added on the host in block order.
+double CudaKernels::sum_squares(const void* x, DType dtype, size_t n) const {
+  if (n == 0) return 0.0;
+  Bind();
+  const unsigned blocks = std::min<unsigned>(GridFor(n, kThreads), 1024);
+  double* partial = static_cast<double*>(Scratch(sizeof(double) * blocks));
+  if (dtype == DType::kF32) {
+    sum_squares_kernel<<<blocks, kThreads, 0, stream_>>>(partial, static_cast<const float*>(x), n);
+  } else {
+    sum_squares_kernel<<<blocks, kThreads, 0, stream_>>>(partial, static_cast<const uint16_t*>(x), n);
+  }
+  SHARDGPT_CUDA_CHECK_LAUNCH("sum_squares_kernel");
+  host_doubles_.resize(blocks);
+  SHARDGPT_CUDA_CHECK(
+      cudaMemcpyAsync(host_doubles_.data(), partial, sizeof(double) * blocks, cudaMemcpyDeviceToHost, stream_));
+  SHARDGPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  double total = 0.0;
+  for (unsigned b = 0; b < blocks; b++) total += host_doubles_[b];
+  return total;
+}
+
+void CudaKernels::adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
+                        const AdamWConfig& cfg, int64_t t, float grad_scale) const {
+  if (n == 0) return;
+  Bind();
+  const float b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps;
+  // exactly as in adamw_update (model/optimizer.cc)
+  const float c1 = 1.0f / (1.0f - std::pow(b1, static_cast<float>(t)));
+  const float c2 = 1.0f / (1.0f - std::pow(b2, static_cast<float>(t)));
+  adamw_kernel<<<GridFor(n, kThreads), kThreads, 0, stream_>>>(param, grad, m, v, n, lr, weight_decay, b1, b2, eps,
+                                                               c1, c2, grad_scale);
+  SHARDGPT_CUDA_CHECK_LAUNCH("adamw_kernel");
+}
+
+}  // namespace shardgpt

@@ -1,0 +1,150 @@
+// CudaKernels: the Kernels interface (model/kernels.h) on one GPU. Internal to model/cuda/:
+// included only by the .cu files (it needs the CUDA headers).
+//
+// Files: kernels_cuda.cu   encoder, layernorm, gelu, residual, crossentropy, engine kernels
+//        matmul_cuda.cu    matmuls through cuBLASLt, bias gradient
+//        attention_cuda.cu flash-style causal attention, forward and backward
+// Each kernel's maths and shapes are those of its CPU twin (model/kernels_cpu.h, same name);
+// the comment above each kernel names the twin and restates the maths.
+//
+// DETERMINISM: every kernel is bitwise reproducible run to run on the same GPU and build. No
+// floating-point atomics anywhere; every sum is taken by one thread in a fixed order, or by a
+// fixed reduction tree (warp butterflies, per-block partials added in block order) whose shape
+// depends only on the problem size. Host-returned sums (losses, sum of squares) are finished
+// on the host in double, in row / block order. Matmuls reuse the cached cuBLASLt algorithm for
+// their shape, and cuBLAS is deterministic for a fixed algorithm.
+//
+// Streams: every kernel runs on the device's compute stream; kernels returning a host value
+// (crossentropy_softmax, sum_squares) and encoder_backward (it reads the tokens) wait for it.
+// Thread contract: one caller thread (the training thread), as for every Kernels.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "base/status.h"
+#include "model/kernels.h"
+
+namespace shardgpt {
+namespace cuda {
+
+// Throws std::runtime_error("CUDA: <call>: <error string> (<error name>)"), <call> being the
+// function's name. For failures that have no error path (inside a kernel call).
+[[noreturn]] void ThrowCudaError(const char* call, cudaError_t e);
+[[noreturn]] void ThrowCublasError(const char* call, cublasStatus_t s);
+inline void Check(cudaError_t e, const char* call) {
+  if (e != cudaSuccess) ThrowCudaError(call, e);
+}
+inline void CheckCublas(cublasStatus_t s, const char* call) {
+  if (s != CUBLAS_STATUS_SUCCESS) ThrowCublasError(call, s);
+}
+// "<error string> (<error name>, <code>)", e.g. "out of memory (cudaErrorMemoryAllocation, 2)".
+std::string ErrorText(cudaError_t e);
+
+}  // namespace cuda
+
+#define SHARDGPT_CUDA_CHECK(call) ::shardgpt::cuda::Check((call), #call)
+#define SHARDGPT_CUBLAS_CHECK(call) ::shardgpt::cuda::CheckCublas((call), #call)
+// After a <<<...>>> launch: a bad configuration surfaces here, not at the next call.
+#define SHARDGPT_CUDA_CHECK_LAUNCH(kernel_name) ::shardgpt::cuda::Check(cudaGetLastError(), kernel_name)
+
+class CudaKernels final : public Kernels {
+ public:
+  // Uses (does not own) the device's compute stream. Init() before any kernel.
+  CudaKernels(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
+  ~CudaKernels() override;
+  CudaKernels(const CudaKernels&) = delete;
+  CudaKernels& operator=(const CudaKernels&) = delete;
+
+  // Creates the cuBLASLt handle and the matmul workspace; errors are one line.
+  Status Init();
+
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+                       int C) const override;
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                        int C) const override;
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                         int N, int C) const override;
+  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                          const float* mean, const float* rstd, int N, int C) const override;
+  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C,
+                      int OC) const override;
+  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+                       int N, int C, int OC) const override;
+  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) const override;
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                          int B, int T, int C, int NH) const override;
+  void gelu_forward(float* out, const float* inp, size_t n) const override;
+  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override;
+  void residual_forward(float* out, const float* a, const float* b, size_t n) const override;
+  double crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+                              float dloss_scale) const override;
+
+  void convert(const void* src, DType from, void* dst, DType to, size_t n) const override;
+  void accumulate(void* dst, DType dtype, const void* src, DType src_dtype, size_t n) const override;
+  double sum_squares(const void* x, DType dtype, size_t n) const override;
+  void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
+             const AdamWConfig& cfg, int64_t t, float grad_scale) const override;
+
+  // Bytes of the cuBLASLt workspace, allocated once by Init().
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+ private:
+  // ---- matmul_cuda.cu ----
+  // Column-major GEMM on the compute stream, cuBLAS conventions:
+  //   D[m,n] = op(A)[m,k] op(B)[k,n] + beta * D  (+ bias[m] broadcast over columns, if bias)
+  // op(X) = X^T when the flag is set. Row-major callers swap operands (see matmul_forward).
+  void Gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B, int ldb,
+            float* D, int ldd, float beta, const float* bias) const;
+  // One cuBLASLt configuration: descriptors and the heuristic's algorithm, made once per key.
+  struct GemmKey {
+    bool trans_a, trans_b;
+    int m, n, k, lda, ldb, ldd;
+    MatmulPrecision precision;
+    bool bias;           // CUBLASLT_EPILOGUE_BIAS (else CUBLASLT_EPILOGUE_DEFAULT)
+    bool accumulate;     // beta != 0
+    uint32_t alignment;  // of the A, B, D and bias pointers (bytes, power of 2, <= 256)
+    bool operator<(const GemmKey& o) const {
+      return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldd, precision, bias, accumulate, alignment) <
+             std::tie(o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.ldd, o.precision, o.bias, o.accumulate,
+                      o.alignment);
+    }
+  };
+  struct GemmPlan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool found = false;  // false: the heuristic had no algorithm for this key
+  };
+  GemmPlan& Plan(const GemmKey& key, const float* bias) const;
+  // dst[OC] += sum_n X[n, :] over X[N, OC], deterministic (matmul's dbias).
+  void ColumnSums(float* dst, const float* X, int N, int OC) const;
+
+  // ---- kernels_cuda.cu ----
+  // Device scratch shared by all kernels (they run one after another on the compute stream),
+  // grown on demand; the old buffer is freed only after the stream has drained.
+  void* Scratch(size_t bytes) const;
+  // Makes this thread's current device ours (cheap; kernels may be called from any thread).
+  void Bind() const;
+
+  const int device_;
+  const cudaStream_t stream_;
+  cublasLtHandle_t lt_ = nullptr;
+  void* workspace_ = nullptr;
+  mutable std::map<GemmKey, GemmPlan> plans_;
+  mutable void* scratch_ = nullptr;
+  mutable size_t scratch_bytes_ = 0;
+  // Host staging of the encoder's index lists, the losses and the sum-of-squares partials.
+  mutable std::vector<int32_t> host_ints_;
+  mutable std::vector<float> host_floats_;
+  mutable std::vector<double> host_doubles_;
+};
+
+}  // namespace shardgpt

@@ -1,0 +1,572 @@
+// GPU tests of the CUDA backend (model/cuda/): every CUDA kernel against its CPU twin
+// (model/kernels_cpu.h through NewCpuDevice), on identical random inputs, forward and backward;
+// the device's memory, copies, events and staging; out-of-memory errors; bitwise determinism.
+//
+// Without a usable GPU every test that needs one is SKIPPED (GTEST_SKIP, which CTest reports
+// as "Not Run"/skipped through SKIP_REGULAR_EXPRESSION, never as passed). The one test that
+// runs without a GPU checks the error a user gets in that case.
+//
+// Tolerances, all "normwise": max_i |gpu_i - cpu_i| <= tol * max_i |cpu_i| (the error relative
+// to the tensor's largest magnitude, so values that cancel to ~0 do not need a relative bound):
+//   kTolF32  = 1e-5  fp32 kernels and kExact matmuls (TF32 off): both sides sum in fp32 in
+//                    different orders, and the CPU's exp/tanh are 2-ulp polynomials;
+//   kTolBf16 = 1e-2  kBf16 matmuls (tensor cores on bf16-rounded inputs, 8-bit mantissas);
+//   kTolAdam = 1e-6  AdamW, the same float operations in the same order (a few ulp; FMA
+//                    contraction may differ between nvcc and gcc);
+//   sum_squares: 1e-12 relative (double accumulation in different orders).
+// Bitwise equality where both sides do the same single rounding in the same order: encoder
+// (forward and the ordered scatter), convert, accumulate.
+// Backward kernels are called twice on zeroed gradients and compared after each call: the
+// first call checks the maths, the second the accumulation (+=).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/bf16.h"
+#include "model/cuda/cuda_device.h"
+#include "model/device.h"
+#include "model/device_factory.h"
+
+namespace shardgpt {
+namespace {
+
+constexpr double kTolF32 = 1e-5;
+constexpr double kTolBf16 = 1e-2;
+constexpr double kTolAdam = 1e-6;
+
+std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+std::vector<int32_t> RandomTokens(size_t n, int V, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> u(0, V - 1);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+// max |gpu - cpu| <= tol * max |cpu| (see the file comment); reports the first few violations.
+void ExpectNear(const std::vector<float>& gpu, const std::vector<float>& cpu, double tol, const std::string& what) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  double scale = 0;
+  for (float c : cpu) scale = std::max(scale, (double)std::fabs(c));
+  const double bound = tol * scale;
+  double worst = 0;
+  size_t bad = 0;
+  for (size_t i = 0; i < gpu.size(); i++) {
+    const double err = std::fabs((double)gpu[i] - (double)cpu[i]);
+    if (err > worst || std::isnan(err)) worst = err;
+    if (!(err <= bound)) {  // also catches NaN
+      if (++bad <= 5) ADD_FAILURE() << what << "[" << i << "]: gpu " << gpu[i] << " cpu " << cpu[i];
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << gpu.size() << " beyond " << bound << " (tol " << tol
+                     << " x max|cpu| " << scale << "), max abs err " << worst;
+}
+
+template <typename T>
+void ExpectBitwise(const std::vector<T>& a, const std::vector<T>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  size_t bad = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0 && ++bad <= 5)
+      ADD_FAILURE() << what << "[" << i << "]: " << a[i] << " vs " << b[i] << " (bits differ)";
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << a.size() << " elements differ bitwise";
+}
+
+// One tensor on the GPU and on the CPU, filled with the same values.
+template <typename T>
+class Twin {
+ public:
+  Twin(Device& gpu, Device& cpu, const std::vector<T>& init, const std::string& what)
+      : gpu_(&gpu),
+        cpu_(&cpu),
+        n_(init.size()),
+        g_(&gpu, nullptr, MemKind::kParams, init.size() * sizeof(T), what),
+        c_(&cpu, nullptr, MemKind::kParams, init.size() * sizeof(T), what) {
+    Set(init);
+  }
+  Twin(Device& gpu, Device& cpu, size_t n, const std::string& what) : Twin(gpu, cpu, std::vector<T>(n), what) {}
+
+  void Set(const std::vector<T>& v) {
+    gpu_->CopyToDevice(g_.data(), v.data(), n_ * sizeof(T));
+    cpu_->CopyToDevice(c_.data(), v.data(), n_ * sizeof(T));
+  }
+  T* p(bool on_gpu) const { return on_gpu ? g_.as<T>() : c_.as<T>(); }
+  std::vector<T> Gpu() const { return Read(*gpu_, g_); }
+  std::vector<T> Cpu() const { return Read(*cpu_, c_); }
+
+ private:
+  std::vector<T> Read(Device& d, const DeviceBuffer& b) const {
+    std::vector<T> v(n_);
+    d.CopyToHost(v.data(), b.data(), n_ * sizeof(T));
+    return v;
+  }
+  Device* gpu_;
+  Device* cpu_;
+  size_t n_;
+  DeviceBuffer g_, c_;
+};
+
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string error;
+    if (CudaVisibleDeviceCount(&error) == 0) GTEST_SKIP() << "no usable GPU: " << error;
+    auto dev = CreateCudaDevice(0, 1);
+    ASSERT_TRUE(dev.ok()) << dev.status().message();
+    gpu_ = std::move(dev.value());
+    cpu_ = NewCpuDevice(false);
+  }
+  Device& dev(bool on_gpu) { return on_gpu ? *gpu_ : *cpu_; }
+  Kernels& k(bool on_gpu) { return dev(on_gpu).kernels(); }
+  template <typename T>
+  Twin<T> Make(const std::vector<T>& init, const std::string& what) {
+    return Twin<T>(*gpu_, *cpu_, init, what);
+  }
+  Twin<float> Zeros(size_t n, const std::string& what) { return Twin<float>(*gpu_, *cpu_, n, what); }
+
+  std::unique_ptr<Device> gpu_, cpu_;
+};
+
+// ------------------------------------------------------------------------------------------------
+// device
+
+// Runs where there is no GPU (here it is the one test that does): the user-facing error.
+TEST(CudaNoGpu, CreateFailsWithOneLine) {
+  std::string error;
+  if (CudaVisibleDeviceCount(&error) > 0) GTEST_SKIP() << "a GPU is visible; this checks the no-GPU error";
+  EXPECT_FALSE(error.empty());
+  auto dev = CreateCudaDevice(0, 1);
+  ASSERT_FALSE(dev.ok());
+  const std::string& msg = dev.status().message();
+  EXPECT_EQ(msg.rfind("--device cuda: no usable GPU: ", 0), 0u) << msg;
+  EXPECT_NE(msg.find(error), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  auto via_factory = CreateDevice("cuda", 0, 1);
+  ASSERT_FALSE(via_factory.ok());
+  EXPECT_EQ(via_factory.status().message(), msg);
+  EXPECT_TRUE(CudaBackendBuilt());
+}
+
+TEST_F(GpuTest, DeviceBasics) {
+  EXPECT_EQ(gpu_->name().rfind("cuda:0 (", 0), 0u) << gpu_->name();
+  EXPECT_NE(gpu_->name().find(", bus "), std::string::npos) << gpu_->name();
+  EXPECT_TRUE(gpu_->is_cuda());
+  EXPECT_FALSE(gpu_->host_accessible());
+  EXPECT_GT(gpu_->free_bytes(), 0u);
+
+  const size_t n = 100003;
+  DeviceBuffer a(gpu_.get(), nullptr, MemKind::kParams, n * 4, "a"), b(gpu_.get(), nullptr, MemKind::kGrads, n * 4, "b");
+  std::vector<float> host(n, 1.0f);
+  gpu_->CopyToHost(host.data(), a.data(), n * 4);
+  EXPECT_EQ(host, std::vector<float>(n, 0.0f)) << "Allocate zero-fills";
+
+  const auto x = RandomFloats(n, 1);
+  gpu_->CopyToDevice(a.data(), x.data(), n * 4);
+  gpu_->Copy(b.data(), a.data(), n * 4);
+  gpu_->Zero(a.data(), 16);
+  auto event = gpu_->RecordEvent();
+  event->Synchronize();
+  gpu_->Synchronize();
+  std::vector<float> got_b(n), got_a(n);
+  gpu_->CopyToHost(got_b.data(), b.data(), n * 4);
+  gpu_->CopyToHost(got_a.data(), a.data(), n * 4);
+  EXPECT_EQ(got_b, x);
+  EXPECT_EQ(std::vector<float>(got_a.begin(), got_a.begin() + 4), std::vector<float>(4, 0.0f));
+  EXPECT_EQ(std::vector<float>(got_a.begin() + 4, got_a.end()), std::vector<float>(x.begin() + 4, x.end()));
+
+  // Staging from another thread, through pinned memory, after an event.
+  float* pinned = static_cast<float*>(gpu_->AllocateHost(n * 4));
+  ASSERT_NE(pinned, nullptr);
+  auto ready = gpu_->RecordEvent();
+  std::thread comm([&] {
+    ready->Synchronize();
+    gpu_->StageToHost(pinned, b.data(), n * 4);
+    for (size_t i = 0; i < n; i++) pinned[i] *= 2.0f;
+    gpu_->StageToDevice(a.data(), pinned, n * 4);
+  });
+  comm.join();
+  gpu_->CopyToHost(got_a.data(), a.data(), n * 4);
+  for (size_t i = 0; i < n; i++) ASSERT_EQ(got_a[i], 2.0f * x[i]) << i;
+  gpu_->FreeHost(pinned);
+}
+
+TEST_F(GpuTest, OutOfMemoryNamesTheBuffer) {
+  try {
+    void* p = gpu_->Allocate(size_t{1} << 60, "absurd test buffer");
+    gpu_->Free(p);
+    FAIL() << "allocating 2^60 bytes succeeded";
+  } catch (const DeviceOutOfMemory& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("absurd test buffer"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::to_string(size_t{1} << 60)), std::string::npos) << msg;
+    EXPECT_NE(msg.find("free"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("--zero-stage"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("--micro-batch"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+  // The device still works afterwards.
+  DeviceBuffer ok(gpu_.get(), nullptr, MemKind::kParams, 1024, "after oom");
+  gpu_->Synchronize();
+}
+
+// ------------------------------------------------------------------------------------------------
+// model kernels
+
+TEST_F(GpuTest, Encoder) {
+  const int B = 3, T = 64, C = 96, V = 50;
+  auto tok = RandomTokens((size_t)B * T, V, 2);
+  for (int t = 0; t < 8; t++) tok[t] = tok[T + t] = 7;  // plenty of repeats
+  auto tokens = Make(tok, "tokens");
+  auto wte = Make(RandomFloats((size_t)V * C, 3), "wte");
+  auto wpe = Make(RandomFloats((size_t)T * C, 4), "wpe");
+  auto out = Zeros((size_t)B * T * C, "out");
+  for (bool g : {true, false}) k(g).encoder_forward(out.p(g), tokens.p(g), wte.p(g), wpe.p(g), B, T, C);
+  ExpectBitwise(out.Gpu(), out.Cpu(), "encoder out");
+
+  auto dout = Make(RandomFloats((size_t)B * T * C, 5), "dout");
+  auto dwte = Zeros((size_t)V * C, "dwte");
+  auto dwpe = Zeros((size_t)T * C, "dwpe");
+  for (int call = 1; call <= 2; call++) {
+    for (bool g : {true, false}) k(g).encoder_backward(dwte.p(g), dwpe.p(g), dout.p(g), tokens.p(g), B, T, C);
+    // Same additions in the same order as the CPU twin: bitwise equal.
+    ExpectBitwise(dwte.Gpu(), dwte.Cpu(), "encoder dwte, call " + std::to_string(call));
+    ExpectBitwise(dwpe.Gpu(), dwpe.Cpu(), "encoder dwpe, call " + std::to_string(call));
+  }
+}
+
+TEST_F(GpuTest, Layernorm) {
+  for (auto [N, C] : {std::pair{70, 96}, std::pair{600, 768}}) {
+    SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C));
+    auto inp = Make(RandomFloats((size_t)N * C, 10, -2.0f, 3.0f), "inp");
+    auto w = Make(RandomFloats(C, 11), "w");
+    auto b = Make(RandomFloats(C, 12), "b");
+    auto out = Zeros((size_t)N * C, "out"), mean = Zeros(N, "mean"), rstd = Zeros(N, "rstd");
+    for (bool g : {true, false}) k(g).layernorm_forward(out.p(g), mean.p(g), rstd.p(g), inp.p(g), w.p(g), b.p(g), N, C);
+    ExpectNear(out.Gpu(), out.Cpu(), kTolF32, "layernorm out");
+    ExpectNear(mean.Gpu(), mean.Cpu(), kTolF32, "layernorm mean");
+    ExpectNear(rstd.Gpu(), rstd.Cpu(), kTolF32, "layernorm rstd");
+
+    auto dout = Make(RandomFloats((size_t)N * C, 13), "dout");
+    auto dinp = Zeros((size_t)N * C, "dinp"), dw = Zeros(C, "dw"), db = Zeros(C, "db");
+    for (int call = 1; call <= 2; call++) {
+      for (bool g : {true, false})
+        k(g).layernorm_backward(dinp.p(g), dw.p(g), db.p(g), dout.p(g), inp.p(g), w.p(g), mean.p(g), rstd.p(g), N, C);
+      const std::string c = ", call " + std::to_string(call);
+      ExpectNear(dinp.Gpu(), dinp.Cpu(), kTolF32, "layernorm dinp" + c);
+      ExpectNear(dw.Gpu(), dw.Cpu(), kTolF32, "layernorm dw" + c);
+      ExpectNear(db.Gpu(), db.Cpu(), kTolF32, "layernorm db" + c);
+    }
+  }
+}
+
+struct MatmulCase {
+  int N, C, OC;
+  bool bias, dinp;
+  int offset;  // floats added to every pointer: 0 (256-byte aligned) or 1 (4-byte aligned)
+};
+
+void RunMatmul(Device& gpu, Device& cpu, const MatmulCase& mc, MatmulPrecision precision, double tol) {
+  const int N = mc.N, C = mc.C, OC = mc.OC, o = mc.offset;
+  SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C) + " OC=" + std::to_string(OC) +
+               (mc.bias ? " bias" : " no bias") + (mc.dinp ? "" : " no dinp") + " offset " + std::to_string(o));
+  auto make = [&](std::vector<float> v, const char* what) {
+    v.insert(v.begin(), o, 0.0f);
+    return Twin<float>(gpu, cpu, v, what);
+  };
+  auto inp = make(RandomFloats((size_t)N * C, 20), "inp");
+  auto w = make(RandomFloats((size_t)OC * C, 21), "w");
+  auto bias = make(RandomFloats(OC, 22), "bias");
+  auto out = make(std::vector<float>((size_t)N * OC), "out");
+  gpu.kernels().set_matmul_precision(precision);
+  auto kern = [&](bool g) -> Kernels& { return (g ? gpu : cpu).kernels(); };
+  for (bool g : {true, false})
+    kern(g).matmul_forward(out.p(g) + o, inp.p(g) + o, w.p(g) + o, mc.bias ? bias.p(g) + o : nullptr, N, C, OC);
+  ExpectNear(out.Gpu(), out.Cpu(), tol, "matmul out");
+
+  auto dout = make(RandomFloats((size_t)N * OC, 23), "dout");
+  auto dinp = make(std::vector<float>((size_t)N * C), "dinp");
+  auto dw = make(std::vector<float>((size_t)OC * C), "dw");
+  auto dbias = make(std::vector<float>(OC), "dbias");
+  for (int call = 1; call <= 2; call++) {
+    for (bool g : {true, false})
+      kern(g).matmul_backward(mc.dinp ? dinp.p(g) + o : nullptr, dw.p(g) + o, mc.bias ? dbias.p(g) + o : nullptr,
+                              dout.p(g) + o, inp.p(g) + o, w.p(g) + o, N, C, OC);
+    const std::string c = ", call " + std::to_string(call);
+    ExpectNear(dinp.Gpu(), dinp.Cpu(), tol, "matmul dinp" + c);
+    ExpectNear(dw.Gpu(), dw.Cpu(), tol, "matmul dw" + c);
+    ExpectNear(dbias.Gpu(), dbias.Cpu(), kTolF32, "matmul dbias" + c);  // our fp32 column sums
+  }
+  if (!mc.dinp) {
+    EXPECT_EQ(dinp.Gpu(), std::vector<float>((size_t)N * C + o, 0.0f)) << "dinp == null: untouched";
+  }
+  gpu.kernels().set_matmul_precision(MatmulPrecision::kExact);
+}
+
+const MatmulCase kMatmulCases[] = {
+    {64, 96, 128, true, true, 0},   {33, 75, 50, true, true, 0},    {128, 256, 384, false, true, 0},
+    {96, 64, 200, true, false, 0},  {40, 48, 72, true, true, 1},    {300, 768, 2304, true, true, 0},
+};
+
+TEST_F(GpuTest, MatmulExact) {
+  for (const auto& mc : kMatmulCases) RunMatmul(*gpu_, *cpu_, mc, MatmulPrecision::kExact, kTolF32);
+}
+
+TEST_F(GpuTest, MatmulBf16) {
+  for (const auto& mc : kMatmulCases) RunMatmul(*gpu_, *cpu_, mc, MatmulPrecision::kBf16, kTolBf16);
+}
+
+TEST_F(GpuTest, Attention) {
+  struct Case {
+    int B, T, NH, hs;
+  };
+  // T multiple of the 32-row tile and not; hs 32, 48 (dims per lane with a remainder), 64, 128.
+  for (const Case& a : {Case{2, 64, 4, 32}, Case{2, 100, 4, 64}, Case{1, 256, 4, 64}, Case{1, 80, 4, 48},
+                        Case{1, 96, 4, 128}}) {
+    const int B = a.B, T = a.T, NH = a.NH, C = NH * a.hs;
+    SCOPED_TRACE("B=" + std::to_string(B) + " T=" + std::to_string(T) + " NH=" + std::to_string(NH) +
+                 " hs=" + std::to_string(a.hs));
+    auto qkv = Make(RandomFloats((size_t)B * T * 3 * C, 30, -1.5f, 1.5f), "qkv");
+    auto out = Zeros((size_t)B * T * C, "out"), lse = Zeros((size_t)B * NH * T, "lse");
+    for (bool g : {true, false}) k(g).attention_forward(out.p(g), lse.p(g), qkv.p(g), B, T, C, NH);
+    ExpectNear(out.Gpu(), out.Cpu(), kTolF32, "attention out");
+    ExpectNear(lse.Gpu(), lse.Cpu(), kTolF32, "attention lse");
+
+    auto dout = Make(RandomFloats((size_t)B * T * C, 31), "dout");
+    auto dqkv = Zeros((size_t)B * T * 3 * C, "dqkv");
+    for (int call = 1; call <= 2; call++) {
+      // Both backward passes read the CPU's forward results, so only the backward is compared.
+      out.Set(out.Cpu());
+      lse.Set(lse.Cpu());
+      for (bool g : {true, false})
+        k(g).attention_backward(dqkv.p(g), dout.p(g), qkv.p(g), out.p(g), lse.p(g), B, T, C, NH);
+      ExpectNear(dqkv.Gpu(), dqkv.Cpu(), kTolF32, "attention dqkv, call " + std::to_string(call));
+    }
+  }
+}
+
+TEST_F(GpuTest, GeluAndResidual) {
+  const size_t n = 100003;
+  auto x = Make(RandomFloats(n, 40, -5.0f, 5.0f), "x");
+  auto y = Make(RandomFloats(n, 41), "y");
+  auto out = Zeros(n, "out");
+  for (bool g : {true, false}) k(g).gelu_forward(out.p(g), x.p(g), n);
+  ExpectNear(out.Gpu(), out.Cpu(), kTolF32, "gelu out");
+  auto dinp = Zeros(n, "dinp");
+  for (int call = 1; call <= 2; call++) {
+    for (bool g : {true, false}) k(g).gelu_backward(dinp.p(g), x.p(g), y.p(g), n);
+    ExpectNear(dinp.Gpu(), dinp.Cpu(), kTolF32, "gelu dinp, call " + std::to_string(call));
+  }
+  for (bool g : {true, false}) k(g).residual_forward(out.p(g), x.p(g), y.p(g), n);
+  ExpectBitwise(out.Gpu(), out.Cpu(), "residual out");
+}
+
+TEST_F(GpuTest, CrossEntropy) {
+  const int N = 48, V = 300, Vp = 384;
+  auto logits_init = RandomFloats((size_t)N * Vp, 50, -4.0f, 4.0f);
+  for (int n = 0; n < N; n++)
+    for (int v = V; v < Vp; v++) logits_init[(size_t)n * Vp + v] = 1000.0f;  // padding: must be ignored
+  auto targets = Make(RandomTokens(N, V, 51), "targets");
+  auto losses = Zeros(N, "losses");
+  for (float scale : {0.0f, 1.0f / N}) {
+    SCOPED_TRACE("dloss_scale " + std::to_string(scale));
+    auto logits = Make(logits_init, "logits");
+    double total[2];
+    for (bool g : {true, false})
+      total[g] = k(g).crossentropy_softmax(logits.p(g), losses.p(g), targets.p(g), N, V, Vp, scale);
+    EXPECT_NEAR(total[1], total[0], 1e-5 * std::fabs(total[0])) << "sum of losses";
+    ExpectNear(losses.Gpu(), losses.Cpu(), kTolF32, "losses");
+    double sum = 0;
+    for (float l : losses.Gpu()) sum += l;
+    EXPECT_EQ(sum, total[1]) << "the returned sum is the row-order double sum of the losses";
+    const auto got = logits.Gpu();
+    if (scale == 0.0f) {
+      ExpectBitwise(got, logits_init, "logits untouched when dloss_scale == 0");
+    } else {
+      ExpectNear(got, logits.Cpu(), kTolF32, "dlogits");
+      for (int n = 0; n < N; n++)
+        for (int v = V; v < Vp; v++) ASSERT_EQ(got[(size_t)n * Vp + v], 0.0f) << "padded column " << n << "," << v;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// engine kernels
+
+uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float FromBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+TEST_F(GpuTest, ConvertIsBitwiseLikeTheCpu) {
+  std::vector<float> x = RandomFloats(10000, 60, -100.0f, 100.0f);
+  for (uint32_t u : {0x00000000u, 0x80000000u, 0x3f800000u, 0x3f808000u /* tie, even */, 0x3f818000u /* tie, odd */,
+                     0x3f808001u, 0x7f7fffffu /* max: rounds to inf */, 0x00000001u, 0x00400000u /* denormals */,
+                     0x807fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7fc00001u, 0xffa00000u /* signalling */,
+                     0x7f800001u /* payload only in the low bits */})
+    x.push_back(FromBits(u));
+  auto f32 = Make(x, "f32");
+  auto bf = Twin<uint16_t>(*gpu_, *cpu_, x.size(), "bf16");
+  for (bool g : {true, false}) k(g).convert(f32.p(g), DType::kF32, bf.p(g), DType::kBF16, x.size());
+  ExpectBitwise(bf.Gpu(), bf.Cpu(), "f32 -> bf16");
+  auto back = Zeros(x.size(), "back");
+  for (bool g : {true, false}) k(g).convert(bf.p(g), DType::kBF16, back.p(g), DType::kF32, x.size());
+  const auto gb = back.Gpu(), cb = back.Cpu();
+  ASSERT_EQ(gb.size(), cb.size());
+  for (size_t i = 0; i < gb.size(); i++) ASSERT_EQ(Bits(gb[i]), Bits(cb[i])) << "bf16 -> f32 [" << i << "]";
+  auto copy = Zeros(x.size(), "copy");
+  k(true).convert(f32.p(true), DType::kF32, copy.p(true), DType::kF32, x.size());
+  for (size_t i = 0; i < x.size(); i++) ASSERT_EQ(Bits(copy.Gpu()[i]), Bits(x[i])) << "f32 -> f32 copy";
+}
+
+TEST_F(GpuTest, AccumulateIsBitwiseLikeTheCpu) {
+  const size_t n = 50001;
+  const auto a = RandomFloats(n, 70, -3.0f, 3.0f), b = RandomFloats(n, 71, -3.0f, 3.0f);
+  std::vector<uint16_t> ab(n), bb(n);
+  FloatToBf16(a.data(), ab.data(), n);
+  FloatToBf16(b.data(), bb.data(), n);
+  for (DType dst_t : {DType::kF32, DType::kBF16}) {
+    for (DType src_t : {DType::kF32, DType::kBF16}) {
+      const std::string what = std::string("accumulate ") + DTypeName(dst_t) + " += " + DTypeName(src_t);
+      auto df = Make(a, "dst f32");
+      auto db = Twin<uint16_t>(*gpu_, *cpu_, ab, "dst bf16");
+      auto sf = Make(b, "src f32");
+      auto sb = Twin<uint16_t>(*gpu_, *cpu_, bb, "src bf16");
+      for (int call = 0; call < 2; call++) {
+        for (bool g : {true, false}) {
+          void* dst = dst_t == DType::kF32 ? (void*)df.p(g) : (void*)db.p(g);
+          const void* src = src_t == DType::kF32 ? (const void*)sf.p(g) : (const void*)sb.p(g);
+          k(g).accumulate(dst, dst_t, src, src_t, n);
+        }
+      }
+      if (dst_t == DType::kF32) {
+        ExpectBitwise(df.Gpu(), df.Cpu(), what);
+      } else {
+        ExpectBitwise(db.Gpu(), db.Cpu(), what);
+      }
+    }
+  }
+}
+
+TEST_F(GpuTest, SumSquares) {
+  for (size_t n : {size_t{1}, size_t{1000}, size_t{3000017}}) {
+    const auto x = RandomFloats(n, 80, -2.0f, 2.0f);
+    std::vector<uint16_t> xb(n);
+    FloatToBf16(x.data(), xb.data(), n);
+    auto f = Make(x, "x f32");
+    auto b = Twin<uint16_t>(*gpu_, *cpu_, xb, "x bf16");
+    const double gf = k(true).sum_squares(f.p(true), DType::kF32, n);
+    const double cf = k(false).sum_squares(f.p(false), DType::kF32, n);
+    const double gb = k(true).sum_squares(b.p(true), DType::kBF16, n);
+    const double cb = k(false).sum_squares(b.p(false), DType::kBF16, n);
+    EXPECT_NEAR(gf, cf, 1e-12 * cf) << "f32, n " << n;
+    EXPECT_NEAR(gb, cb, 1e-12 * cb) << "bf16, n " << n;
+    EXPECT_EQ(k(true).sum_squares(f.p(true), DType::kF32, n), gf) << "deterministic";
+  }
+}
+
+TEST_F(GpuTest, AdamW) {
+  const size_t n = 100003;
+  auto param = Make(RandomFloats(n, 90), "param");
+  auto grad = Make(RandomFloats(n, 91, -0.1f, 0.1f), "grad");
+  auto m = Make(RandomFloats(n, 92, -0.01f, 0.01f), "m");
+  auto v = Make(RandomFloats(n, 93, 0.0f, 1e-4f), "v");
+  AdamWConfig cfg;
+  for (int64_t t = 1; t <= 3; t++) {
+    for (bool g : {true, false}) k(g).adamw(param.p(g), grad.p(g), m.p(g), v.p(g), n, 6e-4f, 0.1f, cfg, t, 0.7f);
+    const std::string c = ", step " + std::to_string(t);
+    ExpectNear(param.Gpu(), param.Cpu(), kTolAdam, "adamw param" + c);
+    ExpectNear(m.Gpu(), m.Cpu(), kTolAdam, "adamw m" + c);
+    ExpectNear(v.Gpu(), v.Cpu(), kTolAdam, "adamw v" + c);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// determinism: the same call on the same inputs twice gives the same bits
+
+TEST_F(GpuTest, BackwardIsBitwiseReproducible) {
+  Device& d = *gpu_;
+  Kernels& kg = d.kernels();
+  const int B = 2, T = 256, NH = 4, C = 256, V = 1000, Vp = 1024, N = B * T;
+  auto upload = [&](const std::vector<float>& v, const char* what) {
+    DeviceBuffer b(&d, nullptr, MemKind::kParams, v.size() * 4, what);
+    d.CopyToDevice(b.data(), v.data(), v.size() * 4);
+    return b;
+  };
+  auto read = [&](const DeviceBuffer& b) {
+    std::vector<float> v(b.bytes() / 4);
+    d.CopyToHost(v.data(), b.data(), b.bytes());
+    return v;
+  };
+  auto qkv = upload(RandomFloats((size_t)N * 3 * C, 100), "qkv");
+  auto x = upload(RandomFloats((size_t)N * C, 101), "x");
+  auto dout = upload(RandomFloats((size_t)N * C, 102), "dout");
+  auto w = upload(RandomFloats((size_t)C * C, 103), "w");
+  auto lnw = upload(RandomFloats(C, 104), "lnw");
+  auto logits0 = RandomFloats((size_t)N * Vp, 105, -3.0f, 3.0f);
+  auto tok = RandomTokens(N, 20, 106);  // many repeats
+  DeviceBuffer tokens(&d, nullptr, MemKind::kParams, N * 4, "tokens");
+  d.CopyToDevice(tokens.data(), tok.data(), N * 4);
+  DeviceBuffer out(&d, nullptr, MemKind::kParams, (size_t)N * C * 4, "out");
+  DeviceBuffer lse(&d, nullptr, MemKind::kParams, (size_t)B * NH * T * 4, "lse");
+  DeviceBuffer lnout(&d, nullptr, MemKind::kParams, (size_t)N * C * 4, "lnout");
+  DeviceBuffer mean(&d, nullptr, MemKind::kParams, N * 4, "mean"), rstd(&d, nullptr, MemKind::kParams, N * 4, "rstd");
+  kg.attention_forward(out.as<float>(), lse.as<float>(), qkv.as<float>(), B, T, C, NH);
+  kg.layernorm_forward(lnout.as<float>(), mean.as<float>(), rstd.as<float>(), x.as<float>(), lnw.as<float>(),
+                       lnw.as<float>(), N, C);
+
+  std::vector<std::vector<float>> runs[2];
+  double loss[2];
+  for (int run = 0; run < 2; run++) {
+    DeviceBuffer dqkv(&d, nullptr, MemKind::kGrads, (size_t)N * 3 * C * 4, "dqkv");
+    DeviceBuffer dx(&d, nullptr, MemKind::kGrads, (size_t)N * C * 4, "dx");
+    DeviceBuffer dw(&d, nullptr, MemKind::kGrads, (size_t)C * C * 4, "dw");
+    DeviceBuffer db(&d, nullptr, MemKind::kGrads, C * 4, "db");
+    DeviceBuffer dlnw(&d, nullptr, MemKind::kGrads, C * 4, "dlnw"), dlnb(&d, nullptr, MemKind::kGrads, C * 4, "dlnb");
+    DeviceBuffer dwte(&d, nullptr, MemKind::kGrads, (size_t)20 * C * 4, "dwte");
+    DeviceBuffer dwpe(&d, nullptr, MemKind::kGrads, (size_t)T * C * 4, "dwpe");
+    DeviceBuffer logits = upload(logits0, "logits");
+    DeviceBuffer losses(&d, nullptr, MemKind::kParams, N * 4, "losses");
+    kg.attention_backward(dqkv.as<float>(), dout.as<float>(), qkv.as<float>(), out.as<float>(), lse.as<float>(), B,
+                          T, C, NH);
+    kg.layernorm_backward(dx.as<float>(), dlnw.as<float>(), dlnb.as<float>(), dout.as<float>(), x.as<float>(),
+                          lnw.as<float>(), mean.as<float>(), rstd.as<float>(), N, C);
+    for (MatmulPrecision p : {MatmulPrecision::kExact, MatmulPrecision::kBf16}) {
+      kg.set_matmul_precision(p);
+      kg.matmul_backward(dx.as<float>(), dw.as<float>(), db.as<float>(), dout.as<float>(), x.as<float>(),
+                         w.as<float>(), N, C, C);
+    }
+    kg.set_matmul_precision(MatmulPrecision::kExact);
+    kg.encoder_backward(dwte.as<float>(), dwpe.as<float>(), dout.as<float>(), tokens.as<int32_t>(), B, T, C);
+    loss[run] = kg.crossentropy_softmax(logits.as<float>(), losses.as<float>(), tokens.as<int32_t>(), N, V, Vp,
+                                        1.0f / N);
+    for (const DeviceBuffer* b : {&dqkv, &dx, &dw, &db, &dlnw, &dlnb, &dwte, &dwpe, &logits})
+      runs[run].push_back(read(*b));
+  }
+  const char* names[] = {"dqkv", "dx", "dw", "dbias", "dlnw", "dlnb", "dwte", "dwpe", "dlogits"};
+  for (size_t i = 0; i < runs[0].size(); i++) ExpectBitwise(runs[0][i], runs[1][i], names[i]);
+  EXPECT_EQ(loss[0], loss[1]);
+}
+
+}  // namespace
+}  // namespace shardgpt
