@@ -1,0 +1,289 @@
+// NcclCommunicator (see the header): NCCL collectives on a communication stream, events against
+// the compute stream, MPI for bootstrap and control, a watchdog against hangs.
+#include "parallel/nccl/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "model/cuda/cuda_device.h"
+#include "parallel/mpi_communicator.h"
+
+namespace shardgpt {
+
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string NcclText(ncclResult_t r) { return std::string(ncclGetErrorString(r)) + " (" + std::to_string(r) + ")"; }
+
+ncclDataType_t NcclType(DType d) { return d == DType::kF32 ? ncclFloat32 : ncclBfloat16; }
+ncclRedOp_t NcclOp(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclAvg; }
+
+// Ends the process: the one error line, then exit status 1 (mpirun/srun end the other ranks).
+[[noreturn]] void Fatal(int rank, const std::string& what) {
+  std::fprintf(stderr, "shardgpt: error: rank %d: NCCL: %s\n", rank, what.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+// A collective in flight: the event recorded after it on the communication stream.
+class NcclWork final : public Work {
+ public:
+  NcclWork(cudaEvent_t done, cudaStream_t compute) : done_(done), compute_(compute) {}
+  ~NcclWork() override { cudaEventDestroy(done_); }
+  void Wait() override {
+    if (!waited_) cudaEventSynchronize(done_);
+    waited_ = true;
+  }
+  void WaitStream() override { cudaStreamWaitEvent(compute_, done_, 0); }
+  bool IsCompleted() override {
+    if (waited_) return true;
+    waited_ = cudaEventQuery(done_) == cudaSuccess;
+    return waited_;
+  }
+
+ private:
+  cudaEvent_t done_;
+  cudaStream_t compute_;
+  bool waited_ = false;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(std::unique_ptr<MpiCommunicator> control, ncclComm_t nccl, int device, cudaStream_t compute,
+                   cudaStream_t comm_stream, double timeout_s)
+      : control_(std::move(control)),
+        nccl_(nccl),
+        device_(device),
+        compute_(compute),
+        stream_(comm_stream),
+        timeout_s_(timeout_s),
+        rank_(control_->rank()),
+        world_(control_->world_size()) {
+    watchdog_ = std::thread([this] { Watch(); });
+  }
+  ~NcclCommunicator() override {
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(stream_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    watchdog_.join();
+    for (const InFlight& f : inflight_) cudaEventDestroy(f.done);
+    ncclCommDestroy(nccl_);
+    cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+
+  std::shared_ptr<Work> AllReduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
+    ledger_.Add(CollKind::kAllReduce, CommLedger::RingBytes(CollKind::kAllReduce, count, dtype, world_));
+    return Launch("ncclAllReduce", [&] { return ncclAllReduce(buf, buf, count, NcclType(dtype), NcclOp(op), nccl_, stream_); });
+  }
+  std::shared_ptr<Work> ReduceScatter(const void* send, void* recv, size_t recv_count, DType dtype,
+                                      ReduceOp op) override {
+    ledger_.Add(CollKind::kReduceScatter, CommLedger::RingBytes(CollKind::kReduceScatter, recv_count, dtype, world_));
+    // NCCL allows recv to be rank r's block of send (in place); any other overlap is refused,
+    // as by MpiCommunicator.
+    return Launch("ncclReduceScatter", [&] {
+      return ncclReduceScatter(send, recv, recv_count, NcclType(dtype), NcclOp(op), nccl_, stream_);
+    });
+  }
+  std::shared_ptr<Work> AllGather(const void* send, void* recv, size_t send_count, DType dtype) override {
+    ledger_.Add(CollKind::kAllGather, CommLedger::RingBytes(CollKind::kAllGather, send_count, dtype, world_));
+    return Launch("ncclAllGather", [&] { return ncclAllGather(send, recv, send_count, NcclType(dtype), nccl_, stream_); });
+  }
+  std::shared_ptr<Work> Broadcast(void* buf, size_t count, DType dtype, int root) override {
+    if (root < 0 || root >= world_)
+      return std::make_shared<CompletedWork>(Status::InvalidArgument("Broadcast: root out of range"));
+    ledger_.Add(CollKind::kBroadcast, CommLedger::RingBytes(CollKind::kBroadcast, count, dtype, world_));
+    return Launch("ncclBroadcast", [&] { return ncclBroadcast(buf, buf, count, NcclType(dtype), root, nccl_, stream_); });
+  }
+
+  // Control plane on MPI, after every collective queued before it (stream order).
+  Status Barrier() override {
+    Drain();
+    return control_->Barrier();
+  }
+  bool AllTrue(bool local) override {
+    Drain();
+    return control_->AllTrue(local);
+  }
+  double AllReduceScalar(double value, ReduceOp op) override {
+    Drain();
+    return control_->AllReduceScalar(value, op);
+  }
+  Status ControlAllGather(const void* send, void* recv, size_t bytes) override {
+    return control_->ControlAllGather(send, recv, bytes);
+  }
+  Status ControlBroadcast(void* buf, size_t bytes, int root) override {
+    return control_->ControlBroadcast(buf, bytes, root);
+  }
+  CommLedger& ledger() override { return ledger_; }
+
+ private:
+  // Waits (host) for the communication stream; the watchdog guards against a hang.
+  void Drain() {
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(stream_);
+  }
+
+  // Orders the collective after the compute stream's work so far, issues it, records its
+  // completion event and hands the event to the watchdog.
+  template <typename Issue>
+  std::shared_ptr<Work> Launch(const char* name, Issue issue) {
+    cudaSetDevice(device_);
+    cudaEvent_t ready = nullptr, done = nullptr;
+    if (cudaEventCreateWithFlags(&ready, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess)
+      Fatal(rank_, std::string(name) + ": cannot create a CUDA event: " + cudaGetErrorString(cudaGetLastError()));
+    cudaEventRecord(ready, compute_);
+    cudaStreamWaitEvent(stream_, ready, 0);
+    cudaEventDestroy(ready);  // destruction is deferred until the wait has been satisfied
+    ncclResult_t r = issue();
+    // non-blocking communicator: the call may still be in progress; wait for it to be enqueued
+    const double t0 = Now();
+    while (r == ncclInProgress) {
+      if (Now() - t0 > timeout_s_) Abort(std::string(name) + " was not enqueued within the timeout");
+      ncclCommGetAsyncError(nccl_, &r);
+    }
+    if (r != ncclSuccess) Abort(std::string(name) + " failed: " + NcclText(r) + ": " + ncclGetLastError(nccl_));
+    cudaEventRecord(done, stream_);
+    cudaEvent_t watch = nullptr;  // the watchdog's own event: the Work's may die before it is queried
+    cudaEventCreateWithFlags(&watch, cudaEventDisableTiming);
+    cudaEventRecord(watch, stream_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      inflight_.push_back(InFlight{watch, Now(), name});
+    }
+    cv_.notify_all();
+    return std::make_shared<NcclWork>(done, compute_);
+  }
+
+  [[noreturn]] void Abort(const std::string& why) {
+    ncclCommAbort(nccl_);
+    Fatal(rank_, why);
+  }
+
+  // The watchdog: every 100 ms, retire completed collectives and check the oldest's age and
+  // NCCL's asynchronous error.
+  void Watch() {
+    cudaSetDevice(device_);
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      cv_.wait_for(lock, std::chrono::milliseconds(100));
+      while (!inflight_.empty() && cudaEventQuery(inflight_.front().done) == cudaSuccess) {
+        cudaEventDestroy(inflight_.front().done);
+        inflight_.pop_front();
+      }
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(nccl_, &async);
+      if (async != ncclSuccess && async != ncclInProgress)
+        Abort("asynchronous error: " + NcclText(async) + ": " + ncclGetLastError(nccl_) +
+              " (another rank or its GPU probably failed)");
+      if (!inflight_.empty() && Now() - inflight_.front().since > timeout_s_) {
+        char buf[160];
+        std::snprintf(buf, sizeof(buf), "%s did not complete within --comm-timeout %.0f s", inflight_.front().name,
+                      timeout_s_);
+        Abort(std::string(buf) + " (another rank probably died or hangs); aborting the communicator");
+      }
+    }
+  }
+
+  struct InFlight {
+    cudaEvent_t done;  // owned by the watchdog
+    double since;
+    const char* name;
+  };
+
+  std::unique_ptr<MpiCommunicator> control_;
+  ncclComm_t nccl_;
+  const int device_;
+  cudaStream_t compute_, stream_;
+  const double timeout_s_;
+  const int rank_, world_;
+  CommLedger ledger_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<InFlight> inflight_;  // guarded by mu_
+  bool stop_ = false;              // guarded by mu_
+  std::thread watchdog_;
+};
+
+}  // namespace
+
+std::string NcclVersionString() {
+  int v = 0;
+  ncclGetVersion(&v);
+  return "NCCL " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
+StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(MPI_Comm comm, Device& device,
+                                                               const NcclOptions& options) {
+  auto control_or = MpiCommunicator::Create(comm, nullptr);
+  if (!control_or.ok()) return control_or.status();
+  std::unique_ptr<MpiCommunicator> control = std::move(control_or.value());
+  const int rank = control->rank(), world = control->world_size();
+  const int ordinal = CudaDeviceOrdinal(device);
+  Status st = ordinal < 0 ? Status::InvalidArgument("--comm nccl needs --device cuda") : Status::OK();
+  if (st.ok() && options.local_size > options.visible_gpus)
+    st = Status::InvalidArgument("--comm nccl: " + std::to_string(options.local_size) + " ranks on this node but " +
+                                 std::to_string(options.visible_gpus) +
+                                 " visible GPU(s); NCCL needs one GPU per rank (start one rank per GPU, or use "
+                                 "--comm mpi to share GPUs)");
+  if (!control->AllTrue(st.ok())) return st.ok() ? Status::Internal("") : st;
+
+  // Bootstrap: rank 0's unique id, broadcast over MPI.
+  ncclUniqueId id{};
+  ncclResult_t r = rank == 0 ? ncclGetUniqueId(&id) : ncclSuccess;
+  st = r == ncclSuccess ? Status::OK() : Status::Internal("NCCL: ncclGetUniqueId failed: " + NcclText(r));
+  if (!control->AllTrue(st.ok())) return st.ok() ? Status::Internal("") : st;
+  SHARDGPT_RETURN_IF_ERROR(control->ControlBroadcast(&id, sizeof(id), 0));
+
+  cudaSetDevice(ordinal);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // so that a stuck initialisation can be timed out and aborted
+  ncclComm_t nccl = nullptr;
+  r = ncclCommInitRankConfig(&nccl, world, id, rank, &config);
+  const double t0 = Now();
+  while (r == ncclInProgress) {
+    if (Now() - t0 > options.timeout_s) {
+      ncclCommAbort(nccl);
+      r = ncclSystemError;
+      break;
+    }
+    usleep(1000);
+    ncclCommGetAsyncError(nccl, &r);
+  }
+  if (r != ncclSuccess) {
+    st = Status::Internal("NCCL: initialisation failed on rank " + std::to_string(rank) + ": " + NcclText(r) + ": " +
+                          (nccl ? ncclGetLastError(nccl) : "") +
+                          (Now() - t0 > options.timeout_s ? " (timed out after --comm-timeout)" : ""));
+  }
+  if (!control->AllTrue(st.ok())) {
+    if (nccl) ncclCommAbort(nccl);
+    return st.ok() ? Status::Internal("") : st;
+  }
+  cudaStream_t stream = nullptr;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  auto* compute = static_cast<cudaStream_t>(CudaComputeStream(device));
+  return std::unique_ptr<Communicator>(
+      new NcclCommunicator(std::move(control), nccl, ordinal, compute, stream, options.timeout_s));
+}
+
+}  // namespace shardgpt

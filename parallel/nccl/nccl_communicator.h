@@ -1,0 +1,50 @@
+// NcclCommunicator: the Communicator of the CUDA backend's data plane, over NCCL, bootstrapped
+// from MPI: rank 0 creates the NCCL unique id and broadcasts it over MPI; every rank joins with
+// its MPI rank and world size. MPI stays the launcher and the control plane (Barrier, AllTrue,
+// AllReduceScalar, Control*: the loss, the stop flag, checkpoint agreement).
+//
+// Streams: every collective runs on one communication stream of the device. It waits (a CUDA
+// event) for the compute work queued before the call, which produced its input, and records an
+// event after itself; IsCompleted() queries that event, WaitStream() makes the compute stream
+// wait on it (the host goes on), Wait() blocks the host on it. So stage 0 buckets and stage 1-3
+// reduce-scatters run while backward continues and stage 3's all-gathers prefetch the next
+// unit; the host blocks only where the engine needs the data (the rate limit, the step).
+// Stream order keeps the in-call-order guarantee of the Communicator contract.
+//
+// Failures do not hang: NCCL runs non-blocking (config.blocking = 0) and a watchdog thread
+// checks ncclCommGetAsyncError and the age of the oldest unfinished collective; past the
+// timeout (or on an NCCL error) it aborts the communicator (ncclCommAbort) and ends the process
+// with one line "shardgpt: error: rank R: NCCL: ..." and status 1, so every surviving rank of a
+// job whose GPU or rank died exits within the timeout.
+//
+// Built only with the CUDA backend and NCCL (SHARDGPT_HAVE_NCCL). Thread contract: one caller
+// thread, as every Communicator; the watchdog thread only reads the event queue under a mutex.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "model/device.h"
+#include "parallel/communicator.h"
+
+namespace shardgpt {
+
+struct NcclOptions {
+  double timeout_s = 600;  // --comm-timeout: a collective older than this aborts the job
+  int local_size = 1;      // ranks on this node
+  int visible_gpus = 1;    // GPUs this rank can see (NCCL needs one per rank)
+};
+
+// Collective over comm. device must be a CUDA device and outlive the communicator. Errors:
+// NCCL's initialisation failing or not finishing within the timeout (one line naming NCCL's
+// error), or more ranks on a node than visible GPUs (naming both numbers).
+StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(MPI_Comm comm, Device& device,
+                                                               const NcclOptions& options);
+
+// "NCCL 2.28.9" (the library this process loaded).
+std::string NcclVersionString();
+
+}  // namespace shardgpt
