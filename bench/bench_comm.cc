@@ -1,7 +1,10 @@
 // bench_comm: bandwidth of the MpiCommunicator collectives, and how much of an all-reduce
 // hides behind computation on the calling thread. A program that prints figures, not a test.
 //
-//   mpirun -n 2 build/bench/bench_comm [MiB ...]      (default sizes: 1 8 64)
+//   mpirun -n 2 build/bench/bench_comm [--device cpu|cuda] [--comm auto|mpi|nccl] [MiB ...]
+//                                                      (default sizes: 1 8 64)
+// With --device cuda the buffers live on each rank's GPU and the communicator is NCCL (or MPI
+// staging through host memory with --comm mpi); the overlap part is CPU-only.
 //
 // Bandwidth, as nccl-tests defines it: S = the all-reduce buffer, the reduce-scatter input or
 // the all-gather output of all ranks; time = mean per call over the timed calls, the slowest
@@ -20,6 +23,10 @@
 #include <cstdlib>
 #include <vector>
 
+#include <string>
+
+#include "model/device_factory.h"
+#include "parallel/comm_factory.h"
 #include "parallel/communicator.h"
 #include "parallel/mpi_communicator.h"
 
@@ -66,21 +73,51 @@ float Compute(std::vector<float>& x, int passes) {
   return acc;
 }
 
+// The first and last element of a device buffer, on the host.
+std::pair<float, float> Ends(Device& dev, const float* p, size_t n) {
+  float a = 0, b = 0;
+  dev.Synchronize();
+  dev.CopyToHost(&a, p, sizeof(float));
+  dev.CopyToHost(&b, p + n - 1, sizeof(float));
+  return {a, b};
+}
+
 int Run(int argc, char** argv) {
-  auto made = MpiCommunicator::Create(MPI_COMM_WORLD);
+  std::string device_kind = "cpu";
+  CommOptions comm_options;
+  std::vector<double> sizes_mib;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--device" && i + 1 < argc) device_kind = argv[++i];
+    else if (a == "--comm" && i + 1 < argc) comm_options.kind = argv[++i];
+    else sizes_mib.push_back(std::atof(argv[i]));
+  }
+  if (sizes_mib.empty()) sizes_mib = {1, 8, 64};
+  int local_rank = 0, local_size = 1;
+  {
+    MPI_Comm local;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+    MPI_Comm_rank(local, &local_rank), MPI_Comm_size(local, &local_size);
+    MPI_Comm_free(&local);
+  }
+  auto dev_or = CreateDevice(device_kind, local_rank, local_size);
+  if (!dev_or.ok()) {
+    std::fprintf(stderr, "bench_comm: %s\n", dev_or.status().message().c_str());
+    return 1;
+  }
+  Device& dev = *dev_or.value();
+  auto made = CreateCommunicator(comm_options, MPI_COMM_WORLD, dev, local_size, VisibleGpuCount());
   if (!made.ok()) {
     std::fprintf(stderr, "bench_comm: %s\n", made.status().ToString().c_str());
     return 1;
   }
-  MpiCommunicator& comm = **made;
+  Communicator& comm = **made;
   const int n = comm.world_size();
   const bool root = comm.rank() == 0;
-  std::vector<double> sizes_mib;
-  for (int i = 1; i < argc; ++i) sizes_mib.push_back(std::atof(argv[i]));
-  if (sizes_mib.empty()) sizes_mib = {1, 8, 64};
 
   if (root) {
-    std::printf("# bench_comm: %d ranks, fp32, time = mean per call (slowest rank)\n", n);
+    std::printf("# bench_comm: %d ranks, fp32, %s, comm %s, time = mean per call (slowest rank)\n", n,
+                dev.name().c_str(), ResolveCommKind(comm_options.kind, dev).c_str());
     std::printf("%-15s %10s %10s %12s %12s %14s\n", "collective", "S (MiB)", "time (ms)", "algbw GB/s", "busbw GB/s",
                 "ledger B/call");
   }
@@ -90,22 +127,30 @@ int Run(int argc, char** argv) {
     // S elements in total, rounded to a multiple of the world size.
     const size_t total = std::max<size_t>(n, static_cast<size_t>(mib * (1 << 20) / 4) / n * n);
     const size_t block = total / n;
-    std::vector<float> a(total, 1.0f), b(total, 0.0f);
+    DeviceBuffer abuf(&dev, nullptr, MemKind::kGrads, total * 4, "a"), bbuf(&dev, nullptr, MemKind::kGrads, total * 4, "b");
+    {
+      std::vector<float> ones(total, 1.0f);
+      dev.CopyToDevice(abuf.data(), ones.data(), total * 4);
+    }
+    float* a = abuf.as<float>();
+    float* b = bbuf.as<float>();
     const int iters = mib >= 32 ? 5 : 10;
     for (CollKind kind : {CollKind::kAllReduce, CollKind::kReduceScatter, CollKind::kAllGather}) {
       comm.ledger().Reset();
       double t = 0;
       bool ok = true;
       if (kind == CollKind::kAllReduce) {
-        t = TimeCollective(comm, [&] { return comm.AllReduce(a.data(), total, DType::kF32, ReduceOp::kAvg); }, iters);
-        ok = a.front() == 1.0f && a.back() == 1.0f;  // avg of ones stays one
+        t = TimeCollective(comm, [&] { return comm.AllReduce(a, total, DType::kF32, ReduceOp::kAvg); }, iters);
+        const auto e = Ends(dev, a, total);
+        ok = e.first == 1.0f && e.second == 1.0f;  // avg of ones stays one
       } else if (kind == CollKind::kReduceScatter) {
-        t = TimeCollective(
-            comm, [&] { return comm.ReduceScatter(a.data(), b.data(), block, DType::kF32, ReduceOp::kSum); }, iters);
-        ok = b.front() == static_cast<float>(n) && b[block - 1] == static_cast<float>(n);
+        t = TimeCollective(comm, [&] { return comm.ReduceScatter(a, b, block, DType::kF32, ReduceOp::kSum); }, iters);
+        const auto e = Ends(dev, b, block);
+        ok = e.first == static_cast<float>(n) && e.second == static_cast<float>(n);
       } else {
-        t = TimeCollective(comm, [&] { return comm.AllGather(a.data(), b.data(), block, DType::kF32); }, iters);
-        ok = b.front() == 1.0f && b.back() == 1.0f;
+        t = TimeCollective(comm, [&] { return comm.AllGather(a, b, block, DType::kF32); }, iters);
+        const auto e = Ends(dev, b, total);
+        ok = e.first == 1.0f && e.second == 1.0f;
       }
       const CommLedger::Counter& c = comm.ledger()[kind];
       const double bytes = static_cast<double>(total) * 4;
@@ -121,6 +166,7 @@ int Run(int argc, char** argv) {
     }
   }
   if (root) std::printf("# average busbw: %.3f GB/s\n", busbw_sum / busbw_rows);
+  if (dev.is_cuda()) return 0;  // the overlap part below computes on the host
 
   // Overlap of a 32 MiB all-reduce with computation on the calling thread.
   const size_t count = size_t{8} << 20;

@@ -4,7 +4,7 @@
 //
 //   bench_train [--config tiny|small|gpt2|d12] [--steps 20] [--zero-stage S] [--dtype fp32|bf16]
 //               [--threads N] [--grad-accum A] [--bucket-mb MiB] [--device cpu|cuda]
-//               [--micro-batch B] [--seq-len T] [--peak-tflops P]
+//               [--micro-batch B] [--seq-len T] [--peak-tflops P] [--comm auto|mpi|nccl]
 // With --device cuda it also prints model TFLOP/s and MFU against the GPU's dense bf16 peak
 // (a table by GPU name below, or --peak-tflops).
 //   mpirun -np 2 bench_train --config tiny --zero-stage 0 --threads 1
@@ -26,6 +26,7 @@
 #include "model/kernels_cpu.h"
 #include "model/rng.h"
 #include "parallel/engine.h"
+#include "parallel/comm_factory.h"
 #include "parallel/mpi_communicator.h"
 
 using namespace shardgpt;
@@ -46,7 +47,7 @@ int main(int argc, char** argv) {
   EnsurePassiveOpenMPWait(argv);
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  std::string config = "tiny", dtype = "fp32", device_kind = "cpu";
+  std::string config = "tiny", dtype = "fp32", device_kind = "cpu", comm_kind = "auto";
   int steps = 20, stage = 0, threads = 2, accum = 1, micro_batch = 0, seq_len = 0;
   double bucket_mb = 25.0, peak_tflops = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
     else if (k == "--micro-batch") micro_batch = std::stoi(v);
     else if (k == "--seq-len") seq_len = std::stoi(v);
     else if (k == "--peak-tflops") peak_tflops = std::stod(v);
+    else if (k == "--comm") comm_kind = v;
   }
   GPTConfig c;
   int B = 8, T = 256;
@@ -87,7 +89,9 @@ int main(int argc, char** argv) {
   device.kernels().set_matmul_precision(dtype == "bf16" && device.is_cuda() ? MatmulPrecision::kBf16
                                                                            : MatmulPrecision::kExact);
   if (peak_tflops <= 0) peak_tflops = PeakBf16Tflops(device.name());
-  auto comm_or = MpiCommunicator::Create(MPI_COMM_WORLD, &device);
+  CommOptions comm_options;
+  comm_options.kind = comm_kind;
+  auto comm_or = CreateCommunicator(comm_options, MPI_COMM_WORLD, device, local_size, VisibleGpuCount());
   if (!comm_or.ok()) { std::fprintf(stderr, "%s\n", comm_or.status().message().c_str()); return 1; }
   {
   Communicator& comm = *comm_or.value();
