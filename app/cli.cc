@@ -5,6 +5,8 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <map>
 #include <thread>
 #include <vector>
@@ -23,17 +25,37 @@ namespace {
 
 const std::map<std::string, DType> kDTypes{{"fp32", DType::kF32}, {"bf16", DType::kBF16}};
 
+// Numbers that must be finite and above (or at least) a bound: NaN and inf are refused too,
+// which CLI11's Range/PositiveNumber let through for floating point.
+CLI::Validator Finite(double lo, bool lo_inclusive, double hi = HUGE_VAL) {
+  return CLI::Validator(
+      [lo, lo_inclusive, hi](std::string& in) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(in.c_str(), &end);
+        if (end == in.c_str() || *end != '\0') return "expected a number, got " + in;
+        const bool ok = std::isfinite(v) && (lo_inclusive ? v >= lo : v > lo) && v <= hi;
+        if (ok) return "";
+        std::string want = std::string(lo_inclusive ? "a finite number >= " : "a finite number > ") +
+                           CLI::detail::to_string(lo);
+        if (hi != HUGE_VAL) want += " and <= " + CLI::detail::to_string(hi);
+        return "expected " + want + ", got " + in;
+      },
+      lo_inclusive ? ">= " + std::to_string(lo) : "> " + std::to_string(lo));
+}
+
 // Flags that describe the model: a preset, then explicit overrides.
 struct ModelFlags {
   std::string preset = "tiny";
   int n_layer = 0, n_head = 0, n_embd = 0, max_seq_len = 0, vocab_size = 0;
   void Add(CLI::App* app) {
     app->add_option("--model", preset, "preset: tiny, d6, d12 (GPT-2 124M), d24, d36, d48")->capture_default_str();
-    app->add_option("--n-layer", n_layer, "override the preset's number of layers");
-    app->add_option("--n-head", n_head, "override the preset's number of heads");
-    app->add_option("--n-embd", n_embd, "override the preset's channels");
-    app->add_option("--max-seq-len", max_seq_len, "override the preset's maximum sequence length (position rows)");
-    app->add_option("--vocab-size", vocab_size, "override the preset's vocabulary (256 for byte-level data)");
+    app->add_option("--n-layer", n_layer, "override the preset's number of layers")->check(Finite(0, false));
+    app->add_option("--n-head", n_head, "override the preset's number of heads")->check(Finite(0, false));
+    app->add_option("--n-embd", n_embd, "override the preset's channels")->check(Finite(0, false));
+    app->add_option("--max-seq-len", max_seq_len, "override the preset's maximum sequence length (position rows)")
+        ->check(Finite(0, false));
+    app->add_option("--vocab-size", vocab_size, "override the preset's vocabulary (256 for byte-level data)")
+        ->check(Finite(0, false));
   }
   StatusOr<GPTConfig> Resolve(int seq_len) const {
     auto c = PresetConfig(preset);
@@ -43,8 +65,8 @@ struct ModelFlags {
     if (n_head) cfg.n_head = n_head;
     if (n_embd) cfg.n_embd = n_embd;
     if (vocab_size) cfg.vocab_size = vocab_size;
-    if (max_seq_len) cfg.max_seq_len = max_seq_len;
-    else if (seq_len > cfg.max_seq_len && (n_layer || n_head || n_embd)) cfg.max_seq_len = seq_len;
+    if (max_seq_len) cfg.max_seq_len = max_seq_len;  // a longer --seq-len is an error, never a silent raise
+    (void)seq_len;
     SHARDGPT_RETURN_IF_ERROR(cfg.Validate());
     return cfg;
   }
@@ -143,18 +165,19 @@ int Main(int argc, char** argv) {
   train->add_option("-b,--micro-batch", t.micro_batch, "sequences per rank per micro-batch")->capture_default_str();
   train->add_option("-t,--seq-len", t.seq_len, "tokens per sequence")->capture_default_str();
   train->add_option("--grad-accum", t.grad_accum, "micro-batches per step")->capture_default_str();
-  train->add_option("--batch-tokens", t.batch_tokens, "global tokens per step (derives --grad-accum)");
+  train->add_option("--batch-tokens", t.batch_tokens, "global tokens per step (derives --grad-accum)")->check(Finite(0, false));
   train->add_option("--steps", t.steps, "optimizer steps")->capture_default_str();
-  train->add_option("--lr", t.schedule.max_lr, "peak learning rate")->capture_default_str();
-  train->add_option("--min-lr-frac", t.schedule.min_lr_frac, "learning-rate floor as a fraction of --lr")->capture_default_str();
-  train->add_option("--warmup-steps", t.schedule.warmup_steps, "linear warmup steps")->capture_default_str();
+  train->add_option("--lr", t.schedule.max_lr, "peak learning rate")->check(Finite(0, false))->capture_default_str();
+  train->add_option("--min-lr-frac", t.schedule.min_lr_frac, "learning-rate floor as a fraction of --lr")
+      ->check(Finite(0, true, 1))->capture_default_str();
+  train->add_option("--warmup-steps", t.schedule.warmup_steps, "linear warmup steps")->check(Finite(0, true))->capture_default_str();
   train->add_option("--lr-schedule", schedule, "cosine, linear, constant or wsd")
       ->check(CLI::IsMember({"cosine", "linear", "constant", "wsd"}))->capture_default_str();
   train->add_option("--wsd-decay-frac", t.schedule.decay_frac, "wsd: fraction of steps spent decaying")->capture_default_str();
   train->add_option("--weight-decay", t.engine.adamw.weight_decay, "AdamW weight decay (2-D weights, embeddings)")->capture_default_str();
-  train->add_option("--grad-clip", t.grad_clip, "global gradient-norm clip (0 disables)")->capture_default_str();
+  train->add_option("--grad-clip", t.grad_clip, "global gradient-norm clip (0 disables)")->check(Finite(0, true))->capture_default_str();
   train->add_option("--eval-every", t.eval_every, "validation every N steps (0: only at the end)")->capture_default_str();
-  train->add_option("--val-batches", t.val_batches, "micro-batches per validation")->capture_default_str();
+  train->add_option("--val-batches", t.val_batches, "micro-batches per validation")->check(Finite(0, false))->capture_default_str();
   train->add_option("--seed", t.seed, "seed of initialisation and data order")->capture_default_str();
   train->add_flag("--no-shuffle", no_shuffle, "visit the training windows in file order");
   train->add_option("--comm", comm_options.kind, "data-plane communicator: auto (nccl with --device cuda), mpi, nccl")
@@ -164,10 +187,11 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   train->add_option("--device", device, "cpu, or cuda (one GPU per rank, chosen by node-local rank)")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   train->add_option("--ckpt-dir", t.ckpt_dir, "write sharded HDF5 checkpoints under DIR (every --ckpt-every steps and at the end)");
-  train->add_option("--ckpt-every", t.ckpt_every, "checkpoint every N steps (0: only at the end)")->capture_default_str();
-  train->add_option("--keep-last", t.keep_last, "keep only the K newest checkpoints (0: all)")->capture_default_str();
+  train->add_option("--ckpt-every", t.ckpt_every, "checkpoint every N steps (0: only at the end)")->check(Finite(0, true))->capture_default_str();
+  train->add_option("--keep-last", t.keep_last, "keep only the K newest checkpoints (0: all)")->check(Finite(0, true))->capture_default_str();
   train->add_option("--resume", t.resume, "resume from 'latest' (under --ckpt-dir) or a checkpoint directory");
-  train->add_option("--stop-at-step", t.stop_at_step, "checkpoint and stop once this many steps are done, as if preempted (the schedule still follows --steps)");
+  train->add_option("--stop-at-step", t.stop_at_step, "checkpoint and stop once this many steps are done, as if preempted (the schedule still follows --steps)")
+      ->check(Finite(0, true));
   train->add_flag("--quiet", t.quiet, "print only the final loss and sample");
   train->add_option("--threads", t.threads, "compute threads per rank (default: cores / ranks on the node)");
   train->add_option("--log", t.log_file, "write one JSON line per step to this file");

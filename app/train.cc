@@ -51,6 +51,8 @@ std::string Sample(const ParamLayout& layout, Engine& engine, const TrainOptions
   return text;
 }
 
+const char* NonFinite(float x) { return std::isnan(x) ? "NaN" : x > 0 ? "+inf" : "-inf"; }
+
 std::string ProgressBar(int step, int total) {
   const int width = 20, filled = total > 0 ? width * step / total : width;
   return "[" + std::string(filled, '#') + std::string(width - filled, '.') + "] ";
@@ -243,6 +245,19 @@ class Trainer {
         return Status::OK();
       }
       const StepResult r = TrainStep(step);
+      // Divergence: the loss and the norm are the same on every rank (all-reduced), so every
+      // rank stops here, before anything of this state can be saved or published.
+      if (!std::isfinite(r.loss) || !std::isfinite(r.norm)) {
+        char buf[256];
+        std::snprintf(buf, sizeof(buf),
+                      "training diverged at step %d: %s is %s (last finite loss %.4f at step %lld); stopped without "
+                      "saving this state; lower --lr or resume from the last checkpoint",
+                      step + 1, !std::isfinite(r.loss) ? "the loss" : "the gradient norm",
+                      NonFinite(!std::isfinite(r.loss) ? r.loss : r.norm), last_finite_loss_,
+                      static_cast<long long>(last_finite_step_));
+        return Status::Internal(lead_ ? buf : "");
+      }
+      last_finite_loss_ = r.loss, last_finite_step_ = step + 1;
       state_.step = step + 1;
       state_.tokens += tokens_per_step();
       if (o_.ckpt_every > 0 && state_.step % o_.ckpt_every == 0 && state_.step < o_.steps)
@@ -371,6 +386,8 @@ class Trainer {
   TrainState state_;
   std::vector<int32_t> x_, y_;
   float last_loss_ = 0, last_val_ = NAN;
+  float last_finite_loss_ = NAN;  // for the divergence message
+  int64_t last_finite_step_ = 0;
   bool stopped_ = false;  // a stop signal or --stop-at-step ended the loop (checkpoint written)
 };
 

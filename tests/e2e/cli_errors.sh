@@ -33,6 +33,14 @@ check seq-too-long      "seq-len"            -- train $D --seq-len 4096
 check reduce-grads      "reduce-grads"       -- train $D --zero-stage 1 --reduce-grads last-micro
 check reduce-dtype      "reduce-dtype"       -- train $D --reduce-dtype bf16
 check cuda              "--device cuda"      -- train $D --device cuda
+check lr-nan            "--lr"               -- train $D --lr nan
+check lr-zero           "--lr"               -- train $D --lr 0
+check clip-negative     "--grad-clip"        -- train $D --grad-clip -1
+check min-lr-frac       "--min-lr-frac"      -- train $D --min-lr-frac 1.5
+check val-batches-zero  "--val-batches"      -- train $D --val-batches 0
+check n-layer-zero      "--n-layer"          -- train $D --n-layer 0
+check keep-last-neg     "--keep-last"        -- train $D --keep-last -1
+check seq-len-huge      "seq-len 100000000"  -- train $D --seq-len 100000000
 check nccl-on-cpu       "--comm nccl"        -- train $D --comm nccl
 check comm-timeout      "--comm-timeout"     -- train $D --comm-timeout 0
 check init-missing      "$T/none.bin"        -- train $D --init "$T/none.bin"
