@@ -14,6 +14,7 @@
 
 #include "app/report.h"
 #include "io/checkpoint.h"
+#include "io/ckpt_dir_lock.h"
 #include "io/data_loader.h"
 #include "io/llmc_model.h"
 #include "io/tokenizer.h"
@@ -198,6 +199,15 @@ class Trainer {
       if (access(dir.c_str(), W_OK) != 0)
         return Status::InvalidArgument("--save-model " + f + ": directory " + dir + " is not writable or does not exist");
     }
+    if (!o_.ckpt_dir.empty()) {  // one job per directory, writable: found now, not at the first save
+      Status st;
+      if (lead_) {
+        auto lock = CheckpointDirLock::Acquire(o_.ckpt_dir);
+        if (lock.ok()) ckpt_lock_ = std::move(lock.value());
+        else st = lock.status();
+      }
+      SHARDGPT_RETURN_IF_ERROR(Agree(comm_, st));
+    }
     if (lead_ && !o_.log_file.empty()) {
       log_.open(o_.log_file);
       if (!log_) return Agree(comm_, Status::IOError(o_.log_file + ": cannot open the --log file for writing"));
@@ -320,8 +330,10 @@ class Trainer {
   // The step line on stdout and the JSONL record (rank 0; the per-rank figures are collective).
   void Log(int step, const StepResult& r, bool eval_now) {
     const StepReport& report = engine_->last_report();
-    const std::vector<uint64_t> per_rank_comm = GatherPerRank(comm_, report.comm.Total().bytes_sent);
-    const std::vector<uint64_t> per_rank_state = GatherPerRank(comm_, report.model_state_bytes);
+    // Per-rank ledgers only for the JSONL (o_.log_file is the same flag on every rank), in one
+    // small control gather: no collective is added to steps that are not logged to a file.
+    std::vector<uint64_t> per_rank;
+    if (!o_.log_file.empty()) per_rank = AllGatherU64(comm_, {report.comm.Total().bytes_sent, report.model_state_bytes});
     if (!lead_) return;
     const double tps = tokens_per_step() / r.seconds;
     if (!o_.quiet) {
@@ -339,8 +351,10 @@ class Trainer {
     j["tokens"] = state_.tokens;
     j["tokens_per_s"] = tps;
     j["ms"] = r.seconds * 1e3;
-    j["comm_bytes_per_rank"] = per_rank_comm;
-    j["model_state_bytes_per_rank"] = per_rank_state;
+    std::vector<uint64_t> comm_bytes, state_bytes;
+    for (size_t r = 0; r + 1 < per_rank.size(); r += 2) comm_bytes.push_back(per_rank[r]), state_bytes.push_back(per_rank[r + 1]);
+    j["comm_bytes_per_rank"] = comm_bytes;
+    j["model_state_bytes_per_rank"] = state_bytes;
     if (eval_now) j["val_loss"] = last_val_;
     log_ << j.dump() << "\n";
     log_.flush();
@@ -383,6 +397,7 @@ class Trainer {
   std::unique_ptr<GPT> model_;
   std::unique_ptr<DataLoader> train_, val_;
   std::ofstream log_;
+  std::unique_ptr<CheckpointDirLock> ckpt_lock_;  // rank 0, while training with --ckpt-dir
   TrainState state_;
   std::vector<int32_t> x_, y_;
   float last_loss_ = 0, last_val_ = NAN;
