@@ -220,6 +220,14 @@ class Trainer {
       auto loaded = LoadCheckpoint(resume_path_, o_.ckpt_dir, *engine_, *layout_, comm_, o_.quiet);
       SHARDGPT_RETURN_IF_ERROR(Agree(comm_, loaded.status()));
       state_ = loaded.value();
+      // Nothing left to do would silently do nothing: say so.
+      if (state_.step >= o_.steps)
+        return Agree(comm_, Status::InvalidArgument("--steps " + std::to_string(o_.steps) + " is at or below the step " +
+                                                    std::to_string(state_.step) + " of the checkpoint " + resume_path_ +
+                                                    " (raise --steps to train further)"));
+      if (o_.stop_at_step > 0 && o_.stop_at_step <= state_.step)
+        return Agree(comm_, Status::InvalidArgument("--stop-at-step " + std::to_string(o_.stop_at_step) +
+                                                    " is at or below the resumed step " + std::to_string(state_.step)));
       train_->Restore(LoaderState{state_.loader_position});
       if (lead_ && !o_.quiet)
         std::printf("resumed from %s at step %lld (%lld tokens seen)\n", resume_path_.c_str(),

@@ -39,6 +39,13 @@ train 2 6 1 "$T/a1.jsonl" --ckpt-dir "$T/ca" --stop-at-step 4
 train 2 6 1 "$T/a2.jsonl" --ckpt-dir "$T/ca" --resume latest --save-model "$T/resumed.bin"
 cmp "$T/full.bin" "$T/resumed.bin" || { echo "FAIL: resumed final model differs from the uninterrupted one"; exit 1; }
 "$BIN" ckpt verify "$T/ca" >/dev/null
+# a resume with nothing left to do is an error, not a silent no-op
+out=$(mpirun -np 2 --oversubscribe "$BIN" train $COMMON --micro-batch 6 --zero-stage 1 --ckpt-dir "$T/ca" --resume latest --steps 8 2>&1) \
+  && { echo "FAIL: --steps at the checkpoint's step was accepted"; exit 1; }
+grep -q '^shardgpt: error: --steps 8 is at or below the step 8' <<<"$out" || { echo "FAIL: $out" | head -3; exit 1; }
+out=$(mpirun -np 2 --oversubscribe "$BIN" train $COMMON --micro-batch 6 --zero-stage 1 --ckpt-dir "$T/cfull" --resume "$T/ca/step_00000004" --stop-at-step 3 2>&1) \
+  && { echo "FAIL: --stop-at-step below the resumed step was accepted"; exit 1; }
+grep -q '^shardgpt: error: --stop-at-step 3 is at or below the resumed step 4' <<<"$out" || { echo "FAIL: $out" | head -3; exit 1; }
 "$BIN" ckpt inspect "$T/ca/step_00000004" | grep -q "step" 
 # other rank counts and stages, from the same step-4 checkpoint or a new one
 train 3 4 3 "$T/b2.jsonl" --ckpt-dir "$T/cb" --resume "$T/ca/step_00000004"
