@@ -151,14 +151,11 @@ class Trainer {
         o_.engine.dtype == DType::kBF16 && device_.is_cuda() ? MatmulPrecision::kBf16 : MatmulPrecision::kExact);
     layout_ = std::make_unique<ParamLayout>(o_.model);
     SHARDGPT_RETURN_IF_ERROR(Agree(comm_, AllocateOnDevice()));
-    {
-      std::vector<float> full(layout_->total_numel());
-      if (init)
-        full = std::move(init->params);
-      else
-        InitParameters(*layout_, o_.seed, full.data());
-      engine_->LoadFullParams(full.data());
-    }
+    if (init)
+      engine_->LoadFullParams(init->params.data());
+    else
+      engine_->InitOwned(o_.seed);  // each rank its own slices: no full model anywhere
+    init.reset();
     SHARDGPT_RETURN_IF_ERROR(OpenData());
     SHARDGPT_RETURN_IF_ERROR(OpenOutputs());
     state_.seed = o_.seed;

@@ -1,5 +1,6 @@
 #include "model/param_layout.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "model/rng.h"
@@ -74,24 +75,40 @@ std::vector<DecayRange> ParamLayout::DecayRanges(int unit, size_t begin, size_t 
   return out;
 }
 
-void InitParameters(const ParamLayout& layout, uint64_t seed, float* params) {
+void InitParameterRange(const ParamLayout& layout, uint64_t seed, int unit, size_t begin, size_t end, float* out) {
   const GPTConfig& cfg = layout.config();
   const float residual_std = 0.02f / std::sqrt(2.0f * cfg.n_layer);
-  for (const TensorInfo& t : layout.tensors()) {
-    float* p = params + layout.units()[t.unit].offset + t.offset;
-    // One RNG stream per tensor, so a tensor's values do not depend on the others' sizes.
-    Rng rng(seed, StableHash(t.name.c_str()));
+  const UnitInfo& u = layout.units()[unit];
+  for (int ti = u.first_tensor; ti < u.first_tensor + u.num_tensors; ti++) {
+    const TensorInfo& t = layout.tensors()[ti];
+    const size_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.numel);
+    if (lo >= hi) continue;
+    float* p = out + (lo - begin);
+    const size_t first = lo - t.offset, count = hi - lo;  // element range inside the tensor
     const bool is_ln_weight = t.name.find("ln_") != std::string::npos && t.name.find(".weight") != std::string::npos;
     if (t.shape.size() == 1) {
-      for (size_t i = 0; i < t.numel; i++) p[i] = is_ln_weight ? 1.0f : 0.0f;
+      std::fill(p, p + count, is_ln_weight ? 1.0f : 0.0f);
       continue;
     }
     const bool residual_proj = t.name.find("c_proj.weight") != std::string::npos;
     const float std = residual_proj ? residual_std : 0.02f;
-    for (size_t i = 0; i < t.numel; i++) p[i] = rng.Normal() * std;
-    if (t.name == "wte.weight")  // padded vocabulary rows stay zero
-      for (size_t i = static_cast<size_t>(cfg.vocab_size) * cfg.n_embd; i < t.numel; i++) p[i] = 0.0f;
+    // One RNG stream per tensor, so a tensor's values do not depend on the others' sizes.
+    // splitmix64 is a counter (+gamma per draw) and Normal() takes two draws per element, so
+    // element i of the tensor starts 2*i draws after the stream's start: any slice of the
+    // tensor is computed without the elements before it, bitwise as a full initialisation.
+    Rng rng(seed, StableHash(t.name.c_str()));
+    rng.set_state(rng.state() + 2 * first * 0x9E3779B97F4A7C15ull);
+    for (size_t i = 0; i < count; i++) p[i] = rng.Normal() * std;
+    if (t.name == "wte.weight") {  // padded vocabulary rows stay zero
+      const size_t real = static_cast<size_t>(cfg.vocab_size) * cfg.n_embd;
+      for (size_t i = std::max(first, real); i < first + count; i++) p[i - first] = 0.0f;
+    }
   }
+}
+
+void InitParameters(const ParamLayout& layout, uint64_t seed, float* params) {
+  for (int u = 0; u < layout.num_units(); u++)
+    InitParameterRange(layout, seed, u, 0, layout.units()[u].numel, params + layout.units()[u].offset);
 }
 
 }  // namespace shardgpt

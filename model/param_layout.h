@@ -83,5 +83,9 @@ class ParamLayout {
 // (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weight 1 / bias 0,
 // padded vocabulary rows of wte 0. Deterministic for a seed (own RNG, not std::).
 void InitParameters(const ParamLayout& layout, uint64_t seed, float* params);
+// The same values for elements [begin, end) of unit `unit` only, into out[end - begin]: what a
+// rank that owns that slice needs, without building the whole model (bitwise equal to the
+// matching slice of InitParameters).
+void InitParameterRange(const ParamLayout& layout, uint64_t seed, int unit, size_t begin, size_t end, float* out);
 
 }  // namespace shardgpt

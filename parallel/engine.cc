@@ -112,6 +112,22 @@ void Engine::LoadFullParams(const float* full) {
   t_ = 0;
 }
 
+void Engine::InitOwned(uint64_t seed) {
+  ctx_.queue.WaitAll();
+  std::vector<float> slice;
+  for (int u = 0; u < ctx_.plan.num_units(); u++) {
+    const OwnedState st = Owned(u);
+    slice.resize(st.end - st.begin);
+    InitParameterRange(ctx_.layout, seed, u, st.begin, st.end, slice.data());
+    ctx_.device->CopyToDevice(st.master, slice.data(), slice.size() * sizeof(float));
+    adamw_.StoreFromMaster(u, params_->Owned(u));
+    params_->Publish(u);
+  }
+  adamw_.ResetMoments();
+  ctx_.queue.WaitAll();
+  t_ = 0;
+}
+
 void Engine::SyncParamsFromMaster() {
   ctx_.queue.WaitAll();
   for (int u = 0; u < ctx_.plan.num_units(); u++) {

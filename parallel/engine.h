@@ -69,6 +69,10 @@ class Engine : public UnitHooks {
   // Sets parameters from a full unpadded flat buffer in host memory (layout order), the same on
   // every rank; optimizer moments are zeroed and the step counter reset.
   void LoadFullParams(const float* full);
+  // The GPT-2 initialisation of InitParameters, computed by each rank for its owned slices only
+  // (no rank builds the whole model; bitwise the same state as LoadFullParams of the full
+  // initialisation). Moments zeroed, step counter reset. Collective.
+  void InitOwned(uint64_t seed);
   // Writes the full fp32 master parameters (layout order) into host memory `out`, on every
   // rank. Collective.
   void GatherFullParams(float* out);

@@ -2,6 +2,8 @@
 // initialisation, overfitting one batch, gradient accumulation equivalence, layout.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <cmath>
 #include <vector>
 
@@ -220,4 +222,25 @@ TEST(Optimizer, Schedules) {
 }
 
 }  // namespace
+// A rank initialising only its slices gets bitwise the full initialisation's values, for
+// slices that start and end anywhere (inside tensors, across tensor boundaries, in wte's
+// padded rows).
+TEST(Model, InitParameterRangeIsTheFullInitsSlice) {
+  const GPTConfig c{2, 2, 32, 16, 200};  // Vp = 256: padded wte rows
+  ParamLayout layout(c);
+  std::vector<float> full(layout.total_numel());
+  InitParameters(layout, 42, full.data());
+  Rng pick(3);
+  for (int trial = 0; trial < 200; trial++) {
+    const int u = static_cast<int>(pick.Next() % layout.num_units());
+    const size_t n = layout.units()[u].numel;
+    size_t a = pick.Next() % (n + 1), b = pick.Next() % (n + 1);
+    if (a > b) std::swap(a, b);
+    std::vector<float> slice(b - a);
+    InitParameterRange(layout, 42, u, a, b, slice.data());
+    const float* want = full.data() + layout.units()[u].offset + a;
+    ASSERT_EQ(0, std::memcmp(slice.data(), want, slice.size() * sizeof(float))) << "unit " << u << " [" << a << ", " << b << ")";
+  }
+}
+
 }  // namespace shardgpt
