@@ -100,6 +100,7 @@ int DefaultThreads(int local_size) {
 }  // namespace
 
 int Main(int argc, char** argv) {
+  InstallStopSignalHandlers();  // first: see train.h
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0, world = 1;
@@ -148,7 +149,8 @@ int Main(int argc, char** argv) {
   train->add_option("--ckpt-dir", t.ckpt_dir, "write sharded HDF5 checkpoints under DIR (every --ckpt-every steps and at the end)");
   train->add_option("--ckpt-every", t.ckpt_every, "checkpoint every N steps (0: only at the end)")->capture_default_str();
   train->add_option("--keep-last", t.keep_last, "keep only the K newest checkpoints (0: all)")->capture_default_str();
-  train->add_option("--resume", t.resume, "resume from 'latest' (under --ckpt-dir) or a checkpoint directory");
+  train->add_option("--resume", t.resume, "resume from 'latest' (under --ckpt-dir; an error if there is none), 'auto' "
+                                         "(latest if there is one, else start fresh: for requeued jobs) or a checkpoint directory");
   train->add_option("--stop-at-step", t.stop_at_step, "checkpoint and stop once this many steps are done, as if preempted (the schedule still follows --steps)");
   train->add_flag("--quiet", t.quiet, "print only the final loss and sample");
   train->add_option("--threads", t.threads, "compute threads per rank (default: cores / ranks on the node)");
@@ -218,6 +220,7 @@ int Main(int argc, char** argv) {
   }
 
   Status st;
+  if (!*train) RestoreDefaultStopSignalHandlers();
   if (*train) {
     // The device first: the communicator must know where the buffers it moves live. A rank
     // whose device fails still joins the communicator, so that every rank agrees on the error.
@@ -236,7 +239,6 @@ int Main(int argc, char** argv) {
         t.shuffle = !no_shuffle;
         t.schedule.kind = LrSchedule::ParseKind(schedule).value();
         if (t.threads <= 0) t.threads = default_threads;
-        InstallStopSignalHandlers();
         try {
           st = RunTrain(t, *comm.value(), *dev.value(), &rc);
         } catch (const DeviceOutOfMemory& e) {
