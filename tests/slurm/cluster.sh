@@ -1,0 +1,166 @@
+# A private Slurm cluster for tests: sourced by tests/slurm/*.sh (bash).
+#
+# Everything lives in one directory: slurm.conf, state, spool, logs, pid files, and a munged of
+# its own with its own key and socket (AuthInfo=socket=...), on ports found free, so a test
+# leaves the machine's /etc/slurm, /run/munge and any other cluster alone. SLURM_CONF alone
+# points every daemon, client command and job step at it. The daemons run as root (as CI
+# does), munged as the munge user (it refuses to run as root).
+#
+#   slurm_install                       apt-get install slurm-wlm (no recommends) when missing
+#   slurm_write_conf DIR NODELINES...   DIR/slurm.conf; each NODELINE is "name addr cpus"
+#   slurm_start_munge DIR               munged for DIR (pid in DIR/munge/munged.pid)
+#   slurm_start_ctld DIR                slurmctld
+#   slurm_start_slurmd DIR NAME [WRAP]  slurmd for node NAME, started through WRAP (e.g. a
+#                                       command entering a network namespace)
+#   slurm_wait_idle DIR N SECONDS       until N nodes are idle
+#   slurm_stop DIR                      cancel jobs, stop every daemon started here by pid, and
+#                                       any job step daemon left with this SLURM_CONF
+#   job_field ID FIELD                  one field of `scontrol show job`
+#   wait_job ID SECONDS                 until the job ends; skips the requeue delay on the way
+#                                       (StartTime=now) and counts requeues in $JOB_REQUEUES
+
+slurm_install() {
+  if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then
+    echo "installing slurm-wlm (no recommends)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm >/dev/null
+  fi
+}
+
+# A free TCP port pair (ctld, slurmd base) in 20000-39999.
+_free_port() {
+  local p
+  for _ in $(seq 1 50); do
+    p=$((20000 + RANDOM % 20000))
+    [ -z "$(ss -Htln "( sport = :$p or sport = :$((p + 1)) )" 2>/dev/null)" ] && { echo "$p"; return; }
+  done
+  return 1
+}
+
+# slurm_write_conf DIR CTLD_ADDR "name addr cpus" ...
+slurm_write_conf() {
+  local d=$1 ctld=$2; shift 2
+  local port; port=$(_free_port) || { echo "no free port"; return 1; }
+  mkdir -p "$d/state" "$d/log" "$d/run"
+  {
+    echo "# private test cluster (tests/slurm/cluster.sh); SLURM_CONF=$d/slurm.conf"
+    echo "ClusterName=shardgpt-test"
+    echo "SlurmctldHost=$ctld"
+    echo "SlurmctldPort=$port"
+    echo "SlurmdPort=$((port + 1))"
+    echo "SlurmUser=root"
+    echo "AuthType=auth/munge"
+    echo "CredType=cred/munge"
+    echo "AuthInfo=socket=$d/munge/munge.sock"
+    echo "MailProg=/bin/true"
+    echo "MpiDefault=pmix"
+    # no cgroups here: processes tracked by parent pid, no task binding
+    echo "ProctrackType=proctrack/linuxproc"
+    echo "TaskPlugin=task/none"
+    echo "JobAcctGatherType=jobacct_gather/none"
+    echo "AccountingStorageType=accounting_storage/none"
+    echo "SchedulerType=sched/backfill"
+    echo "SelectType=select/cons_tres"
+    echo "SelectTypeParameters=CR_Core"
+    echo "ReturnToService=2"
+    # finished jobs stay visible to scontrol for an hour; a timed-out step is killed 5 s after SIGTERM
+    echo "MinJobAge=3600"
+    echo "KillWait=5"
+    echo "StateSaveLocation=$d/state"
+    echo "SlurmdSpoolDir=$d/spool-%n"
+    echo "SlurmctldPidFile=$d/run/slurmctld.pid"
+    echo "SlurmdPidFile=$d/run/slurmd-%n.pid"
+    echo "SlurmctldLogFile=$d/log/slurmctld.log"
+    echo "SlurmdLogFile=$d/log/slurmd-%n.log"
+    local n names=""
+    for n in "$@"; do
+      set -- $n
+      echo "NodeName=$1 NodeAddr=$2 NodeHostname=$1 CPUs=$3 Boards=1 SocketsPerBoard=1 CoresPerSocket=$3 ThreadsPerCore=1 RealMemory=1000 State=UNKNOWN"
+      names="${names:+$names,}$1"
+    done
+    echo "PartitionName=test Nodes=$names Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO"
+  } > "$d/slurm.conf"
+}
+
+slurm_start_munge() {
+  local d=$1
+  install -d -o munge -g munge -m 0755 "$d/munge"
+  dd if=/dev/urandom of="$d/munge/munge.key" bs=1 count=1024 status=none
+  chown munge:munge "$d/munge/munge.key"; chmod 0400 "$d/munge/munge.key"
+  runuser -u munge -- /usr/sbin/munged --socket="$d/munge/munge.sock" --key-file="$d/munge/munge.key" \
+    --pid-file="$d/munge/munged.pid" --log-file="$d/munge/munged.log" --seed-file="$d/munge/munged.seed" || return 1
+  munge -S "$d/munge/munge.sock" -n | unmunge -S "$d/munge/munge.sock" >/dev/null || { echo "munge does not work"; return 1; }
+}
+
+slurm_start_ctld() { SLURM_CONF=$1/slurm.conf /usr/sbin/slurmctld; }
+
+slurm_start_slurmd() {
+  local d=$1 name=$2; shift 2
+  mkdir -p "$d/spool-$name"
+  SLURM_CONF=$d/slurm.conf "$@" /usr/sbin/slurmd -N "$name"
+}
+
+slurm_wait_idle() {
+  local d=$1 want=$2 secs=$3 n=0
+  for _ in $(seq 1 $((secs * 2))); do
+    n=$(SLURM_CONF=$d/slurm.conf sinfo -h -N -t idle -o %N 2>/dev/null | sort -u | wc -l)
+    [ "$n" -ge "$want" ] && return 0
+    sleep 0.5
+  done
+  echo "only $n of $want node(s) idle after $secs s:"; SLURM_CONF=$d/slurm.conf sinfo -N -l; SLURM_CONF=$d/slurm.conf sinfo -R
+  tail -5 "$d"/log/*.log
+  return 1
+}
+
+_stop_pid() {  # SIGTERM, wait up to 10 s, then SIGKILL
+  local p=$1
+  kill "$p" 2>/dev/null || return 0
+  for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || return 0; sleep 0.1; done
+  kill -9 "$p" 2>/dev/null || true
+}
+
+slurm_stop() {
+  local d=$1 f p
+  [ -f "$d/slurm.conf" ] || return 0
+  if [ -s "$d/run/slurmctld.pid" ]; then
+    SLURM_CONF=$d/slurm.conf scancel --user=root 2>/dev/null || true
+    for _ in $(seq 1 40); do
+      [ -z "$(SLURM_CONF=$d/slurm.conf squeue -h -o %i 2>/dev/null)" ] && break; sleep 0.25
+    done
+  fi
+  for f in "$d"/run/slurmd-*.pid "$d/run/slurmctld.pid" "$d/munge/munged.pid"; do
+    [ -s "$f" ] && _stop_pid "$(cat "$f")"
+  done
+  # job step daemons are children of init, not of slurmd: find the ones carrying this SLURM_CONF
+  for p in $(pgrep -x slurmstepd); do
+    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_CONF=$d/slurm.conf" && _stop_pid "$p"
+  done
+  return 0
+}
+
+job_field() { scontrol show job -o "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1; }
+
+# wait_job ID SECONDS: 0 when the job ended within SECONDS (any final state), 1 otherwise.
+JOB_REQUEUES=0
+wait_job() {
+  local id=$1 secs=$2 st reason
+  local end=$((SECONDS + secs))
+  JOB_REQUEUES=0
+  while [ $SECONDS -lt $end ]; do
+    st=$(job_field "$id" JobState)
+    case "$st" in
+      COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE|PREEMPTED) return 0 ;;
+      PENDING)
+        reason=$(job_field "$id" Reason)
+        # A requeued job waits ~2 minutes (BeginTime); start it now, but only once the step
+        # daemons of its previous run are gone: a new step 0 must bind the PMIx socket the old
+        # step 0 may still hold for a few seconds (its launch fails otherwise).
+        if [ "$reason" = BeginTime ] && [ "$(job_field "$id" Restarts)" -gt 0 ] &&
+           ! pgrep -f "^slurmstepd: \[$id\." >/dev/null; then
+          scontrol update JobId="$id" StartTime=now 2>/dev/null && JOB_REQUEUES=$(job_field "$id" Restarts)
+        fi ;;
+    esac
+    sleep 0.5
+  done
+  echo "job $id still $st after $secs s"
+  return 1
+}
