@@ -17,7 +17,13 @@
 #                                       any job step daemon left with this SLURM_CONF
 #   job_field ID FIELD                  one field of `scontrol show job`
 #   wait_job ID SECONDS                 until the job ends; skips the requeue delay on the way
-#                                       (StartTime=now) and counts requeues in $JOB_REQUEUES
+#   start_requeued ID                   skip a requeued job's delay (StartTime=now), once safe
+# Helpers of the training scenarios (they use $T, the test's directory, $BIN, $SRC, $N):
+#   sbatch_cpu NAME [sbatch opts] -- [train flags]   slurm/train_cpu.sbatch; run dir $T/NAME,
+#                                       output $T/NAME.out; prints the job id
+#   check_losses LOG FIRST BITWISE_UPTO TOL   LOG has steps FIRST..$N once each; losses equal
+#                                       $T/ref.jsonl bitwise up to BITWISE_UPTO, within TOL after
+#   expect_job ID STATE EXIT, wait_rows LOG K SECONDS, stop_step OUTPUT
 
 slurm_install() {
   if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then
@@ -62,6 +68,8 @@ slurm_write_conf() {
     echo "SelectType=select/cons_tres"
     echo "SelectTypeParameters=CR_Core"
     echo "ReturnToService=2"
+    # job ids (and so PMIx's /tmp/spmix_appdir_0_<job>.<step>) unlike another test cluster's
+    echo "FirstJobId=$((1000 + RANDOM * 30))"
     # finished jobs stay visible to scontrol for an hour; a timed-out step is killed 5 s after SIGTERM
     echo "MinJobAge=3600"
     echo "KillWait=5"
@@ -139,28 +147,107 @@ slurm_stop() {
 
 job_field() { scontrol show job -o "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1; }
 
+# start_requeued ID: a requeued job waits ~2 minutes (BeginTime); start it now, but only once
+# the step daemons of its previous run are gone: a new step 0 must bind the PMIx socket the
+# old step 0 may still hold for a few seconds (its launch fails otherwise).
+start_requeued() {
+  [ "$(job_field "$1" JobState)" = PENDING ] && [ "$(job_field "$1" Reason)" = BeginTime ] &&
+    [ "$(job_field "$1" Restarts)" -gt 0 ] && ! pgrep -f "^slurmstepd: \[$1\." >/dev/null &&
+    scontrol update JobId="$1" StartTime=now 2>/dev/null
+  return 0
+}
+
 # wait_job ID SECONDS: 0 when the job ended within SECONDS (any final state), 1 otherwise.
-JOB_REQUEUES=0
 wait_job() {
-  local id=$1 secs=$2 st reason
-  local end=$((SECONDS + secs))
-  JOB_REQUEUES=0
+  local id=$1 st end=$((SECONDS + $2))
   while [ $SECONDS -lt $end ]; do
     st=$(job_field "$id" JobState)
     case "$st" in
       COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE|PREEMPTED) return 0 ;;
-      PENDING)
-        reason=$(job_field "$id" Reason)
-        # A requeued job waits ~2 minutes (BeginTime); start it now, but only once the step
-        # daemons of its previous run are gone: a new step 0 must bind the PMIx socket the old
-        # step 0 may still hold for a few seconds (its launch fails otherwise).
-        if [ "$reason" = BeginTime ] && [ "$(job_field "$id" Restarts)" -gt 0 ] &&
-           ! pgrep -f "^slurmstepd: \[$id\." >/dev/null; then
-          scontrol update JobId="$id" StartTime=now 2>/dev/null && JOB_REQUEUES=$(job_field "$id" Restarts)
-        fi ;;
     esac
+    start_requeued "$id"
     sleep 0.5
   done
-  echo "job $id still $st after $secs s"
+  echo "job $id still $st after $2 s"
   return 1
+}
+
+sbatch_cpu() {
+  local name=$1 opts=(); shift
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do opts+=("$1"); shift; done
+  shift
+  RUN_DIR=$T/$name SHARDGPT=$BIN sbatch --parsable --job-name="$name" --chdir="$T" --output="$T/$name.out" \
+    "${opts[@]}" "$SRC/slurm/train_cpu.sbatch" "$@"
+}
+
+check_losses() {
+  /usr/bin/python3 - "$T/ref.jsonl" "$1" "$2" "$3" "$4" "$N" <<'PY'
+import json, sys
+ref = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[1]))}
+rows = [json.loads(l) for l in open(sys.argv[2])]
+first, bitwise_upto, tol, n = int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
+steps = [r["step"] for r in rows]
+assert steps == list(range(first, n + 1)), f"steps logged: {steps[:5]}...{steps[-5:]} ({len(steps)}), expected {first}..{n} once each"
+exact = [r for r in rows if r["step"] <= bitwise_upto]
+rest = [r for r in rows if r["step"] > bitwise_upto]
+assert all(r["loss"] == ref[r["step"]] for r in exact), "losses differ from the reference where they must be bitwise equal"
+diff = max([abs(r["loss"] - ref[r["step"]]) for r in rest], default=0.0)
+assert diff < tol, f"max loss difference {diff:.3e} >= {tol}"
+what = []
+if exact: what.append(f"steps {exact[0]['step']}..{exact[-1]['step']} bitwise equal")
+if rest: what.append(f"steps {rest[0]['step']}..{rest[-1]['step']} within {diff:.1e}")
+print(f"  steps {first}..{n} logged once each; " + ", ".join(what) + " (vs the uninterrupted reference)")
+PY
+}
+
+expect_job() {
+  local st ec
+  st=$(job_field "$1" JobState); ec=$(job_field "$1" ExitCode)
+  [ "$st" = "$2" ] && [ "$ec" = "$3" ] || { scontrol show job "$1"; echo "FAIL: job $1: $st $ec, expected $2 $3"; exit 1; }
+}
+
+wait_rows() {
+  for _ in $(seq 1 $(($3 * 10))); do [ "$(cat "$1" 2>/dev/null | wc -l)" -ge "$2" ] && return 0; sleep 0.1; done
+  return 1
+}
+
+stop_step() { sed -n 's/.*stop signal received.*checkpointing at step \([0-9]*\) .*/\1/p' "$1" | tail -1; }
+
+# ---- hosts made of network namespaces ----
+# netns_hosts_up PREFIX SUBNET N: a bridge PREFIX-br with SUBNET.1/24 in this (the root)
+# namespace, and N network namespaces PREFIX-h1..hN, each joined to the bridge by a veth pair,
+# with its own loopback and eth0 = SUBNET.(10+i)/24. What runs inside sees only its own
+# interfaces: traffic between two of them crosses the bridge over TCP/IP. Each gets its own
+# hostname from netns_exec (a UTS namespace per command tree).
+netns_hosts_up() {
+  local p=$1 net=$2 n=$3 i
+  ip link add "$p-br" type bridge || return 1
+  ip addr add "$net.1/24" dev "$p-br" && ip link set "$p-br" up || return 1
+  for i in $(seq 1 "$n"); do
+    ip netns add "$p-h$i" || return 1
+    ip link add "$p-v$i" type veth peer name eth0 netns "$p-h$i" || return 1
+    ip link set "$p-v$i" master "$p-br" && ip link set "$p-v$i" up || return 1
+    ip -n "$p-h$i" addr add "$net.$((10 + i))/24" dev eth0 || return 1
+    ip -n "$p-h$i" link set eth0 up && ip -n "$p-h$i" link set lo up || return 1
+  done
+}
+# netns_hosts_down PREFIX N: removes what netns_hosts_up made (the veth pairs go with them).
+netns_hosts_down() {
+  local p=$1 n=$2 i
+  for i in $(seq 1 "$n"); do ip netns del "$p-h$i" 2>/dev/null; done
+  ip link del "$p-br" 2>/dev/null
+  return 0
+}
+# netns_exec PREFIX I TMP CMD...: CMD inside host I: its network namespace, a UTS namespace
+# whose hostname is hI, and a mount namespace where the directory TMP is its /tmp (hosts do not
+# share /tmp: Slurm's PMIx plugin makes /tmp/spmix_appdir_<uid>_<job>.<step> on every node of
+# a step and fails when it exists). Shared storage must therefore live outside /tmp.
+# nsenter, not `ip netns exec`: the latter also remounts /sys for the namespace, which hides
+# /sys/fs/cgroup, and slurmd 22.05 will not start without it ("Unable to initialize cgroup
+# plugin") even with proctrack/linuxproc.
+netns_exec() {
+  local p=$1 i=$2 tmp=$3; shift 3
+  mkdir -p "$tmp" && chmod 1777 "$tmp"
+  nsenter --net="/run/netns/$p-h$i" unshare --uts --mount --propagation private \
+    /bin/sh -c 'hostname "$0" && mount --bind "$1" /tmp && shift && exec "$@"' "h$i" "$tmp" "$@"
 }
