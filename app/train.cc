@@ -125,9 +125,11 @@ Status ResolveModelAndResume(TrainOptions& o, Communicator& comm, std::unique_pt
       return Status::InvalidArgument(*resume_path + ": checkpoint is for another model (" + diff +
                                      ", checkpoint vs this run)");
   } else if (auto_resume && where.status().code() == Status::Code::kNotFound) {
-    if (comm.rank() == 0)
+    if (comm.rank() == 0) {
       std::printf("--resume auto: no checkpoint in %s yet, starting from step 0 on %d rank(s)\n", o.ckpt_dir.c_str(),
                   comm.world_size());
+      std::fflush(stdout);
+    }
   } else if (o.resume == "latest" && where.status().code() == Status::Code::kNotFound) {
     return Agree(comm, Status::NotFound(where.status().message() + " (--resume auto starts fresh when there is none)"));
   } else {
@@ -278,6 +280,7 @@ class Trainer {
                   DTypeName(o_.engine.dtype), o_.micro_batch, o_.seq_len, o_.grad_accum, tokens_per_step(),
                   device_.name().c_str(), ComputeThreads());
       PrintStartupReport(*engine_, *layout_, o_.grad_accum, state_per_rank);
+      std::fflush(stdout);  // a batch job's output file shows the start before the first step
     }
     return Status::OK();
   }

@@ -128,9 +128,9 @@ echo "5. a step whose launch fails (srun exits 0): the template ends the job FAI
 # ---- 6. the time limit's --signal=USR1 ----
 # Slurm sends --signal's warning at its periodic time-limit check (every 30 s) once the time
 # left is at most the warning time + 30 s; with --time=1 and USR1@30, the first check after the
-# job starts. Submit half the reference run's duration (3..25 s) before a check (found in
+# job starts. Submit half the reference run's duration (+2 s, at most 25) before a check (found in
 # slurmctld's debug2 log), so the signal comes mid-run rather than anywhere in the first 30 s.
-lead=$((t_ref / 2)); [ $lead -lt 3 ] && lead=3; [ $lead -gt 25 ] && lead=25
+lead=$((t_ref / 2 + 2)); [ $lead -gt 25 ] && lead=25  # + 2: scheduling and start-up
 last_check() { date -d "$(grep 'Testing job time limits' "$C/log/slurmctld.log" | tail -1 | sed 's/^\[\([^]]*\)\].*/\1/')" +%s 2>/dev/null; }
 for _ in $(seq 1 70); do lc=$(last_check) && [ -n "$lc" ] && break; sleep 0.5; done
 [ -n "${lc:-}" ] || fail "no time-limit check in slurmctld's log after 35 s"
