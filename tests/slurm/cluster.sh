@@ -149,10 +149,13 @@ job_field() { scontrol show job -o "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$
 
 # start_requeued ID: a requeued job waits ~2 minutes (BeginTime); start it now, but only once
 # the step daemons of its previous run are gone: a new step 0 must bind the PMIx socket the
-# old step 0 may still hold for a few seconds (its launch fails otherwise).
+# old step 0 may still hold for a few seconds (its launch fails otherwise). A step daemon
+# keeps files named after its job in its node's spool directory until it ends (its process
+# title is cut short, so it cannot be found by job id in `ps`).
 start_requeued() {
   [ "$(job_field "$1" JobState)" = PENDING ] && [ "$(job_field "$1" Reason)" = BeginTime ] &&
-    [ "$(job_field "$1" Restarts)" -gt 0 ] && ! pgrep -f "^slurmstepd: \[$1\." >/dev/null &&
+    [ "$(job_field "$1" Restarts)" -gt 0 ] &&
+    ! ls -1 "$(dirname "$SLURM_CONF")"/spool-*/ 2>/dev/null | grep -Eq "(_|\.|^job)$1(\.|$)" &&
     scontrol update JobId="$1" StartTime=now 2>/dev/null
   return 0
 }
@@ -203,7 +206,11 @@ PY
 expect_job() {
   local st ec
   st=$(job_field "$1" JobState); ec=$(job_field "$1" ExitCode)
-  [ "$st" = "$2" ] && [ "$ec" = "$3" ] || { scontrol show job "$1"; echo "FAIL: job $1: $st $ec, expected $2 $3"; exit 1; }
+  [ "$st" = "$2" ] && [ "$ec" = "$3" ] && return 0
+  scontrol show job "$1"
+  echo "---- $(job_field "$1" StdOut)"; tail -n 30 "$(job_field "$1" StdOut)"
+  echo "FAIL: job $1: $st $ec, expected $2 $3"
+  exit 1
 }
 
 wait_rows() {
