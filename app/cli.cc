@@ -134,6 +134,7 @@ int DefaultThreads(int local_size) {
 }  // namespace
 
 int Main(int argc, char** argv) {
+  InstallStopSignalHandlers();  // first: see train.h
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0, world = 1;
@@ -189,7 +190,8 @@ int Main(int argc, char** argv) {
   train->add_option("--ckpt-dir", t.ckpt_dir, "write sharded HDF5 checkpoints under DIR (every --ckpt-every steps and at the end)");
   train->add_option("--ckpt-every", t.ckpt_every, "checkpoint every N steps (0: only at the end)")->check(Finite(0, true))->capture_default_str();
   train->add_option("--keep-last", t.keep_last, "keep only the K newest checkpoints (0: all)")->check(Finite(0, true))->capture_default_str();
-  train->add_option("--resume", t.resume, "resume from 'latest' (under --ckpt-dir) or a checkpoint directory");
+  train->add_option("--resume", t.resume, "resume from 'latest' (under --ckpt-dir; an error if there is none), 'auto' "
+                                         "(latest if there is one, else start fresh: for requeued jobs) or a checkpoint directory");
   train->add_option("--stop-at-step", t.stop_at_step, "checkpoint and stop once this many steps are done, as if preempted (the schedule still follows --steps)")
       ->check(Finite(0, true));
   train->add_flag("--quiet", t.quiet, "print only the final loss and sample");
@@ -260,6 +262,7 @@ int Main(int argc, char** argv) {
   }
 
   Status st;
+  if (!*train) RestoreDefaultStopSignalHandlers();
   if (*train) {
     // The device first: the communicator must know where the buffers it moves live. Every
     // rank learns whether all devices came up before any communicator collective starts.
@@ -288,7 +291,6 @@ int Main(int argc, char** argv) {
         t.shuffle = !no_shuffle;
         t.schedule.kind = LrSchedule::ParseKind(schedule).value();
         if (t.threads <= 0) t.threads = default_threads;
-        InstallStopSignalHandlers();
         try {
           st = RunTrain(t, *comm, *dev.value(), &rc);
         } catch (const DeviceOutOfMemory& e) {

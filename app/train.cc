@@ -54,6 +54,30 @@ std::string Sample(const ParamLayout& layout, Engine& engine, const TrainOptions
 
 const char* NonFinite(float x) { return std::isnan(x) ? "NaN" : x > 0 ? "+inf" : "-inf"; }
 
+// Rewrites the JSONL log `path` keeping only the rows of steps <= last_step (a row cut short by a
+// kill does not parse and goes too), via a temporary file and rename so that a crash leaves
+// either the old or the new log. A missing file is fine (nothing to keep).
+Status KeepLogRowsUpTo(const std::string& path, int64_t last_step) {
+  std::ifstream in(path);
+  if (!in) return access(path.c_str(), F_OK) == 0 ? Status::IOError(path + ": cannot read the --log file") : Status::OK();
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp, std::ios::trunc);
+  if (!out) return Status::IOError(tmp + ": cannot write next to the --log file");
+  int64_t kept = 0, dropped = 0;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const bool keep = j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+                      j["step"].get<int64_t>() <= last_step;
+    if (keep) out << line << "\n", kept++;
+    else dropped++;
+  }
+  out.close();
+  if (!out || std::rename(tmp.c_str(), path.c_str()) != 0) return Status::IOError(path + ": cannot rewrite the --log file");
+  std::printf("log %s: kept %lld row(s) up to step %lld, dropped %lld written after that checkpoint; appending\n",
+              path.c_str(), static_cast<long long>(kept), static_cast<long long>(last_step), static_cast<long long>(dropped));
+  return Status::OK();
+}
+
 std::string ProgressBar(int step, int total) {
   const int width = 20, filled = total > 0 ? width * step / total : width;
   return "[" + std::string(filled, '#') + std::string(width - filled, '.') + "] ";
@@ -67,6 +91,12 @@ void InstallStopSignalHandlers() {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGUSR1, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+}
+
+void RestoreDefaultStopSignalHandlers() {
+  std::signal(SIGUSR1, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  if (g_stop_signal != 0) std::raise(g_stop_signal);
 }
 
 namespace {
@@ -83,9 +113,12 @@ Status ResolveModelAndResume(TrainOptions& o, Communicator& comm, std::unique_pt
   }
   SHARDGPT_RETURN_IF_ERROR(o.model.Validate());
   if (o.resume.empty()) return Status::OK();
-  if (o.resume == "latest" && o.ckpt_dir.empty())
-    return Status::InvalidArgument("--resume latest needs --ckpt-dir (where to look for the latest checkpoint)");
-  auto where = ResolveCheckpoint(o.resume, o.ckpt_dir);
+  // "auto" is the requeue idiom: the newest checkpoint under --ckpt-dir if there is one, else a
+  // fresh start. "latest" insists on one (a missing checkpoint there is a mistake to report).
+  const bool auto_resume = o.resume == "auto";
+  if ((o.resume == "latest" || auto_resume) && o.ckpt_dir.empty())
+    return Status::InvalidArgument("--resume " + o.resume + " needs --ckpt-dir (where to look for the latest checkpoint)");
+  auto where = ResolveCheckpoint(auto_resume ? "latest" : o.resume, o.ckpt_dir);
   if (where.ok()) {
     *resume_path = where.value();
     auto saved = ReadCheckpointConfig(*resume_path, o.ckpt_dir);
@@ -94,10 +127,16 @@ Status ResolveModelAndResume(TrainOptions& o, Communicator& comm, std::unique_pt
     if (!diff.empty())
       return Status::InvalidArgument(*resume_path + ": checkpoint is for another model (" + diff +
                                      ", checkpoint vs this run)");
-  } else if (!(o.resume == "latest" && where.status().code() == Status::Code::kNotFound)) {
+  } else if (auto_resume && where.status().code() == Status::Code::kNotFound) {
+    if (comm.rank() == 0) {
+      std::printf("--resume auto: no checkpoint in %s yet, starting from step 0 on %d rank(s)\n", o.ckpt_dir.c_str(),
+                  comm.world_size());
+      std::fflush(stdout);
+    }
+  } else if (o.resume == "latest" && where.status().code() == Status::Code::kNotFound) {
+    return Agree(comm, Status::NotFound(where.status().message() + " (--resume auto starts fresh when there is none)"));
+  } else {
     return Agree(comm, where.status());
-  } else if (comm.rank() == 0 && !o.quiet) {
-    std::printf("--resume latest: no checkpoint in %s yet, starting from scratch\n", o.ckpt_dir.c_str());
   }
   return Status::OK();
 }
@@ -137,7 +176,7 @@ class Trainer {
     SHARDGPT_RETURN_IF_ERROR(Resume());
     SHARDGPT_RETURN_IF_ERROR(Loop(exit_code));
     if (stopped_) return Status::OK();
-    return Finish();
+    return Finish(exit_code);
   }
 
  private:
@@ -157,7 +196,7 @@ class Trainer {
       engine_->InitOwned(o_.seed);  // each rank its own slices: no full model anywhere
     init.reset();
     SHARDGPT_RETURN_IF_ERROR(OpenData());
-    SHARDGPT_RETURN_IF_ERROR(OpenOutputs());
+    SHARDGPT_RETURN_IF_ERROR(CheckOutputs());
     state_.seed = o_.seed;
     return Status::OK();
   }
@@ -188,8 +227,8 @@ class Trainer {
     return Status::OK();
   }
 
-  // Outputs that could fail only after training are checked now.
-  Status OpenOutputs() {
+  // Outputs that could fail only after training are checked now (the log is opened by Resume).
+  Status CheckOutputs() {
     if (!o_.save_model.empty()) {
       const std::string& f = o_.save_model;
       const std::string dir = f.find('/') == std::string::npos ? "." : f.substr(0, f.rfind('/') + 1);
@@ -205,11 +244,24 @@ class Trainer {
       }
       SHARDGPT_RETURN_IF_ERROR(Agree(comm_, st));
     }
+    return Status::OK();
+  }
+
+  // The JSONL log (rank 0). A fresh run truncates it. A resumed run keeps the rows of steps up
+  // to the checkpoint's step and appends after them: rows written after that checkpoint (by a
+  // run killed or stopped later) are dropped because this run writes those steps again, so a
+  // log that survives any number of requeues has every step exactly once. A row is written
+  // before the checkpoint of its step (Loop), so no step is lost either. Collective.
+  Status OpenLog() {
+    Status st;
     if (lead_ && !o_.log_file.empty()) {
-      log_.open(o_.log_file);
-      if (!log_) return Agree(comm_, Status::IOError(o_.log_file + ": cannot open the --log file for writing"));
+      if (!resume_path_.empty()) st = KeepLogRowsUpTo(o_.log_file, state_.step);
+      if (st.ok()) {
+        log_.open(o_.log_file, resume_path_.empty() ? std::ios::trunc : std::ios::app);
+        if (!log_) st = Status::IOError(o_.log_file + ": cannot open the --log file for writing");
+      }
     }
-    return Agree(comm_, Status::OK());
+    return Agree(comm_, st);
   }
 
   Status Resume() {
@@ -217,8 +269,9 @@ class Trainer {
       auto loaded = LoadCheckpoint(resume_path_, o_.ckpt_dir, *engine_, *layout_, comm_, o_.quiet);
       SHARDGPT_RETURN_IF_ERROR(Agree(comm_, loaded.status()));
       state_ = loaded.value();
-      // Nothing left to do would silently do nothing: say so.
-      if (state_.step >= o_.steps)
+      // Nothing left to do would silently do nothing: say so. (At the last step with validation
+      // data there is something left: the final validation a stop may have interrupted.)
+      if (state_.step > o_.steps || (state_.step == o_.steps && !val_))
         return Agree(comm_, Status::InvalidArgument("--steps " + std::to_string(o_.steps) + " is at or below the step " +
                                                     std::to_string(state_.step) + " of the checkpoint " + resume_path_ +
                                                     " (raise --steps to train further)"));
@@ -226,10 +279,17 @@ class Trainer {
         return Agree(comm_, Status::InvalidArgument("--stop-at-step " + std::to_string(o_.stop_at_step) +
                                                     " is at or below the resumed step " + std::to_string(state_.step)));
       train_->Restore(LoaderState{state_.loader_position});
-      if (lead_ && !o_.quiet)
-        std::printf("resumed from %s at step %lld (%lld tokens seen)\n", resume_path_.c_str(),
-                    static_cast<long long>(state_.step), static_cast<long long>(state_.tokens));
+      if (lead_) {  // even with --quiet: a requeued job's output says where it picked up
+        auto index = ReadCheckpointIndex(resume_path_);
+        std::printf("resumed from %s at step %lld (%lld tokens seen) on %d rank(s), zero stage %d", resume_path_.c_str(),
+                    static_cast<long long>(state_.step), static_cast<long long>(state_.tokens), comm_.world_size(),
+                    o_.engine.zero_stage);
+        if (index.ok()) std::printf(" (saved by %d rank(s), zero stage %d)", index->world_size, index->zero_stage);
+        std::printf("\n");
+        std::fflush(stdout);
+      }
     }
+    SHARDGPT_RETURN_IF_ERROR(OpenLog());
     const std::vector<uint64_t> state_per_rank = GatherPerRank(comm_, engine_->memory().Total());
     if (lead_ && !o_.quiet) {
       std::printf("shardgpt: model %s, %.2fM parameters, %d rank(s), zero stage %d, %s, B=%d T=%d grad-accum=%d "
@@ -238,6 +298,7 @@ class Trainer {
                   DTypeName(o_.engine.dtype), o_.micro_batch, o_.seq_len, o_.grad_accum, tokens_per_step(),
                   device_.name().c_str(), ComputeThreads());
       PrintStartupReport(*engine_, *layout_, o_.grad_accum, state_per_rank);
+      std::fflush(stdout);  // a batch job's output file shows the start before the first step
     }
     return Status::OK();
   }
@@ -251,14 +312,7 @@ class Trainer {
         stopped_ = true;
         return Status::OK();
       }
-      if (!comm_.AllTrue(g_stop_signal == 0)) {
-        if (lead_)
-          std::printf("stop signal received: checkpointing at step %d and exiting (status %d)\n", step, kExitSignalled);
-        SHARDGPT_RETURN_IF_ERROR(Save());
-        *exit_code = kExitSignalled;
-        stopped_ = true;
-        return Status::OK();
-      }
+      if (StopRequested()) return StopOnSignal(step, "", exit_code);
       const StepResult r = TrainStep(step);
       // Divergence: the loss and the norm are the same on every rank (all-reduced), so every
       // rank stops here, before anything of this state can be saved or published.
@@ -275,12 +329,31 @@ class Trainer {
       last_finite_loss_ = r.loss, last_finite_step_ = step + 1;
       state_.step = step + 1;
       state_.tokens += tokens_per_step();
+      const bool eval_now = val_ && ((o_.eval_every > 0 && (step + 1) % o_.eval_every == 0) || step + 1 == o_.steps);
+      // a stop during validation abandons it: the step is done, its row has no val_loss
+      const bool evaluated = eval_now && Evaluate(&last_val_);
+      Log(step, r, evaluated);
+      if (eval_now && !evaluated) return StopOnSignal(step + 1, " (during validation)", exit_code);
+      // after the row: a checkpoint at step s always has the log rows 1..s behind it
       if (o_.ckpt_every > 0 && state_.step % o_.ckpt_every == 0 && state_.step < o_.steps)
         SHARDGPT_RETURN_IF_ERROR(Save());
-      const bool eval_now = val_ && ((o_.eval_every > 0 && (step + 1) % o_.eval_every == 0) || step + 1 == o_.steps);
-      if (eval_now) last_val_ = Evaluate();
-      Log(step, r, eval_now);
     }
+    return Status::OK();
+  }
+
+  // Whether any rank got SIGUSR1/SIGTERM; every rank gets the same answer. Collective.
+  bool StopRequested() { return !comm_.AllTrue(g_stop_signal == 0); }
+
+  // The agreed stop: checkpoint at this step boundary, then exit kExitSignalled.
+  Status StopOnSignal(int step, const char* where, int* exit_code) {
+    if (lead_) {
+      std::printf("stop signal received%s: checkpointing at step %d and exiting (status %d)\n", where, step,
+                  kExitSignalled);
+      std::fflush(stdout);
+    }
+    SHARDGPT_RETURN_IF_ERROR(Save());
+    *exit_code = kExitSignalled;
+    stopped_ = true;
     return Status::OK();
   }
 
@@ -311,18 +384,23 @@ class Trainer {
     return r;
   }
 
-  // Mean validation loss over val_batches global micro-batches (the same ones every time).
-  float Evaluate() {
+  // Mean validation loss over val_batches global micro-batches (the same ones every time) into
+  // *loss. Validation can be long, so the stop flag is agreed on before every micro-batch too;
+  // returns false (no loss) when a stop cut it short. Collective.
+  bool Evaluate(float* loss) {
     const int B = o_.micro_batch, T = o_.seq_len;
     std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
     val_->Reset();
     double sum = 0;
-    for (int i = 0; i < o_.val_batches; i++) {
+    bool stopped = false;
+    for (int i = 0; i < o_.val_batches && !(stopped = StopRequested()); i++) {
       val_->NextBatch(x.data(), y.data());
       sum += model_->Forward(*engine_, x.data(), y.data(), B, T, 0.0f);
     }
     engine_->ReleaseAll();
-    return static_cast<float>(comm_.AllReduceScalar(sum / o_.val_batches, ReduceOp::kAvg));
+    if (stopped) return false;
+    *loss = static_cast<float>(comm_.AllReduceScalar(sum / o_.val_batches, ReduceOp::kAvg));
+    return true;
   }
 
   // A checkpoint of the current state (no-op without --ckpt-dir).
@@ -365,7 +443,10 @@ class Trainer {
     log_.flush();
   }
 
-  Status Finish() {
+  Status Finish(int* exit_code) {
+    // a run resumed from its final checkpoint (stopped during the last validation) validates here
+    if (val_ && std::isnan(last_val_) && !Evaluate(&last_val_))
+      return StopOnSignal(static_cast<int>(state_.step), " (during validation)", exit_code);
     SHARDGPT_RETURN_IF_ERROR(Save());
     if (!o_.save_model.empty()) {
       LocalParams local(*layout_);
@@ -375,7 +456,10 @@ class Trainer {
       if (lead_ && !o_.quiet) std::printf("saved model to %s (llm.c format, version 3)\n", o_.save_model.c_str());
     }
     if (lead_) {
-      std::printf("final train loss %.4f", last_loss_);
+      if (std::isnan(last_loss_))  // resumed from the final checkpoint: nothing was trained here
+        std::printf("no step left to train (resumed at step %lld of %d)", static_cast<long long>(state_.step), o_.steps);
+      else
+        std::printf("final train loss %.4f", last_loss_);
       if (!std::isnan(last_val_)) std::printf(" | val loss %.4f", last_val_);
       std::printf("\n");
     }
@@ -405,7 +489,7 @@ class Trainer {
   std::unique_ptr<CheckpointDirLock> ckpt_lock_;  // rank 0, while training with --ckpt-dir
   TrainState state_;
   std::vector<int32_t> x_, y_;
-  float last_loss_ = 0, last_val_ = NAN;
+  float last_loss_ = NAN, last_val_ = NAN;
   float last_finite_loss_ = NAN;  // for the divergence message
   int64_t last_finite_step_ = 0;
   bool stopped_ = false;  // a stop signal or --stop-at-step ended the loop (checkpoint written)

@@ -44,12 +44,13 @@ struct TrainOptions {
   std::string ckpt_dir;    // save DIR/step_XXXXXXXX/ every ckpt_every steps and at the end
   int ckpt_every = 0;
   int keep_last = 0;       // 0 keeps all
-  std::string resume;      // "latest" (under ckpt_dir) or a checkpoint directory
+  std::string resume;      // "latest" (under ckpt_dir, must exist), "auto" (latest if any, else fresh) or a directory
   int stop_at_step = 0;    // > 0: checkpoint and stop after this step, as if preempted
 };
 
 // Exit status after SIGUSR1/SIGTERM: all ranks saved a checkpoint at the next step boundary
-// and stopped; resubmit with --resume latest (EX_TEMPFAIL: "try again").
+// (or in the middle of a validation) and stopped; resubmit with --resume auto (EX_TEMPFAIL:
+// "try again"; slurm/*.sbatch turn it into a requeue).
 constexpr int kExitSignalled = 75;
 
 // Runs training on every rank of comm, on `device` (the communicator must carry buffers of that
@@ -58,7 +59,12 @@ constexpr int kExitSignalled = 75;
 // when a signal stopped the run after a checkpoint.
 Status RunTrain(TrainOptions opts, Communicator& comm, Device& device, int* exit_code);
 
-// Installs the SIGUSR1 / SIGTERM handlers that ask the loop to checkpoint and stop.
+// Installs the SIGUSR1 / SIGTERM handlers that ask the loop to checkpoint and stop. Called
+// before MPI_Init: a Slurm --signal may arrive while the job is still starting, and SIGUSR1's
+// default action would kill the rank instead of stopping the run cleanly.
 void InstallStopSignalHandlers();
+// Back to the default actions (commands other than train), re-raising a signal that arrived
+// while the handlers were installed.
+void RestoreDefaultStopSignalHandlers();
 
 }  // namespace shardgpt

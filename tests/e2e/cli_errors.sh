@@ -70,6 +70,8 @@ check resume-missing    "rank_00001.h5"      -- train $D --resume "$T/missing"
 check resume-truncated  "rank_00000.h5"      -- train $D --resume "$T/trunc"
 check resume-other-model "n_layer"           -- train $D --resume "$good" --n-layer 3
 check resume-latest-dir "--ckpt-dir"         -- train $D --resume latest
+check resume-auto-dir   "--ckpt-dir"         -- train $D --resume auto
+check resume-latest-none "$T/empty"          -- train $D --resume latest --ckpt-dir "$T/empty"
 check resume-flipped    "rank_00000.h5"      -- train $D --resume "$T/flip"
 check verify-flipped    "rank_00000.h5"      -- ckpt verify "$T/flip"
 check save-model-dir    "/nonexistent/dir"   -- train $D --save-model /nonexistent/dir/m.bin

@@ -24,9 +24,9 @@ for sig in USR1 TERM; do
   grep -q "stop signal received" "$T/out.txt" || { echo "FAIL: no stop message"; cat "$T/out.txt"; exit 1; }
   "$BIN" ckpt verify "$T/ck" >/dev/null || { echo "FAIL: checkpoint after SIG$sig does not verify"; exit 1; }
   step=$(sed 's/step_0*//' "$T/ck/latest")
-  mpirun -np 2 --oversubscribe "$BIN" train $ARGS --resume latest --stop-at-step $((step + 2)) --log "$T/r.jsonl" >/dev/null \
+  mpirun -np 2 --oversubscribe "$BIN" train $ARGS --resume latest --stop-at-step $((step + 2)) --log "$T/r-$sig.jsonl" >/dev/null \
     || { echo "FAIL: resume after SIG$sig"; exit 1; }
-  first=$(head -1 "$T/r.jsonl" | /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)['step'])")
+  first=$(head -1 "$T/r-$sig.jsonl" | /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)['step'])")
   [ "$first" -eq $((step + 1)) ] || { echo "FAIL: resumed at step $first, expected $((step + 1))"; exit 1; }
   echo "SIG$sig to one rank: all ranks checkpointed at step $step and exited 75; resumed at step $first"
 done
