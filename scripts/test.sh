@@ -5,6 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 scripts/build.sh
-# The Slurm suite (label slurm: starts daemons as root) runs only when asked: -L slurm.
-[ $# -eq 0 ] && set -- -LE slurm
+# Everything, the Slurm suite included (label slurm: it starts its own daemons as root and runs
+# alone; skipped when not root). Extra arguments go to ctest (e.g. -LE slurm, -L gpu).
 cd "$BUILD" && ctest --output-on-failure --timeout 900 "$@"
