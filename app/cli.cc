@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <map>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -296,6 +297,13 @@ int Main(int argc, char** argv) {
         } catch (const DeviceOutOfMemory& e) {
           // Mid-step: the other ranks wait inside a collective and cannot agree; end them all.
           std::fprintf(stderr, "shardgpt: error: rank %d: %s\n", rank, e.what());
+          std::fflush(stderr);
+          MPI_Abort(MPI_COMM_WORLD, 1);
+        } catch (const std::bad_alloc&) {  // any other host allocation: one line, not an abort trace
+          std::fprintf(stderr,
+                       "shardgpt: error: rank %d: out of host memory (std::bad_alloc); try a higher --zero-stage, a "
+                       "smaller --micro-batch or fewer ranks per node\n",
+                       rank);
           std::fflush(stderr);
           MPI_Abort(MPI_COMM_WORLD, 1);
         }
