@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Out of memory is an error, not an abort: with the address space capped (ulimit -v), a model
+# whose state does not fit gives one "shardgpt: error: out of host memory allocating <what>
+# (<bytes>)" line with a hint, a non-zero exit on every rank, and no hang.
+set -u
+BIN=$1
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+printf 'In the beginning God created the heaven and the earth. %.0s' $(seq 1 200) > "$T/text.txt"
+"$BIN" prepare --input "$T/text.txt" --output "$T/data" >/dev/null || { echo "prepare failed"; exit 1; }
+out=$(ulimit -v 4000000; timeout 120 mpirun -np 2 --oversubscribe "$BIN" train --model d24 --data "$T/data/train.bin" \
+      --seq-len 1024 --micro-batch 8 --steps 1 --threads 1 2>&1); rc=$?
+echo "$out" | grep '^shardgpt: error:'
+n=$(grep -c '^shardgpt: error: out of host memory allocating .*([0-9]* bytes); try a higher --zero-stage' <<<"$out")
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" -eq 1 ] && [ "$(grep -c '^shardgpt: error:' <<<"$out")" -eq 1 ] \
+  || { echo "FAIL: rc=$rc, $n out-of-memory lines"; echo "$out" | head -8; exit 1; }
