@@ -3,6 +3,7 @@
 // with several ranks, how much of the communication was hidden behind backward.
 //
 //   bench_train [--config tiny|small|gpt2|d12] [--steps 20] [--zero-stage S] [--dtype fp32|bf16]
+//               [--compute-dtype fp32|bf16] (default: what `shardgpt train` picks, see --compute-dtype)
 //               [--threads N] [--grad-accum A] [--bucket-mb MiB] [--device cpu|cuda]
 //               [--micro-batch B] [--seq-len T] [--peak-tflops P]
 // With --device cuda it also prints model TFLOP/s and MFU against the GPU's dense bf16 peak
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "base/passive_wait.h"
+#include "model/compute_precision.h"
 #include "model/device_factory.h"
 #include "model/gpt.h"
 #include "model/kernels_cpu.h"
@@ -46,7 +48,7 @@ int main(int argc, char** argv) {
   EnsurePassiveOpenMPWait(argv);
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  std::string config = "tiny", dtype = "fp32", device_kind = "cpu";
+  std::string config = "tiny", dtype = "fp32", device_kind = "cpu", compute_dtype;
   int steps = 20, stage = 0, threads = 2, accum = 1, micro_batch = 0, seq_len = 0;
   double bucket_mb = 25.0, peak_tflops = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -56,6 +58,7 @@ int main(int argc, char** argv) {
     else if (k == "--zero-stage") stage = std::stoi(v);
     else if (k == "--threads") threads = std::stoi(v);
     else if (k == "--dtype") dtype = v;
+    else if (k == "--compute-dtype") compute_dtype = v;
     else if (k == "--grad-accum") accum = std::stoi(v);
     else if (k == "--bucket-mb") bucket_mb = std::stod(v);
     else if (k == "--device") device_kind = v;
@@ -84,8 +87,10 @@ int main(int argc, char** argv) {
   auto device_or = CreateDevice(device_kind, local_rank, local_size);
   if (!device_or.ok()) { std::fprintf(stderr, "bench_train: %s\n", device_or.status().message().c_str()); MPI_Finalize(); return 1; }
   Device& device = *device_or.value();
-  device.kernels().set_matmul_precision(dtype == "bf16" && device.is_cuda() ? MatmulPrecision::kBf16
-                                                                           : MatmulPrecision::kExact);
+  // the precision shardgpt train would choose (model/compute_precision.h)
+  const ComputeChoice compute = ChooseComputePrecision(dtype == "bf16" ? DType::kBF16 : DType::kF32, compute_dtype,
+                                                       DetectComputeFacts(device.is_cuda()));
+  device.kernels().set_matmul_precision(compute.precision);
   if (peak_tflops <= 0) peak_tflops = PeakBf16Tflops(device.name());
   auto comm_or = MpiCommunicator::Create(MPI_COMM_WORLD, &device);
   if (!comm_or.ok()) { std::fprintf(stderr, "%s\n", comm_or.status().message().c_str()); return 1; }
@@ -139,9 +144,10 @@ int main(int argc, char** argv) {
   const double flops_per_token = 6 * N + 6.0 * c.n_layer * c.n_embd * T;
   if (comm.rank() == 0) {
     const double tflops = tokens * flops_per_token / med / 1e12;
-    std::printf("config=%s device=%s ranks=%d stage=%d dtype=%s threads/rank=%d B=%d T=%d A=%d params=%.2fM | "
+    std::printf("config=%s device=%s ranks=%d stage=%d dtype=%s compute=%s threads/rank=%d B=%d T=%d A=%d params=%.2fM | "
                 "median step %.1f ms | %.0f tokens/s | %.1f GFLOP/s",
-                config.c_str(), device.name().c_str(), comm.world_size(), stage, dtype.c_str(), threads, B, T, accum,
+                config.c_str(), device.name().c_str(), comm.world_size(), stage, dtype.c_str(),
+                compute.precision == MatmulPrecision::kBf16 ? "bf16" : "fp32", threads, B, T, accum,
                 N / 1e6, med * 1e3, tokens / med, tflops * 1e3);
     if (device.is_cuda()) {
       std::printf(" | %.1f TFLOP/s", tflops / comm.world_size());
