@@ -82,8 +82,8 @@ struct EngineFlags {
   void Add(CLI::App* app) {
     app->add_option("--zero-stage", zero_stage, "0 = DDP, 1 = shard optimizer state, 2 = + gradients, 3 = + parameters")
         ->check(CLI::Range(0, 3))->capture_default_str();
-    app->add_option("--dtype", dtype, "parameter/gradient storage: fp32 or bf16 (compute is fp32; bf16 keeps fp32 "
-                                      "master weights and AdamW moments)")
+    app->add_option("--dtype", dtype, "parameter/gradient storage: fp32 or bf16 (bf16 keeps fp32 master weights "
+                                      "and AdamW moments; see --compute-dtype)")
         ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
     app->add_option("--reduce-dtype", reduce_dtype, "dtype gradients travel in (default: --dtype)")
         ->check(CLI::IsMember({"fp32", "bf16"}));
@@ -197,6 +197,10 @@ int Main(int argc, char** argv) {
       ->check(Finite(0, true));
   train->add_flag("--quiet", t.quiet, "print only the final loss and sample");
   train->add_option("--threads", t.threads, "compute threads per rank (default: cores / ranks on the node)");
+  train->add_option("--compute-dtype", t.compute_dtype,
+                    "precision of the matmuls: fp32 or bf16 (bf16 inputs, fp32 accumulation); default: bf16 with "
+                    "--dtype bf16 where the hardware has fast bf16 products (GPU, AVX512-BF16/AMX CPUs), else fp32")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   train->add_option("--log", t.log_file, "write one JSON line per step to this file");
   train->add_option("--save-model", t.save_model, "write the final model as an llm.c .bin (version 3)");
   train->add_option("--sample-tokens", t.sample_tokens, "print a sample of N tokens after training")->capture_default_str();

@@ -18,6 +18,7 @@
 #include "io/data_loader.h"
 #include "io/llmc_model.h"
 #include "io/tokenizer.h"
+#include "model/compute_precision.h"
 #include "model/gpt.h"
 #include "model/kernels_cpu.h"
 #include "model/sampler.h"
@@ -185,9 +186,12 @@ class Trainer {
     std::unique_ptr<LlmcModel> init;
     SHARDGPT_RETURN_IF_ERROR(ResolveModelAndResume(o_, comm_, &init, &resume_path_));
     SHARDGPT_RETURN_IF_ERROR(ValidateLoopOptions(o_, comm_.world_size()));
-    // bf16 runs round matmul inputs to bf16 where the device has fast bf16 matmuls (tensor cores)
-    device_.kernels().set_matmul_precision(
-        o_.engine.dtype == DType::kBF16 && device_.is_cuda() ? MatmulPrecision::kBf16 : MatmulPrecision::kExact);
+    // bf16 runs round matmul inputs to bf16 where the device has fast bf16 matmuls (tensor cores,
+    // AVX512-BF16/AMX), or where --compute-dtype asks for it
+    const ComputeChoice compute =
+        ChooseComputePrecision(o_.engine.dtype, o_.compute_dtype, DetectComputeFacts(device_.is_cuda()));
+    device_.kernels().set_matmul_precision(compute.precision);
+    compute_line_ = compute.line;
     layout_ = std::make_unique<ParamLayout>(o_.model);
     SHARDGPT_RETURN_IF_ERROR(Agree(comm_, AllocateOnDevice()));
     if (init)
@@ -297,6 +301,7 @@ class Trainer {
                   o_.model.ToString().c_str(), layout_->total_numel() / 1e6, comm_.world_size(), o_.engine.zero_stage,
                   DTypeName(o_.engine.dtype), o_.micro_batch, o_.seq_len, o_.grad_accum, tokens_per_step(),
                   device_.name().c_str(), ComputeThreads());
+      if (!compute_line_.empty()) std::printf("%s\n", compute_line_.c_str());
       PrintStartupReport(*engine_, *layout_, o_.grad_accum, state_per_rank);
       std::fflush(stdout);  // a batch job's output file shows the start before the first step
     }
@@ -481,6 +486,7 @@ class Trainer {
   Device& device_;
   const bool lead_;
   std::string resume_path_;
+  std::string compute_line_;  // the start-up line saying which precision the matmuls run in
   std::unique_ptr<ParamLayout> layout_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<GPT> model_;

@@ -39,6 +39,7 @@ struct TrainOptions {
   int sample_tokens = 0;
   std::string sample_prompt = "\n";
   int threads = 0;  // 0: cores / ranks on this node
+  std::string compute_dtype;  // --compute-dtype: "fp32", "bf16", or "" (bf16 with --dtype bf16 where fast)
   bool quiet = false;
   // checkpoints (io/checkpoint.h)
   std::string ckpt_dir;    // save DIR/step_XXXXXXXX/ every ckpt_every steps and at the end

@@ -3,8 +3,10 @@
 // with several ranks, how much of the communication was hidden behind backward.
 //
 //   bench_train [--config tiny|small|gpt2|d12] [--steps 20] [--zero-stage S] [--dtype fp32|bf16]
+//               [--compute-dtype fp32|bf16] (default: what `shardgpt train` picks, see --compute-dtype)
 //               [--threads N] [--grad-accum A] [--bucket-mb MiB] [--device cpu|cuda]
-//               [--micro-batch B] [--seq-len T] [--peak-tflops P] [--comm auto|mpi|nccl]
+//               [--micro-batch B] [--seq-len T] [--peak-tflops P] [--comm auto|mpi|nccl] [--profile 1]
+// --profile 1 adds a per-kernel table: where the step's time goes (bench/kernel_profile.h).
 // With --device cuda it also prints model TFLOP/s and MFU against the GPU's dense bf16 peak
 // (a table by GPU name below, or --peak-tflops).
 //   mpirun -np 2 bench_train --config tiny --zero-stage 0 --threads 1
@@ -21,6 +23,8 @@
 #include <vector>
 
 #include "base/passive_wait.h"
+#include "bench/kernel_profile.h"
+#include "model/compute_precision.h"
 #include "model/device_factory.h"
 #include "model/gpt.h"
 #include "model/kernels_cpu.h"
@@ -47,8 +51,8 @@ int main(int argc, char** argv) {
   EnsurePassiveOpenMPWait(argv);
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  std::string config = "tiny", dtype = "fp32", device_kind = "cpu", comm_kind = "auto";
-  int steps = 20, stage = 0, threads = 2, accum = 1, micro_batch = 0, seq_len = 0;
+  std::string config = "tiny", dtype = "fp32", device_kind = "cpu", comm_kind = "auto", compute_dtype;
+  int steps = 20, stage = 0, threads = 2, accum = 1, micro_batch = 0, seq_len = 0, profile = 0;
   double bucket_mb = 25.0, peak_tflops = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
@@ -57,6 +61,7 @@ int main(int argc, char** argv) {
     else if (k == "--zero-stage") stage = std::stoi(v);
     else if (k == "--threads") threads = std::stoi(v);
     else if (k == "--dtype") dtype = v;
+    else if (k == "--compute-dtype") compute_dtype = v;
     else if (k == "--grad-accum") accum = std::stoi(v);
     else if (k == "--bucket-mb") bucket_mb = std::stod(v);
     else if (k == "--device") device_kind = v;
@@ -64,6 +69,7 @@ int main(int argc, char** argv) {
     else if (k == "--seq-len") seq_len = std::stoi(v);
     else if (k == "--peak-tflops") peak_tflops = std::stod(v);
     else if (k == "--comm") comm_kind = v;
+    else if (k == "--profile") profile = std::stoi(v);
   }
   GPTConfig c;
   int B = 8, T = 256;
@@ -85,9 +91,15 @@ int main(int argc, char** argv) {
   }
   auto device_or = CreateDevice(device_kind, local_rank, local_size);
   if (!device_or.ok()) { std::fprintf(stderr, "bench_train: %s\n", device_or.status().message().c_str()); MPI_Finalize(); return 1; }
-  Device& device = *device_or.value();
-  device.kernels().set_matmul_precision(dtype == "bf16" && device.is_cuda() ? MatmulPrecision::kBf16
-                                                                           : MatmulPrecision::kExact);
+  // --profile 1: time every kernel call (bench/kernel_profile.h); the step times then include
+  // the timing overhead (two clock reads per kernel)
+  std::unique_ptr<ProfilingDevice> profiler;
+  if (profile) profiler = std::make_unique<ProfilingDevice>(*device_or.value());
+  Device& device = profiler ? static_cast<Device&>(*profiler) : *device_or.value();
+  // the precision shardgpt train would choose (model/compute_precision.h)
+  const ComputeChoice compute = ChooseComputePrecision(dtype == "bf16" ? DType::kBF16 : DType::kF32, compute_dtype,
+                                                       DetectComputeFacts(device.is_cuda()));
+  device.kernels().set_matmul_precision(compute.precision);
   if (peak_tflops <= 0) peak_tflops = PeakBf16Tflops(device.name());
   CommOptions comm_options;
   comm_options.kind = comm_kind;
@@ -111,6 +123,7 @@ int main(int argc, char** argv) {
   Rng rng(42, comm.rank());
   std::vector<int32_t> x(B * T), y(B * T);
   std::vector<double> times, hidden;
+  double measured_seconds = 0;
   for (int s = 0; s < steps; s++) {
     for (auto& t : x) t = static_cast<int32_t>(rng.Next() % c.vocab_size);
     for (auto& t : y) t = static_cast<int32_t>(rng.Next() % c.vocab_size);
@@ -127,8 +140,10 @@ int main(int argc, char** argv) {
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     dt = comm.AllReduceScalar(dt, ReduceOp::kAvg);
     const StepReport& r = engine.last_report();
+    if (profiler && s == 1) profiler->profile().Reset();  // profile the measured steps only
     if (s >= 2) {  // skip warm-up
       times.push_back(dt);
+      measured_seconds += dt;
       // share of this step's communication time that the training thread did not wait for
       // after backward, averaged over ranks
       double h = r.comm_busy_s > 0 ? std::max(0.0, 1.0 - r.backward_exposed_s / r.comm_busy_s) : 0.0;
@@ -143,9 +158,10 @@ int main(int argc, char** argv) {
   const double flops_per_token = 6 * N + 6.0 * c.n_layer * c.n_embd * T;
   if (comm.rank() == 0) {
     const double tflops = tokens * flops_per_token / med / 1e12;
-    std::printf("config=%s device=%s ranks=%d stage=%d dtype=%s threads/rank=%d B=%d T=%d A=%d params=%.2fM | "
+    std::printf("config=%s device=%s ranks=%d stage=%d dtype=%s compute=%s threads/rank=%d B=%d T=%d A=%d params=%.2fM | "
                 "median step %.1f ms | %.0f tokens/s | %.1f GFLOP/s",
-                config.c_str(), device.name().c_str(), comm.world_size(), stage, dtype.c_str(), threads, B, T, accum,
+                config.c_str(), device.name().c_str(), comm.world_size(), stage, dtype.c_str(),
+                compute.precision == MatmulPrecision::kBf16 ? "bf16" : "fp32", threads, B, T, accum,
                 N / 1e6, med * 1e3, tokens / med, tflops * 1e3);
     if (device.is_cuda()) {
       std::printf(" | %.1f TFLOP/s", tflops / comm.world_size());
@@ -155,6 +171,11 @@ int main(int argc, char** argv) {
     }
     if (!hidden.empty() && comm.world_size() > 1) std::printf(" | comm hidden behind backward %.0f%%", 100 * hidden[hidden.size() / 2]);
     std::printf("\n");
+    if (profiler) {
+      std::printf("per-kernel time (rank 0, mean of %zu steps of %.1f ms):\n", times.size(),
+                  1e3 * measured_seconds / times.size());
+      PrintProfile(profiler->profile(), static_cast<int>(times.size()), measured_seconds / times.size());
+    }
   }
   }
   comm_or.value().reset();

@@ -1,5 +1,7 @@
-// The CPU device: host memory (calloc) and the OpenBLAS/OpenMP kernels of model/kernels_cpu.h.
-// Copies are memcpy and events are complete at once: the CPU computes synchronously.
+// The CPU device: host memory (calloc) and the OpenBLAS/OpenMP kernels of model/kernels_cpu.h;
+// at MatmulPrecision::kBf16 the matmuls and attention run the bf16 kernels of
+// model/kernels_cpu_bf16.h instead. Copies are memcpy and events are complete at once: the CPU
+// computes synchronously.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -8,12 +10,14 @@
 
 #include "model/device.h"
 #include "model/kernels_cpu.h"
+#include "model/kernels_cpu_bf16.h"
 
 namespace shardgpt {
 
 namespace {
 
-// Forwards every kernel to its free function in model/kernels_cpu.h.
+// Forwards every kernel to its free function in model/kernels_cpu.h, or, for the matmuls and
+// attention at MatmulPrecision::kBf16, in model/kernels_cpu_bf16.h.
 class CpuKernels final : public Kernels {
  public:
   void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
@@ -34,17 +38,21 @@ class CpuKernels final : public Kernels {
   }
   void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C,
                       int OC) const override {
+    if (bf16()) return shardgpt::matmul_forward_bf16(out, inp, w, bias, N, C, OC);
     shardgpt::matmul_forward(out, inp, w, bias, N, C, OC);
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                        int N, int C, int OC) const override {
+    if (bf16()) return shardgpt::matmul_backward_bf16(dinp, dw, dbias, dout, inp, w, N, C, OC);
     shardgpt::matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
   }
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) const override {
+    if (bf16()) return shardgpt::attention_forward_bf16(out, lse, qkv, B, T, C, NH);
     shardgpt::attention_forward(out, lse, qkv, B, T, C, NH);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                           int B, int T, int C, int NH) const override {
+    if (bf16()) return shardgpt::attention_backward_bf16(dqkv, dout, qkv, out, lse, B, T, C, NH);
     shardgpt::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
   }
   void gelu_forward(float* out, const float* inp, size_t n) const override { shardgpt::gelu_forward(out, inp, n); }
@@ -71,6 +79,9 @@ class CpuKernels final : public Kernels {
              const AdamWConfig& cfg, int64_t t, float grad_scale) const override {
     adamw_update(param, grad, m, v, n, lr, weight_decay, cfg, t, grad_scale);
   }
+
+ private:
+  bool bf16() const { return precision_ == MatmulPrecision::kBf16; }
 };
 
 class DoneEvent final : public DeviceEvent {

@@ -22,7 +22,9 @@ namespace shardgpt {
 
 // How matmuls round their inputs. kExact: fp32 products, fp32 accumulation (CUDA: TF32 off,
 // so GPU and CPU agree to ~1e-6). kBf16: inputs rounded to bf16, fp32 accumulation (CUDA:
-// tensor cores, CUBLAS_COMPUTE_32F_FAST_16BF; CPU: as kExact until it has bf16 kernels).
+// tensor cores, CUBLAS_COMPUTE_32F_FAST_16BF; CPU: model/kernels_cpu_bf16.h, oneDNN, for the
+// matmuls and attention's score/value products). ChooseComputePrecision
+// (model/compute_precision.h) picks it from --dtype, --compute-dtype and the hardware.
 enum class MatmulPrecision { kExact, kBf16 };
 
 class Kernels {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "base/bf16.h"
+#include "model/kernels_cpu_internal.h"
 
 namespace shardgpt {
 
@@ -31,47 +32,12 @@ int g_threads = 0;  // 0: not set yet, use the OpenMP default
 
 inline int nthreads() { return g_threads > 0 ? g_threads : omp_get_max_threads(); }
 
-// exp(x) for the softmaxes and tanh: Cephes range reduction + degree-6 polynomial (rel. error
-// ~2 ulp on [-87, 88]; inputs are clamped there). Plain float ops only, so loops that call it
-// vectorise (glibc's expf does not without -ffast-math).
-inline float exp_fast(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  x = x > 88.0f ? 88.0f : x;
-  const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to the nearest integer
-  float n = (x * 1.44269504088896341f + magic) - magic;
-  float r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  float y = p * r * r + r + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
-  return y * __builtin_bit_cast(float, bits);
-}
+using cpu_internal::exp_fast;
 
 // tanh(u) = 1 - 2 / (exp(2u) + 1); absolute error ~1e-7.
 inline float tanh_fast(float u) { return 1.0f - 2.0f / (exp_fast(2.0f * u) + 1.0f); }
 
-// Per-thread scratch, grown on demand (attention's score tiles).
-float* scratch(std::vector<float>& buf, size_t n) {
-  if (buf.size() < n) buf.resize(n);
-  return buf.data();
-}
-
-// Keeps OpenBLAS single-threaded while alive: sgemm is called from inside OpenMP regions.
-// (SetComputeThreads already sets 1; this guards against someone else having changed it.)
-struct BlasSingleThread {
-  int saved = openblas_get_num_threads();
-  BlasSingleThread() {
-    if (saved != 1) openblas_set_num_threads(1);
-  }
-  ~BlasSingleThread() {
-    if (saved != 1) openblas_set_num_threads(saved);
-  }
-};
+using cpu_internal::BlasSingleThread;
 
 // Start of part j of [0, n) split into parts equal to within a multiple of 16.
 inline int split(int n, int parts, int j) {
@@ -258,120 +224,28 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
 }
 
 // ----------------------------------------------------------------------------------------------
-// attention, per (b,h), with q,k,v,o,dO the [T,hs] slices of that head (row stride 3C or C):
-//   forward:  S = q k^T * scale (causal: s <= t);  lse_t = log sum_s exp(S_ts);  P = exp(S - lse);
-//             o = P v.  Saves only o and lse.
-//   backward: P recomputed from q, k and lse;  dv += P^T dO;  dP = dO v^T;  D_t = dO_t . o_t;
-//             dS = P * (dP - D);  dq += dS k * scale;  dk += dS^T q * scale.
-// Rows go in blocks of att_block(T) so that the sgemms skip most of the masked upper triangle;
-// the [T,T] score tiles are per-thread scratch. sgemm runs single-threaded inside the
-// (b,h)-parallel OpenMP loop.
+// attention: the blocked causal attention of model/kernels_cpu_internal.h (maths there), with every
+// score/value product a single-threaded cblas_sgemm inside the (b,h)-parallel OpenMP loop.
 
 namespace {
-// Row block: 32 for short sequences, 64 otherwise (measured at T=64 and T=256, hs=64; full-T
-// blocks that skip nothing are ~25% slower at T=256).
-inline int att_block(int T) { return T <= 128 ? 32 : 64; }
-thread_local std::vector<float> t_att_p, t_att_dp;
+struct SgemmPolicy {
+  void operator()(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                  int ldb, float beta, float* C, int ldc) const {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda,
+                B, ldb, beta, C, ldc);
+  }
+};
 }  // namespace
 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
-  const int hs = C / NH, C3 = 3 * C;
-  const float scale = 1.0f / std::sqrt((float)hs);
-  const int bs = att_block(T);
   BlasSingleThread single;
-#pragma omp parallel for schedule(static) num_threads(nthreads())
-  for (int bh = 0; bh < B * NH; bh++) {
-    const int b = bh / NH, h = bh % NH;
-    const float* q = qkv + (int64_t)b * T * C3 + h * hs;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    float* o = out + (int64_t)b * T * C + h * hs;
-    float* l = lse + (int64_t)bh * T;
-    float* S = scratch(t_att_p, (size_t)T * T);
-    for (int r0 = 0; r0 < T; r0 += bs) {
-      const int r1 = std::min(T, r0 + bs);
-      // S[r0:r1, 0:r1] = q[r0:r1] k[0:r1]^T * scale
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, scale, q + (int64_t)r0 * C3, C3, k, C3,
-                  0.0f, S + (int64_t)r0 * T, T);
-      for (int t = r0; t < r1; t++) {
-        float* row = S + (int64_t)t * T;
-        float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-        for (int s = 0; s <= t; s++) mx = mx > row[s] ? mx : row[s];  // (std::max does not vectorise)
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int s = 0; s <= t; s++) {
-          row[s] = exp_fast(row[s] - mx);
-          sum += row[s];
-        }
-        const float inv = 1.0f / sum;
-#pragma omp simd
-        for (int s = 0; s <= t; s++) row[s] *= inv;
-        for (int s = t + 1; s < r1; s++) row[s] = 0.0f;
-        l[t] = mx + std::log(sum);
-      }
-      // o[r0:r1] = P[r0:r1, 0:r1] v[0:r1]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f, S + (int64_t)r0 * T, T, v, C3,
-                  0.0f, o + (int64_t)r0 * C, C);
-    }
-  }
+  cpu_internal::AttentionForward(SgemmPolicy{}, nthreads(), out, lse, qkv, B, T, C, NH);
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
                         int T, int C, int NH) {
-  const int hs = C / NH, C3 = 3 * C;
-  const float scale = 1.0f / std::sqrt((float)hs);
-  const int bs = att_block(T);
   BlasSingleThread single;
-#pragma omp parallel for schedule(static) num_threads(nthreads())
-  for (int bh = 0; bh < B * NH; bh++) {
-    const int b = bh / NH, h = bh % NH;
-    const int64_t qoff = (int64_t)b * T * C3 + h * hs, ooff = (int64_t)b * T * C + h * hs;
-    const float *q = qkv + qoff, *k = q + C, *v = q + 2 * C;
-    float *dq = dqkv + qoff, *dk = dq + C, *dv = dq + 2 * C;
-    const float *o = out + ooff, *dO = dout + ooff;
-    const float* l = lse + (int64_t)bh * T;
-    float* P = scratch(t_att_p, (size_t)T * T);
-    float* dS = scratch(t_att_dp, (size_t)T * T);
-    for (int r0 = 0; r0 < T; r0 += bs) {
-      const int r1 = std::min(T, r0 + bs), m = r1 - r0;
-      float* Pb = P + (int64_t)r0 * T;
-      float* dSb = dS + (int64_t)r0 * T;
-      // P = exp(q k^T * scale - lse), dP = dO v^T
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, r1, hs, scale, q + (int64_t)r0 * C3, C3, k, C3, 0.0f,
-                  Pb, T);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, r1, hs, 1.0f, dO + (int64_t)r0 * C, C, v, C3, 0.0f,
-                  dSb, T);
-      for (int t = r0; t < r1; t++) {
-        float* p = P + (int64_t)t * T;
-        float* ds = dS + (int64_t)t * T;
-        const float* ot = o + (int64_t)t * C;
-        const float* dot = dO + (int64_t)t * C;
-        float D = 0.0f;
-#pragma omp simd reduction(+ : D)
-        for (int i = 0; i < hs; i++) D += ot[i] * dot[i];
-        const float lt = l[t];
-#pragma omp simd
-        for (int s = 0; s <= t; s++) {
-          p[s] = exp_fast(p[s] - lt);
-          ds[s] = p[s] * (ds[s] - D);
-        }
-        for (int s = t + 1; s < r1; s++) p[s] = ds[s] = 0.0f;
-      }
-      // dq[r0:r1] += dS[r0:r1, 0:r1] k[0:r1] * scale
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, r1, scale, dSb, T, k, C3, 1.0f,
-                  dq + (int64_t)r0 * C3, C3);
-    }
-    // column blocks c: only rows t >= c0 have nonzero P/dS in columns [c0,c1)
-    for (int c0 = 0; c0 < T; c0 += bs) {
-      const int c1 = std::min(T, c0 + bs);
-      // dv[c0:c1] += P[c0:T, c0:c1]^T dO[c0:T];  dk[c0:c1] += dS[c0:T, c0:c1]^T q[c0:T] * scale
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1 - c0, hs, T - c0, 1.0f, P + (int64_t)c0 * T + c0, T,
-                  dO + (int64_t)c0 * C, C, 1.0f, dv + (int64_t)c0 * C3, C3);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1 - c0, hs, T - c0, scale, dS + (int64_t)c0 * T + c0, T,
-                  q + (int64_t)c0 * C3, C3, 1.0f, dk + (int64_t)c0 * C3, C3);
-    }
-  }
+  cpu_internal::AttentionBackward(SgemmPolicy{}, nthreads(), dqkv, dout, qkv, out, lse, B, T, C, NH);
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 # Called by the README commands, the Makefile and .ci/run. Safe to run again.
 set -euo pipefail
 PKGS=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
-      libopenblas-dev libcli11-dev nlohmann-json3-dev libgtest-dev googletest libbenchmark-dev
+      libopenblas-dev libdnnl-dev libcli11-dev nlohmann-json3-dev libgtest-dev googletest libbenchmark-dev
       bible-kjv python3-numpy python3-h5py)
 missing=()
 for p in "${PKGS[@]}"; do
@@ -12,7 +12,7 @@ done
 if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
 if ! command -v apt-get >/dev/null 2>&1; then
   echo "shardgpt: apt-get not available; please install: ${missing[*]}" >&2
-  echo "  (Open MPI, HDF5 with C++ bindings, OpenBLAS, CLI11, nlohmann-json, GoogleTest, Google Benchmark, CMake >= 3.20)" >&2
+  echo "  (Open MPI, HDF5 with C++ bindings, OpenBLAS, oneDNN, CLI11, nlohmann-json, GoogleTest, Google Benchmark, CMake >= 3.20)" >&2
   exit 1
 fi
 SUDO=""

@@ -27,6 +27,7 @@ check unknown-flag      "--bogus"            -- train --bogus
 check no-subcommand     "subcommand"         --
 check stage-range       "zero-stage"         -- train $D --zero-stage 5
 check dtype             "dtype"              -- train $D --dtype fp16
+check compute-dtype     "compute-dtype"      -- train $D --compute-dtype fp16
 check missing-data      "$T/nope"            -- train --data "$T/nope*.bin" --steps 1
 check bad-magic         "bad.bin"            -- train --data "$T/bad.bin" --steps 1
 check seq-too-long      "seq-len"            -- train $D --seq-len 4096

@@ -1,0 +1,37 @@
+// Which precision a run's matmuls compute in: --compute-dtype when given, else bf16 where the
+// hardware makes bf16 products fast (GPU tensor cores; CPUs with AVX512-BF16 or AMX-BF16) and
+// the run stores bf16 (--dtype bf16), else fp32. --dtype fp32 without --compute-dtype is always
+// kExact, so its numbers do not change.
+//
+// Thread contract: pure functions of their arguments (DetectComputeFacts reads the CPU once).
+#pragma once
+
+#include <string>
+
+#include "base/dtype.h"
+#include "model/kernels.h"
+
+namespace shardgpt {
+
+// What the hardware offers, as inputs to the choice (so the choice can be tested anywhere).
+struct ComputeFacts {
+  bool is_cuda = false;
+  bool cpu_bf16_dot = false;        // CpuHasBf16Dot()
+  std::string cpu_bf16_dot_name;    // "AVX512-BF16", "AMX-BF16"
+  bool onednn_bf16 = false;         // OnednnBf16Supported(): oneDNN runs bf16 matmuls on this CPU
+};
+ComputeFacts DetectComputeFacts(bool is_cuda);
+
+struct ComputeChoice {
+  MatmulPrecision precision = MatmulPrecision::kExact;
+  // One start-up line ("compute: ..."), or "" for an fp32 run that asked nothing (its output
+  // stays as it was).
+  std::string line;
+};
+
+// storage: --dtype. requested: --compute-dtype ("fp32", "bf16", or "" for automatic).
+// On a CPU, forcing bf16 where oneDNN cannot run it selects the emulated bf16 kernels (same
+// numerics, slower); the line says which kernels run and why.
+ComputeChoice ChooseComputePrecision(DType storage, const std::string& requested, const ComputeFacts& facts);
+
+}  // namespace shardgpt

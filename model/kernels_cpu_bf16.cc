@@ -1,0 +1,332 @@
+// bf16 matmul kernels of the CPU device (see kernels_cpu_bf16.h): inputs rounded to bf16 (RNE,
+// base/bf16.h), products accumulated in fp32 by oneDNN, or by OpenBLAS on the rounded values.
+//
+// oneDNN is used in its simplest form: dense row-major (or transposed) bf16 operands, a dense
+// fp32 destination, an optional fp32 bias and an optional sum post-op (+=). Primitives are built
+// once per shape and cached per thread (building one costs far more than a small product).
+#include "model/kernels_cpu_bf16.h"
+
+#include <cpuid.h>
+#include <omp.h>
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+#include <vector>
+
+#include "base/bf16.h"
+#include "model/kernels_cpu.h"
+#include "model/kernels_cpu_internal.h"
+
+#if DNNL_VERSION_MAJOR != 2
+#error "model/kernels_cpu_bf16.cc is written against oneDNN 2.x (Debian 12's libdnnl-dev 2.6)"
+#endif
+#if DNNL_CPU_THREADING_RUNTIME != DNNL_RUNTIME_OMP
+#error "oneDNN must be built with OpenMP: the CPU kernels keep ONE thread pool (kernels_cpu.h)"
+#endif
+
+namespace shardgpt {
+
+// ----------------------------------------------------------------------------------------------
+// CPU detection
+
+namespace {
+
+uint64_t Xcr0() {
+  uint32_t lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+
+// 0: none, 1: AVX512-BF16, 2: AMX-BF16 (the faster one when both are present).
+int DetectBf16Dot() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0;  // OSXSAVE: xgetbv usable
+  if (__get_cpuid_max(0, nullptr) < 7) return 0;
+  const uint64_t xcr0 = Xcr0();
+  const bool avx512_state = (xcr0 & 0xe6) == 0xe6;         // SSE, AVX, opmask, ZMM0-15 high, ZMM16-31
+  const bool tile_state = (xcr0 & 0x60000) == 0x60000;     // XTILECFG, XTILEDATA
+  __cpuid_count(7, 0, a, b, c, d);
+  const bool amx_bf16 = (d & (1u << 22)) && (d & (1u << 24));  // AMX-BF16 and AMX-TILE
+  const bool avx512f = b & (1u << 16);
+  const unsigned max_sub = a;
+  bool avx512_bf16 = false;
+  if (max_sub >= 1) {
+    __cpuid_count(7, 1, a, b, c, d);
+    avx512_bf16 = a & (1u << 5);
+  }
+  if (amx_bf16 && tile_state) return 2;
+  if (avx512f && avx512_bf16 && avx512_state) return 1;
+  return 0;
+}
+
+int Bf16Dot() {
+  static const int dot = DetectBf16Dot();
+  return dot;
+}
+
+}  // namespace
+
+bool CpuHasBf16Dot() { return Bf16Dot() != 0; }
+const char* CpuBf16DotName() { return Bf16Dot() == 2 ? "AMX-BF16" : Bf16Dot() == 1 ? "AVX512-BF16" : ""; }
+
+// ----------------------------------------------------------------------------------------------
+// oneDNN: one engine, a stream and a primitive cache per thread
+
+namespace {
+
+using dnnl::memory;
+
+dnnl::engine& OnednnEngine() {
+  static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);  // never destroyed: used at exit
+  return *engine;
+}
+
+struct MatmulKey {
+  int M, N, K, threads;
+  bool ta, tb, bias, accumulate;
+  bool operator==(const MatmulKey& o) const {
+    return M == o.M && N == o.N && K == o.K && threads == o.threads && ta == o.ta && tb == o.tb && bias == o.bias &&
+           accumulate == o.accumulate;
+  }
+};
+struct MatmulKeyHash {
+  size_t operator()(const MatmulKey& k) const {
+    size_t h = static_cast<size_t>(k.M) * 1000003u ^ static_cast<size_t>(k.N) * 10007u ^ static_cast<size_t>(k.K);
+    return h * 31 + (k.threads << 4 | k.ta << 3 | k.tb << 2 | k.bias << 1 | k.accumulate);
+  }
+};
+
+struct MatmulEntry {
+  memory::desc a, b, bias, c;
+  dnnl::matmul prim;
+};
+
+// C[M,N] (dense fp32) = op(A)[M,K] @ op(B)[K,N] (+ bias[N]) (+ C when accumulate).
+// A is dense bf16 [M,K], or [K,M] when ta; B is dense bf16 [K,N], or [N,K] when tb.
+// Outside a parallel region oneDNN threads the product over the OpenMP pool; inside one it
+// runs on the calling thread (the thread count is part of the cache key).
+void OnednnMatmul(int M, int N, int K, const uint16_t* A, bool ta, const uint16_t* B, bool tb, const float* bias,
+                  bool accumulate, float* C) {
+  thread_local std::unordered_map<MatmulKey, MatmulEntry, MatmulKeyHash> cache;
+  thread_local dnnl::stream stream(OnednnEngine());
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const MatmulKey key{M, N, K, threads, ta, tb, bias != nullptr, accumulate};
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    using tag = memory::format_tag;
+    using dt = memory::data_type;
+    MatmulEntry e;
+    e.a = memory::desc({M, K}, dt::bf16, ta ? tag::ba : tag::ab);
+    e.b = memory::desc({K, N}, dt::bf16, tb ? tag::ba : tag::ab);
+    e.bias = memory::desc({1, N}, dt::f32, tag::ab);
+    e.c = memory::desc({M, N}, dt::f32, tag::ab);
+    dnnl::primitive_attr attr;
+    if (accumulate) {
+      dnnl::post_ops ops;
+      ops.append_sum(1.0f);
+      attr.set_post_ops(ops);
+    }
+    const dnnl::matmul::desc d = bias ? dnnl::matmul::desc(e.a, e.b, e.bias, e.c) : dnnl::matmul::desc(e.a, e.b, e.c);
+    e.prim = dnnl::matmul(dnnl::matmul::primitive_desc(d, attr, OnednnEngine()));
+    it = cache.emplace(key, std::move(e)).first;
+  }
+  const MatmulEntry& e = it->second;
+  dnnl::engine& eng = OnednnEngine();
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(e.a, eng, const_cast<uint16_t*>(A))},
+                                       {DNNL_ARG_WEIGHTS, memory(e.b, eng, const_cast<uint16_t*>(B))},
+                                       {DNNL_ARG_DST, memory(e.c, eng, C)}};
+  if (bias) args.emplace(DNNL_ARG_BIAS, memory(e.bias, eng, const_cast<float*>(bias)));
+  e.prim.execute(stream, args);
+  stream.wait();
+}
+
+bool ProbeOnednnBf16() {
+  try {
+    using tag = memory::format_tag;
+    memory::desc a({2, 2}, memory::data_type::bf16, tag::ab), c({2, 2}, memory::data_type::f32, tag::ab);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), OnednnEngine());
+    return true;
+  } catch (const dnnl::error&) {
+    return false;  // "could not create a primitive descriptor": no bf16 support on this ISA
+  }
+}
+
+Bf16Gemm g_gemm = Bf16Gemm::kEmulated;
+bool g_gemm_chosen = false;
+
+}  // namespace
+
+bool OnednnBf16Supported() {
+  static const bool ok = ProbeOnednnBf16();
+  return ok;
+}
+
+Bf16Gemm CurrentBf16Gemm() {
+  if (!g_gemm_chosen) {
+    g_gemm = OnednnBf16Supported() ? Bf16Gemm::kOnednn : Bf16Gemm::kEmulated;
+    g_gemm_chosen = true;
+  }
+  return g_gemm;
+}
+
+bool SetBf16Gemm(Bf16Gemm gemm) {
+  if (gemm == Bf16Gemm::kOnednn && !OnednnBf16Supported()) return false;
+  g_gemm = gemm;
+  g_gemm_chosen = true;
+  return true;
+}
+
+const char* Bf16GemmName(Bf16Gemm gemm) { return gemm == Bf16Gemm::kOnednn ? "oneDNN" : "emulated"; }
+
+// ----------------------------------------------------------------------------------------------
+// conversions: fp32 -> bf16 bits (for oneDNN) or -> fp32 holding the bf16 value (emulation)
+
+namespace {
+
+constexpr size_t kConvChunk = 16384;
+
+// dst[n] = bf16(src[n]), OpenMP over chunks (call outside parallel regions).
+uint16_t* ToBf16(const float* src, size_t n, std::vector<uint16_t>& buf) {
+  uint16_t* dst = cpu_internal::scratch(buf, n);
+  const int64_t chunks = static_cast<int64_t>((n + kConvChunk - 1) / kConvChunk);
+#pragma omp parallel for schedule(static) num_threads(ComputeThreads())
+  for (int64_t j = 0; j < chunks; j++) {
+    const size_t i0 = j * kConvChunk, i1 = std::min(n, i0 + kConvChunk);
+    for (size_t i = i0; i < i1; i++) dst[i] = FloatToBf16(src[i]);
+  }
+  return dst;
+}
+
+// dst[n] = fp32(bf16(src[n])), OpenMP over chunks (call outside parallel regions).
+float* RoundBf16(const float* src, size_t n, std::vector<float>& buf) {
+  float* dst = cpu_internal::scratch(buf, n);
+  const int64_t chunks = static_cast<int64_t>((n + kConvChunk - 1) / kConvChunk);
+#pragma omp parallel for schedule(static) num_threads(ComputeThreads())
+  for (int64_t j = 0; j < chunks; j++) {
+    const size_t i0 = j * kConvChunk, i1 = std::min(n, i0 + kConvChunk);
+    for (size_t i = i0; i < i1; i++) dst[i] = RoundToBf16(src[i]);
+  }
+  return dst;
+}
+
+// Dense copy of the rows x cols matrix at src (row stride ld), converted by f.
+template <typename T, typename F>
+T* Pack(const float* src, int rows, int cols, int ld, std::vector<T>& buf, F f) {
+  T* dst = cpu_internal::scratch(buf, static_cast<size_t>(rows) * cols);
+  for (int r = 0; r < rows; r++) {
+    const float* s = src + static_cast<int64_t>(r) * ld;
+    T* d = dst + static_cast<int64_t>(r) * cols;
+    for (int c = 0; c < cols; c++) d[c] = f(s[c]);
+  }
+  return dst;
+}
+
+// dbias[OC] += sum_n dout[n,:] in fp32; each thread owns a column range, rows in order (the
+// same order as the fp32 kernel's, so bias gradients do not depend on the precision).
+void BiasBackward(float* dbias, const float* dout, int N, int OC) {
+#pragma omp parallel num_threads(ComputeThreads())
+  {
+    const int tid = omp_get_thread_num(), team = omp_get_num_threads();
+    const int o0 = static_cast<int>(static_cast<int64_t>(OC) * tid / team);
+    const int o1 = static_cast<int>(static_cast<int64_t>(OC) * (tid + 1) / team);
+    for (int n = 0; n < N; n++) {
+      const float* d = dout + static_cast<int64_t>(n) * OC;
+#pragma omp simd
+      for (int o = o0; o < o1; o++) dbias[o] += d[o];
+    }
+  }
+}
+
+// Operand buffers of the large matmuls (training thread only).
+thread_local std::vector<uint16_t> t_a16, t_b16, t_c16;
+thread_local std::vector<float> t_a32, t_b32, t_c32;
+
+}  // namespace
+
+// ----------------------------------------------------------------------------------------------
+// matmul: out[N,OC] = inp[N,C] @ w[OC,C]^T + bias[OC], inputs rounded to bf16
+
+void matmul_forward_bf16(float* out, const float* inp, const float* w, const float* bias, int N, int C, int OC) {
+  const size_t NC = static_cast<size_t>(N) * C, OCC = static_cast<size_t>(OC) * C;
+  if (CurrentBf16Gemm() == Bf16Gemm::kEmulated) {
+    matmul_forward(out, RoundBf16(inp, NC, t_a32), RoundBf16(w, OCC, t_b32), bias, N, C, OC);
+    return;
+  }
+  // w[OC,C] is the [C,OC] operand stored transposed
+  OnednnMatmul(N, OC, C, ToBf16(inp, NC, t_a16), false, ToBf16(w, OCC, t_b16), true, bias, false, out);
+}
+
+// dinp[N,C] += dout[N,OC] @ w[OC,C];  dw[OC,C] += dout^T @ inp[N,C];  dbias[OC] += sum_n dout[n,:]
+void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+                          int N, int C, int OC) {
+  const size_t NC = static_cast<size_t>(N) * C, NOC = static_cast<size_t>(N) * OC, OCC = static_cast<size_t>(OC) * C;
+  if (CurrentBf16Gemm() == Bf16Gemm::kEmulated) {
+    const float* rw = dinp ? RoundBf16(w, OCC, t_b32) : w;  // w only feeds dinp
+    matmul_backward(dinp, dw, nullptr, RoundBf16(dout, NOC, t_c32), RoundBf16(inp, NC, t_a32), rw, N, C, OC);
+  } else {
+    const uint16_t* d16 = ToBf16(dout, NOC, t_c16);
+    if (dinp) OnednnMatmul(N, C, OC, d16, false, ToBf16(w, OCC, t_b16), false, nullptr, true, dinp);
+    // dout[N,OC] is the [OC,N] operand stored transposed
+    OnednnMatmul(OC, C, N, d16, true, ToBf16(inp, NC, t_a16), false, nullptr, true, dw);
+  }
+  if (dbias) BiasBackward(dbias, dout, N, OC);
+}
+
+// ----------------------------------------------------------------------------------------------
+// attention: model/kernels_cpu_internal.h's blocked attention with a bf16 product policy. Each
+// call packs its two (strided) operand tiles densely as bf16, multiplies them on this thread
+// and applies alpha/beta to the strided destination in fp32.
+
+namespace {
+
+thread_local std::vector<uint16_t> t_tile_a16, t_tile_b16;
+thread_local std::vector<float> t_tile_a32, t_tile_b32, t_tile_c;
+
+struct Bf16GemmPolicy {
+  Bf16Gemm kind;
+  void operator()(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                  int ldb, float beta, float* C, int ldc) const {
+    const int a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
+    if (kind == Bf16Gemm::kEmulated) {
+      const float* a = Pack(A, a_rows, a_cols, lda, t_tile_a32, RoundToBf16);
+      const float* b = Pack(B, b_rows, b_cols, ldb, t_tile_b32, RoundToBf16);
+      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, a,
+                  a_cols, b, b_cols, beta, C, ldc);
+      return;
+    }
+    const uint16_t* a = Pack(A, a_rows, a_cols, lda, t_tile_a16, [](float x) { return FloatToBf16(x); });
+    const uint16_t* b = Pack(B, b_rows, b_cols, ldb, t_tile_b16, [](float x) { return FloatToBf16(x); });
+    float* c = cpu_internal::scratch(t_tile_c, static_cast<size_t>(M) * N);
+    OnednnMatmul(M, N, K, a, ta, b, tb, nullptr, false, c);
+    for (int i = 0; i < M; i++) {
+      float* dst = C + static_cast<int64_t>(i) * ldc;
+      const float* src = c + static_cast<int64_t>(i) * N;
+      if (beta == 0.0f) {
+#pragma omp simd
+        for (int j = 0; j < N; j++) dst[j] = alpha * src[j];
+      } else {
+#pragma omp simd
+        for (int j = 0; j < N; j++) dst[j] = alpha * src[j] + beta * dst[j];
+      }
+    }
+  }
+};
+
+}  // namespace
+
+void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+  cpu_internal::BlasSingleThread single;
+  cpu_internal::AttentionForward(Bf16GemmPolicy{CurrentBf16Gemm()}, ComputeThreads(), out, lse, qkv, B, T, C, NH);
+}
+
+void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                             int B, int T, int C, int NH) {
+  cpu_internal::BlasSingleThread single;
+  cpu_internal::AttentionBackward(Bf16GemmPolicy{CurrentBf16Gemm()}, ComputeThreads(), dqkv, dout, qkv, out, lse, B,
+                                  T, C, NH);
+}
+
+}  // namespace shardgpt

@@ -1,0 +1,64 @@
+// CPU kernels with bf16 matmuls (the CPU device's kernels at MatmulPrecision::kBf16).
+//
+// The products of matmul_forward/backward and attention's score/value products take their
+// inputs rounded to bf16 (round to nearest even) and accumulate in fp32; a product of two bf16
+// values is exact in fp32, so the only differences from the fp32 twins in kernels_cpu.h are the
+// input roundings and the summation order. Everything else stays fp32: biases and their
+// gradients, the softmax and log-sum-exp inside attention, and (in other kernels) LayerNorm
+// statistics, the loss and AdamW. Inputs, outputs and saved activations are fp32 buffers, with
+// the same signatures, shapes and accumulate (+=) semantics as the fp32 twins.
+//
+// Two ways to run the bf16 products (Bf16Gemm), with the same numerics up to summation order:
+//   kOnednn    oneDNN's bf16 matmul (Debian's libdnnl, the library PyTorch's CPU autocast uses):
+//              AVX512-BF16 / AMX dot-product instructions where the CPU has them; on AVX-512
+//              CPUs without them oneDNN emulates (slower). Needs AVX-512 (OnednnBf16Supported).
+//   kEmulated  the inputs rounded to bf16 and kept as fp32, then the fp32 kernels (OpenBLAS).
+//              Runs on every CPU (tests, and --compute-dtype bf16 on CPUs without AVX-512);
+//              slower than plain fp32.
+//
+// Threading: the same single OpenMP pool as kernels_cpu.h. oneDNN here is built on OpenMP
+// (checked at compile time) and uses the same libgomp, sized by SetComputeThreads: the large
+// matmuls call oneDNN outside any parallel region and it threads them itself; inside
+// attention's (b,h)-parallel loop oneDNN sees it is in a parallel region and runs
+// single-threaded on each thread's tile.
+//
+// Thread contract: the kernels are called from one thread at a time (the training thread), as
+// the fp32 kernels are. SetBf16Gemm must not race with running kernels.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace shardgpt {
+
+// True when this CPU has bf16 dot-product instructions that the OS lets us use: AVX512-BF16
+// (CPUID.(7,1):EAX[5], with AVX-512 state enabled in XCR0) or AMX-BF16 (CPUID.(7,0):EDX[22],
+// with tile state enabled). The same facts as /proc/cpuinfo's avx512_bf16 / amx_bf16 flags.
+bool CpuHasBf16Dot();
+// "AMX-BF16", "AVX512-BF16", or "" when CpuHasBf16Dot() is false.
+const char* CpuBf16DotName();
+
+enum class Bf16Gemm { kOnednn, kEmulated };
+
+// True when oneDNN can create a bf16 matmul on this CPU (it needs AVX-512). Checked once.
+bool OnednnBf16Supported();
+// The way bf16 products run in this process: kOnednn where supported, else kEmulated.
+// SetBf16Gemm(kOnednn) on a CPU where it is not supported is ignored (returns false).
+Bf16Gemm CurrentBf16Gemm();
+bool SetBf16Gemm(Bf16Gemm gemm);
+const char* Bf16GemmName(Bf16Gemm gemm);  // "oneDNN" or "emulated"
+
+// out[N,OC] = bf16(inp)[N,C] @ bf16(w)[OC,C]^T + bias[OC]   (bias may be null; fp32 bias)
+void matmul_forward_bf16(float* out, const float* inp, const float* w, const float* bias, int N, int C, int OC);
+// dinp[N,C] += bf16(dout) @ bf16(w);  dw[OC,C] += bf16(dout)^T @ bf16(inp);
+// dbias[OC] += sum_n dout[n,:] in fp32 (dbias may be null; dinp may be null).
+void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+                          int N, int C, int OC);
+
+// attention_forward/backward (kernels_cpu.h) with bf16 inputs to q k^T, P v (forward) and
+// dO v^T, dS k, P^T dO, dS^T q (backward); softmax, lse and D = dO . o in fp32.
+void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                             int B, int T, int C, int NH);
+
+}  // namespace shardgpt
