@@ -116,6 +116,7 @@ void OnednnMatmul(int M, int N, int K, const uint16_t* A, bool ta, const uint16_
   const MatmulKey key{M, N, K, threads, ta, tb, bias != nullptr, accumulate};
   auto it = cache.find(key);
   if (it == cache.end()) {
+    if (cache.size() >= 4096) cache.clear();  // bounded: shapes come from a few (B, T) settings
     using tag = memory::format_tag;
     using dt = memory::data_type;
     MatmulEntry e;
