@@ -41,12 +41,19 @@ bool WriteAttr(hid_t obj, const char* name, hid_t type, const void* v) {
   Id attr(H5Acreate2(obj, name, type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
   return attr.valid() && H5Awrite(attr.get(), type, v) >= 0;
 }
+// Reads a scalar 8-byte integer attribute of the given signedness: no conversion from
+// another class or size, so a float or a narrower integer in a crafted file is refused
+// rather than rounded or clipped into range.
 bool ReadAttr(hid_t obj, const char* name, hid_t type, void* v) {
   if (H5Aexists(obj, name) <= 0) return false;
   Id attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
   if (!attr.valid()) return false;
   Id space(H5Aget_space(attr.get()), H5Sclose);
   if (H5Sget_simple_extent_npoints(space.get()) != 1) return false;
+  Id ftype(H5Aget_type(attr.get()), H5Tclose);
+  if (!ftype.valid() || H5Tget_class(ftype.get()) != H5T_INTEGER || H5Tget_size(ftype.get()) != 8 ||
+      H5Tget_sign(ftype.get()) != H5Tget_sign(type))
+    return false;
   return H5Aread(attr.get(), type, v) >= 0;
 }
 }  // namespace

@@ -331,7 +331,7 @@ TEST(Checkpoint, RefusesBrokenCheckpointsOnAllRanks) {
       {"index of another model", dir + "/bigger", "index.h5", "n_layer: 3 vs 2", nullptr},
       {"missing directory", dir + "/nope", dir + "/nope", "no such checkpoint directory", nullptr},
       {"not a checkpoint", dir + "/empty", dir + "/empty", "not a checkpoint", nullptr},
-      {"garbage index", "", "index.h5", "not a readable HDF5 file",
+      {"garbage index", "", "index.h5", "not a shardgpt checkpoint index",
        [](const std::string& d) { std::ofstream(d + "/index.h5") << "not hdf5"; }},
   };
   if (rank == 0) fs::create_directories(dir + "/empty/some_dir");
