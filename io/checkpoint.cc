@@ -317,6 +317,13 @@ Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& e
   std::memcpy(&secs_bits, &res.seconds, sizeof(double));
   const std::vector<uint64_t> all = AllGatherU64(
       comm, {res.elements, res.bytes, (uint64_t{res.crc[0]} << 32) | res.crc[1], res.crc[2], secs_bits});
+  // Every rank's chunk table (file offsets of its chunks, per dataset), padded to the longest.
+  uint64_t max_chunks = 0;
+  for (int r = 0; r < world; r++) max_chunks = std::max(max_chunks, ShardChunks(all[5 * r]));
+  std::vector<uint64_t> my_offsets(3 * max_chunks, 0);
+  for (int k = 0; k < 3; k++)
+    std::copy(res.chunk_offsets[k].begin(), res.chunk_offsets[k].end(), my_offsets.begin() + k * max_chunks);
+  const std::vector<uint64_t> offsets = max_chunks > 0 ? AllGatherU64(comm, my_offsets) : std::vector<uint64_t>();
 
   Status st;
   if (fail_next_save) {
@@ -336,8 +343,13 @@ Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& e
     idx.pieces = pieces;
     for (int r = 0; r < world; r++) {
       const uint64_t* a = &all[5 * r];
-      idx.files.push_back(CheckpointFile{ShardFileName(r), a[0], a[1], static_cast<uint32_t>(a[2] >> 32),
-                                         static_cast<uint32_t>(a[2]), static_cast<uint32_t>(a[3])});
+      CheckpointFile f{ShardFileName(r), a[0], a[1], static_cast<uint32_t>(a[2] >> 32),
+                       static_cast<uint32_t>(a[2]), static_cast<uint32_t>(a[3]), {}};
+      for (int k = 0; k < 3; k++) {
+        const uint64_t* o = offsets.data() + (3 * r + k) * max_chunks;
+        f.chunk_offsets[k].assign(o, o + ShardChunks(a[0]));
+      }
+      idx.files.push_back(std::move(f));
     }
     st = WriteCheckpointIndex(tmp + "/" + kIndexName, idx);  // LAST: its presence marks the checkpoint complete
     if (st.ok()) st = Publish(dir, tmp, final_dir, name, keep_last);

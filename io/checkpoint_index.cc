@@ -2,11 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "io/checkpoint_h5.h"
 #include "io/file_checks.h"
@@ -22,6 +24,7 @@ constexpr const char* kHeaderMagic = "shardgpt checkpoint index\n";
 constexpr char kHdf5Signature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
 constexpr int64_t kMaxWorld = int64_t{1} << 24;
 constexpr int64_t kMaxStep = 2147483647;  // the training loop counts steps in an int
+constexpr const char* kKinds[3] = {"master", "m", "v"};
 
 // ---- records of the compound tables ----
 
@@ -109,39 +112,6 @@ bool WriteRecords(hid_t parent, const char* name, hid_t type, const std::vector<
   return dset.valid() && (n == 0 || H5Dwrite(dset.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, recs.data()) >= 0);
 }
 
-// Reads table `name` of `parent` into recs. The table must be what the writer makes: a 1-D
-// dataset of exactly `type` (no conversion), stored plainly (contiguous or compact, no
-// filters) with every record present in the image, so the records we allocate never
-// outnumber the bytes that hold them (a crafted dataspace cannot claim more).
-template <typename Rec>
-Status ReadRecords(hid_t parent, const std::string& group, const char* name, hid_t type, uint64_t image_bytes,
-                   std::vector<Rec>* recs, const std::string& path) {
-  const std::string what = path + ": /" + group + "/" + name;
-  if (H5Lexists(parent, name, H5P_DEFAULT) <= 0) return Status::Corruption(what + " missing");
-  Id dset(H5Dopen2(parent, name, H5P_DEFAULT), H5Dclose);
-  if (!dset.valid()) return Status::Corruption(what + ": cannot open (" + h5::LastError() + ")");
-  Id ftype(H5Dget_type(dset.get()), H5Tclose);
-  if (!ftype.valid() || H5Tequal(ftype.get(), type) <= 0)
-    return Status::Corruption(what + ": not a table of this format's records (its record type differs)");
-  Id space(H5Dget_space(dset.get()), H5Sclose);
-  hsize_t n = 0;
-  if (!space.valid() || H5Sget_simple_extent_type(space.get()) != H5S_SIMPLE ||
-      H5Sget_simple_extent_ndims(space.get()) != 1 || H5Sget_simple_extent_dims(space.get(), &n, nullptr) != 1)
-    return Status::Corruption(what + ": expected a 1-D table");
-  Id dcpl(H5Dget_create_plist(dset.get()), H5Pclose);
-  const H5D_layout_t layout = dcpl.valid() ? H5Pget_layout(dcpl.get()) : H5D_LAYOUT_ERROR;
-  if ((layout != H5D_CONTIGUOUS && layout != H5D_COMPACT) || H5Pget_nfilters(dcpl.get()) != 0)
-    return Status::Corruption(what + ": expected plain (contiguous, unfiltered) storage");
-  const uint64_t rec_bytes = sizeof(Rec);
-  if (n > image_bytes / rec_bytes || (n > 0 && H5Dget_storage_size(dset.get()) < n * rec_bytes))
-    return Status::Corruption(what + ": claims " + std::to_string(n) + " records of " + std::to_string(rec_bytes) +
-                              " bytes, more than the file stores");
-  recs->assign(n, Rec{});
-  if (n > 0 && H5Dread(dset.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, recs->data()) < 0)
-    return Status::Corruption(what + ": read failed (" + h5::LastError() + ")");
-  return Status::OK();
-}
-
 bool CopyName(char* dst, size_t cap, const std::string& s) {
   if (s.size() + 1 > cap) return false;
   std::memset(dst, 0, cap);
@@ -150,23 +120,41 @@ bool CopyName(char* dst, size_t cap, const std::string& s) {
 }
 std::string FromName(const char* src, size_t cap) { return std::string(src, strnlen(src, cap)); }
 
-// The user block: a few lines of text, zero-padded to 512 bytes (so `head -4 index.h5` shows
-// it), with the CRC-32C of bytes [512, size) and the size.
-std::string IndexHeader(int version, uint32_t crc, uint64_t size) {
-  char text[160];
-  std::snprintf(text, sizeof(text), "%sformat %d\ncrc32c %08" PRIx32 "\nbytes %" PRIu64 "\n", kHeaderMagic, version,
-                crc, size);
+using json = nlohmann::json;
+
+// The header: a few lines of text, zero-padded to kIndexHeaderBytes (so `head -5 index.h5`
+// shows it): the format version, the CRC-32C of the file (ImageCrc), the size, and the
+// length of the JSON that follows the header.
+std::string IndexHeader(int version, uint32_t crc, uint64_t size, uint64_t json_bytes) {
+  char text[kIndexHeaderBytes];
+  std::snprintf(text, sizeof(text), "%sformat %d\ncrc32c %08" PRIx32 "\nbytes %" PRIu64 "\njson %" PRIu64 "\n",
+                kHeaderMagic, version, crc, size, json_bytes);
   std::string header(kIndexHeaderBytes, '\0');
   std::memcpy(&header[0], text, std::strlen(text));
   return header;
 }
 
-uint32_t ImageCrc(const std::string& bytes) {
-  return Crc32c(0, bytes.data() + kIndexHeaderBytes, bytes.size() - kIndexHeaderBytes);
+// The CRC-32C of the whole file as it is with the header's own crc32c field written as
+// 00000000: every byte but that field is covered, the header's other fields included.
+uint32_t ImageCrc(int version, uint64_t json_bytes, const std::string& bytes) {
+  const std::string header = IndexHeader(version, 0, bytes.size(), json_bytes);
+  return Crc32c(Crc32c(0, header.data(), header.size()), bytes.data() + kIndexHeaderBytes,
+                bytes.size() - kIndexHeaderBytes);
 }
 
-// The checksum, before HDF5 sees a byte.
-Status CheckIndexHeader(const std::string& bytes, const std::string& path) {
+// The JSON length the header states (0 when it states none).
+uint64_t HeaderJsonBytes(const std::string& bytes) {
+  const std::string header = bytes.substr(0, std::min(bytes.size(), kIndexHeaderBytes));
+  const size_t at = header.find("\njson ");
+  if (at == std::string::npos) return 0;
+  uint64_t n = 0;
+  for (size_t i = at + 6; i < header.size() && header[i] >= '0' && header[i] <= '9' && n < (uint64_t{1} << 40); i++)
+    n = n * 10 + static_cast<uint64_t>(header[i] - '0');
+  return n;
+}
+
+// The checksum, before anything else is looked at.
+Status CheckIndexHeader(const std::string& bytes, const std::string& path, uint64_t* json_bytes) {
   if (bytes.size() >= sizeof(kHdf5Signature) && std::memcmp(bytes.data(), kHdf5Signature, 8) == 0)
     return Status::Unimplemented(path + ": checkpoint index format version 1 (no checksum) is not read by this "
                                  "build (it reads version " + std::to_string(kCheckpointFormatVersion) +
@@ -179,39 +167,101 @@ Status CheckIndexHeader(const std::string& bytes, const std::string& path) {
   if (std::sscanf(bytes.c_str() + magic_len, "format %d", &version) != 1 || version != kCheckpointFormatVersion)
     return Status::Unimplemented(path + ": checkpoint index format version " + std::to_string(version) +
                                  ", this build reads " + std::to_string(kCheckpointFormatVersion));
-  const uint32_t crc = ImageCrc(bytes);
-  if (bytes.compare(0, kIndexHeaderBytes, IndexHeader(version, crc, bytes.size())) != 0) {
+  *json_bytes = std::min<uint64_t>(HeaderJsonBytes(bytes), bytes.size() - kIndexHeaderBytes);
+  const uint32_t crc = ImageCrc(version, *json_bytes, bytes);
+  if (bytes.compare(0, kIndexHeaderBytes, IndexHeader(version, crc, bytes.size(), *json_bytes)) != 0) {
     char msg[160];
-    std::snprintf(msg, sizeof(msg), "(CRC-32C %08" PRIx32 " of bytes [%zu, %zu)); the index is damaged", crc,
-                  kIndexHeaderBytes, bytes.size());
+    std::snprintf(msg, sizeof(msg), "(CRC-32C %08" PRIx32 " over its %zu bytes); the index is damaged", crc,
+                  bytes.size());
     return Status::Corruption(path + ": checksum mismatch: its header does not match its content " + msg);
   }
   return Status::OK();
 }
 
-Status ReadAttrsAndTables(hid_t f, const std::string& path, uint64_t image_bytes, CheckpointIndex* idx) {
+// ---- JSON fields with exact types: no float for an integer, no wrap-around ----
+
+bool AsI64(const json& j, int64_t* v) {
+  if (j.is_number_unsigned()) {
+    const uint64_t u = j.get<uint64_t>();
+    if (u > static_cast<uint64_t>(INT64_MAX)) return false;
+    *v = static_cast<int64_t>(u);
+    return true;
+  }
+  if (!j.is_number_integer()) return false;
+  *v = j.get<int64_t>();
+  return true;
+}
+bool AsU64(const json& j, uint64_t* v) {
+  if (!j.is_number_unsigned()) return false;
+  *v = j.get<uint64_t>();
+  return true;
+}
+bool AsInt(const json& j, int* v) {
+  int64_t x = 0;
+  if (!AsI64(j, &x) || x < INT32_MIN || x > INT32_MAX) return false;
+  *v = static_cast<int>(x);
+  return true;
+}
+bool AsString(const json& j, std::string* v, size_t max_len) {
+  if (!j.is_string() || j.get_ref<const std::string&>().size() > max_len) return false;
+  *v = j.get<std::string>();
+  return true;
+}
+const json* Member(const json& obj, const char* key) {
+  if (!obj.is_object()) return nullptr;
+  auto it = obj.find(key);
+  return it == obj.end() ? nullptr : &*it;
+}
+
+// Reads the index's fields; each failure names the field as /group/table[i] field.
+class FieldReader {
+ public:
+  explicit FieldReader(const std::string& path) : path_(path) {}
+  Status Bad(const std::string& field, const std::string& expected) const {
+    return Status::Corruption(path_ + ": " + field + " missing or not " + expected);
+  }
+  Status Negative(const std::string& field, int64_t v) const {
+    return Status::Corruption(path_ + ": " + field + " " + std::to_string(v) + " (expected >= 0)");
+  }
+  // An integer member that must be >= 0, as a size_t/uint64.
+  template <typename U>
+  Status Size(const json& j, const std::string& field, U* out) const {
+    int64_t v = 0;
+    if (!AsI64(j, &v)) return Bad(field, "an integer");
+    if (v < 0) return Negative(field, v);
+    *out = static_cast<U>(v);
+    return Status::OK();
+  }
+
+ private:
+  std::string path_;
+};
+
+Status FromJson(const json& root, const std::string& path, CheckpointIndex* idx) {
+  const FieldReader r(path);
+  if (!root.is_object()) return Status::Corruption(path + ": the index's JSON content is not an object");
   std::string format;
-  int64_t version = 0;
-  if (!h5::ReadAttrStr(f, "format", &format) || format != kIndexFormat)
-    return Status::Corruption(path + ": not a shardgpt checkpoint index (format attribute)");
-  if (!h5::ReadAttrI64(f, "format_version", &version) || version != kCheckpointFormatVersion)
-    return Status::Corruption(path + ": format_version attribute " + std::to_string(version) +
-                              " disagrees with its header (" + std::to_string(kCheckpointFormatVersion) + ")");
-  idx->format_version = static_cast<int>(version);
+  const json* m = Member(root, "format");
+  if (!m || !AsString(*m, &format, 64) || format != kIndexFormat)
+    return Status::Corruption(path + ": not a shardgpt checkpoint index (format field)");
+  m = Member(root, "format_version");
+  if (!m || !AsInt(*m, &idx->format_version)) return r.Bad("format_version", "an integer");
   int64_t world = 0, stage = 0;
   struct I64 {
     const char* name;
     int64_t* v;
   };
-  for (const I64& a : {I64{"world_size", &world}, I64{"zero_stage", &stage}, I64{"step", &idx->state.step},
+  for (const I64& f : {I64{"world_size", &world}, I64{"zero_stage", &stage}, I64{"step", &idx->state.step},
                        I64{"tokens", &idx->state.tokens}})
-    if (!h5::ReadAttrI64(f, a.name, a.v))
-      return Status::Corruption(path + ": attribute " + a.name + " missing or not an int64");
-  if (!h5::ReadAttrU64(f, "checkpoint_id", &idx->checkpoint_id) ||
-      !h5::ReadAttrU64(f, "loader_position", &idx->state.loader_position) ||
-      !h5::ReadAttrU64(f, "seed", &idx->state.seed))
-    return Status::Corruption(path + ": attribute checkpoint_id, loader_position or seed missing or not a uint64");
-  if (!h5::ReadAttrStr(f, "dtype", &idx->dtype)) return Status::Corruption(path + ": attribute dtype missing");
+    if (!(m = Member(root, f.name)) || !AsI64(*m, f.v)) return r.Bad(f.name, "an integer");
+  struct U64 {
+    const char* name;
+    uint64_t* v;
+  };
+  for (const U64& f : {U64{"checkpoint_id", &idx->checkpoint_id}, U64{"loader_position", &idx->state.loader_position},
+                       U64{"seed", &idx->state.seed}})
+    if (!(m = Member(root, f.name)) || !AsU64(*m, f.v)) return r.Bad(f.name, "an unsigned integer");
+  if (!(m = Member(root, "dtype")) || !AsString(*m, &idx->dtype, 16)) return r.Bad("dtype", "a short string");
   // Ranges are checked here, where the values are still 64-bit (ValidateCheckpointIndex sees ints).
   if (world < 1 || world > kMaxWorld)
     return Status::Corruption(path + ": world_size " + std::to_string(world) + " (expected 1 to 2^24 ranks)");
@@ -220,94 +270,140 @@ Status ReadAttrsAndTables(hid_t f, const std::string& path, uint64_t image_bytes
   idx->world_size = static_cast<int>(world);
   idx->zero_stage = static_cast<int>(stage);
 
-  if (H5Lexists(f, "config", H5P_DEFAULT) <= 0) return Status::Corruption(path + ": /config missing");
-  {
-    Id config(H5Gopen2(f, "config", H5P_DEFAULT), H5Gclose);
-    if (!config.valid()) return Status::Corruption(path + ": /config is not a group");
-    int64_t v[6];
-    const char* names[6] = {"n_layer", "n_head", "n_embd", "max_seq_len", "vocab_size", "padded_vocab_size"};
-    for (int i = 0; i < 6; i++) {
-      if (!h5::ReadAttrI64(config.get(), names[i], &v[i]))
-        return Status::Corruption(path + ": /config attribute " + names[i] + " missing or not an int64");
-      if (v[i] < 1 || v[i] > 2147483647)
-        return Status::Corruption(path + ": /config " + names[i] + " " + std::to_string(v[i]) +
-                                  " (expected 1 to 2^31-1)");
-    }
-    idx->config = GPTConfig{static_cast<int>(v[0]), static_cast<int>(v[1]), static_cast<int>(v[2]),
-                            static_cast<int>(v[3]), static_cast<int>(v[4])};
-    SHARDGPT_RETURN_IF_ERROR(CheckFileConfig(idx->config, path + ": /config"));
-    if (v[5] != idx->config.padded_vocab())
-      return Status::Corruption(path + ": /config padded_vocab_size " + std::to_string(v[5]) + " (expected " +
-                                std::to_string(idx->config.padded_vocab()) + " for vocab_size " +
-                                std::to_string(v[4]) + ")");
+  const json* config = Member(root, "config");
+  int64_t v[6];
+  const char* names[6] = {"n_layer", "n_head", "n_embd", "max_seq_len", "vocab_size", "padded_vocab_size"};
+  for (int i = 0; i < 6; i++) {
+    if (!config || !(m = Member(*config, names[i])) || !AsI64(*m, &v[i]))
+      return r.Bad(std::string("/config ") + names[i], "an integer");
+    if (v[i] < 1 || v[i] > INT32_MAX)
+      return Status::Corruption(path + ": /config " + names[i] + " " + std::to_string(v[i]) + " (expected 1 to 2^31-1)");
   }
+  idx->config = GPTConfig{static_cast<int>(v[0]), static_cast<int>(v[1]), static_cast<int>(v[2]),
+                          static_cast<int>(v[3]), static_cast<int>(v[4])};
+  SHARDGPT_RETURN_IF_ERROR(CheckFileConfig(idx->config, path + ": /config"));
+  if (v[5] != idx->config.padded_vocab())
+    return Status::Corruption(path + ": /config padded_vocab_size " + std::to_string(v[5]) + " (expected " +
+                              std::to_string(idx->config.padded_vocab()) + " for vocab_size " + std::to_string(v[4]) +
+                              ")");
 
-  std::vector<TensorRec> trecs;
-  std::vector<UnitRec> urecs;
-  std::vector<PieceRec> precs;
-  std::vector<FileRec> frecs;
-  if (H5Lexists(f, "layout", H5P_DEFAULT) <= 0 || H5Lexists(f, "plan", H5P_DEFAULT) <= 0)
-    return Status::Corruption(path + ": /layout or /plan missing");
-  {
-    Id layout(H5Gopen2(f, "layout", H5P_DEFAULT), H5Gclose), plan(H5Gopen2(f, "plan", H5P_DEFAULT), H5Gclose);
-    if (!layout.valid() || !plan.valid()) return Status::Corruption(path + ": /layout or /plan is not a group");
-    SHARDGPT_RETURN_IF_ERROR(
-        ReadRecords(layout.get(), "layout", "tensors", TensorType().get(), image_bytes, &trecs, path));
-    SHARDGPT_RETURN_IF_ERROR(ReadRecords(layout.get(), "layout", "units", UnitType().get(), image_bytes, &urecs, path));
-    SHARDGPT_RETURN_IF_ERROR(ReadRecords(plan.get(), "plan", "pieces", PieceType().get(), image_bytes, &precs, path));
-    SHARDGPT_RETURN_IF_ERROR(ReadRecords(plan.get(), "plan", "files", FileType().get(), image_bytes, &frecs, path));
+  const json* layout = Member(root, "layout");
+  const json* plan = Member(root, "plan");
+  const json* tensors = layout ? Member(*layout, "tensors") : nullptr;
+  const json* units = layout ? Member(*layout, "units") : nullptr;
+  const json* pieces = plan ? Member(*plan, "pieces") : nullptr;
+  const json* files = plan ? Member(*plan, "files") : nullptr;
+  if (!tensors || !tensors->is_array()) return r.Bad("/layout/tensors", "an array");
+  if (!units || !units->is_array()) return r.Bad("/layout/units", "an array");
+  if (!pieces || !pieces->is_array()) return r.Bad("/plan/pieces", "an array");
+  if (!files || !files->is_array()) return r.Bad("/plan/files", "an array");
+
+  for (size_t i = 0; i < tensors->size(); i++) {
+    const json& t = (*tensors)[i];
+    const std::string at = "/layout/tensors[" + std::to_string(i) + "]";
+    TensorInfo info;
+    if (!t.is_array() || t.size() != 5 || !AsString(t[0], &info.name, 256) || !AsInt(t[1], &info.unit) ||
+        !t[2].is_array())
+      return r.Bad(at, "[name, unit, shape, offset, numel]");
+    if (t[2].size() < 1 || t[2].size() > 4)
+      return Status::Corruption(path + ": " + at + " '" + info.name + "' ndim " + std::to_string(t[2].size()) +
+                                " (expected 1 to 4)");
+    for (const json& d : t[2]) {
+      int64_t x = 0;
+      if (!AsI64(d, &x)) return r.Bad(at + " shape", "integers");
+      info.shape.push_back(x);
+    }
+    SHARDGPT_RETURN_IF_ERROR(r.Size(t[3], at + " offset", &info.offset));
+    SHARDGPT_RETURN_IF_ERROR(r.Size(t[4], at + " numel", &info.numel));
+    idx->tensors.push_back(std::move(info));
   }
-  // Signed fields go to unsigned ones below: refuse negatives here, naming the record.
-  auto negative = [&](const std::string& table, size_t i, const char* field, int64_t v) {
-    return Status::Corruption(path + ": /" + table + "[" + std::to_string(i) + "] " + field + " " +
-                              std::to_string(v) + " (expected >= 0)");
-  };
-  for (size_t i = 0; i < trecs.size(); i++) {
-    const TensorRec& r = trecs[i];
-    TensorInfo t;
-    t.name = FromName(r.name, sizeof(r.name));
-    if (r.ndim < 1 || r.ndim > 4)
-      return Status::Corruption(path + ": /layout/tensors[" + std::to_string(i) + "] '" + t.name + "' ndim " +
-                                std::to_string(r.ndim) + " (expected 1 to 4)");
-    if (FromName(r.dtype, sizeof(r.dtype)) != "f32")
-      return Status::Corruption(path + ": /layout/tensors[" + std::to_string(i) + "] '" + t.name + "' dtype '" +
-                                FromName(r.dtype, sizeof(r.dtype)) + "' (expected f32)");
-    if (r.offset < 0) return negative("layout/tensors", i, "offset", r.offset);
-    if (r.numel < 0) return negative("layout/tensors", i, "numel", r.numel);
-    t.unit = r.unit;
-    t.shape.assign(r.shape, r.shape + r.ndim);
-    t.offset = static_cast<size_t>(r.offset);
-    t.numel = static_cast<size_t>(r.numel);
-    idx->tensors.push_back(t);
+  for (size_t i = 0; i < units->size(); i++) {
+    const json& u = (*units)[i];
+    const std::string at = "/layout/units[" + std::to_string(i) + "]";
+    UnitInfo info;
+    if (!u.is_array() || u.size() != 3 || !AsString(u[0], &info.name, 256)) return r.Bad(at, "[name, offset, numel]");
+    SHARDGPT_RETURN_IF_ERROR(r.Size(u[1], at + " offset", &info.offset));
+    SHARDGPT_RETURN_IF_ERROR(r.Size(u[2], at + " numel", &info.numel));
+    idx->units.push_back(std::move(info));
   }
-  for (size_t i = 0; i < urecs.size(); i++) {
-    const UnitRec& r = urecs[i];
-    if (r.offset < 0) return negative("layout/units", i, "offset", r.offset);
-    if (r.numel < 0) return negative("layout/units", i, "numel", r.numel);
-    UnitInfo u;
-    u.name = FromName(r.name, sizeof(r.name));
-    u.offset = static_cast<size_t>(r.offset);
-    u.numel = static_cast<size_t>(r.numel);
-    idx->units.push_back(u);
+  for (size_t i = 0; i < pieces->size(); i++) {
+    const json& p = (*pieces)[i];
+    const std::string at = "/plan/pieces[" + std::to_string(i) + "]";
+    SavedPiece piece;
+    if (!p.is_array() || p.size() != 5 || !AsInt(p[0], &piece.unit) || !AsInt(p[1], &piece.file))
+      return r.Bad(at, "[unit, file, begin, end, file_offset]");
+    SHARDGPT_RETURN_IF_ERROR(r.Size(p[2], at + " begin", &piece.begin));
+    SHARDGPT_RETURN_IF_ERROR(r.Size(p[3], at + " end", &piece.end));
+    SHARDGPT_RETURN_IF_ERROR(r.Size(p[4], at + " file_offset", &piece.file_offset));
+    idx->pieces.push_back(piece);
   }
-  for (size_t i = 0; i < precs.size(); i++) {
-    const PieceRec& r = precs[i];
-    if (r.begin < 0) return negative("plan/pieces", i, "begin", r.begin);
-    if (r.end < 0) return negative("plan/pieces", i, "end", r.end);
-    if (r.file_offset < 0) return negative("plan/pieces", i, "file_offset", r.file_offset);
-    idx->pieces.push_back(SavedPiece{r.unit, r.file, static_cast<uint64_t>(r.begin), static_cast<uint64_t>(r.end),
-                                     static_cast<uint64_t>(r.file_offset)});
-  }
-  for (size_t i = 0; i < frecs.size(); i++) {
-    const FileRec& r = frecs[i];
-    if (r.elements < 0) return negative("plan/files", i, "elements", r.elements);
-    if (r.bytes < 0) return negative("plan/files", i, "bytes", r.bytes);
-    idx->files.push_back(CheckpointFile{FromName(r.name, sizeof(r.name)), static_cast<uint64_t>(r.elements),
-                                        static_cast<uint64_t>(r.bytes), r.crc32c_master, r.crc32c_m, r.crc32c_v});
+  for (size_t i = 0; i < files->size(); i++) {
+    const json& f = (*files)[i];
+    const std::string at = "/plan/files[" + std::to_string(i) + "]";
+    CheckpointFile file;
+    const json* name = Member(f, "name");
+    const json* elements = Member(f, "elements");
+    const json* bytes = Member(f, "bytes");
+    const json* crc = Member(f, "crc32c");
+    const json* chunks = Member(f, "chunks");
+    if (!name || !AsString(*name, &file.name, 256) || !elements || !bytes || !crc || !crc->is_array() ||
+        crc->size() != 3 || !chunks || !chunks->is_array() || chunks->size() != 3)
+      return r.Bad(at, "{name, elements, bytes, crc32c: [3], chunks: [3 arrays]}");
+    SHARDGPT_RETURN_IF_ERROR(r.Size(*elements, at + " elements", &file.elements));
+    SHARDGPT_RETURN_IF_ERROR(r.Size(*bytes, at + " bytes", &file.bytes));
+    uint32_t* crcs[3] = {&file.crc_master, &file.crc_m, &file.crc_v};
+    for (int k = 0; k < 3; k++) {
+      uint64_t c = 0;
+      if (!AsU64((*crc)[k], &c) || c > UINT32_MAX) return r.Bad(at + " crc32c", "32-bit unsigned integers");
+      *crcs[k] = static_cast<uint32_t>(c);
+      if (!(*chunks)[k].is_array()) return r.Bad(at + " chunks", "arrays of file offsets");
+      for (const json& o : (*chunks)[k]) {
+        uint64_t off = 0;
+        if (!AsU64(o, &off)) return r.Bad(at + " chunks", "arrays of file offsets");
+        file.chunk_offsets[k].push_back(off);
+      }
+    }
+    idx->files.push_back(std::move(file));
   }
   return Status::OK();
 }
 
+json ToJson(const CheckpointIndex& idx) {
+  const GPTConfig& c = idx.config;
+  json tensors = json::array(), units = json::array(), pieces = json::array(), files = json::array();
+  for (const TensorInfo& t : idx.tensors)
+    tensors.push_back(json::array({t.name, t.unit, t.shape, static_cast<int64_t>(t.offset), static_cast<int64_t>(t.numel)}));
+  for (const UnitInfo& u : idx.units)
+    units.push_back(json::array({u.name, static_cast<int64_t>(u.offset), static_cast<int64_t>(u.numel)}));
+  for (const SavedPiece& p : idx.pieces)
+    pieces.push_back(json::array({p.unit, p.file, static_cast<int64_t>(p.begin), static_cast<int64_t>(p.end),
+                                  static_cast<int64_t>(p.file_offset)}));
+  for (const CheckpointFile& f : idx.files)
+    files.push_back({{"name", f.name},
+                     {"elements", static_cast<int64_t>(f.elements)},
+                     {"bytes", static_cast<int64_t>(f.bytes)},
+                     {"crc32c", json::array({f.crc_master, f.crc_m, f.crc_v})},
+                     {"chunks", json::array({f.chunk_offsets[0], f.chunk_offsets[1], f.chunk_offsets[2]})}});
+  return {{"format", kIndexFormat},
+          {"format_version", kCheckpointFormatVersion},
+          {"checkpoint_id", idx.checkpoint_id},
+          {"world_size", idx.world_size},
+          {"zero_stage", idx.zero_stage},
+          {"dtype", idx.dtype},
+          {"step", idx.state.step},
+          {"tokens", idx.state.tokens},
+          {"loader_position", idx.state.loader_position},
+          {"seed", idx.state.seed},
+          {"config",
+           {{"n_layer", c.n_layer},
+            {"n_head", c.n_head},
+            {"n_embd", c.n_embd},
+            {"max_seq_len", c.max_seq_len},
+            {"vocab_size", c.vocab_size},
+            {"padded_vocab_size", c.padded_vocab()}}},
+          {"layout", {{"tensors", tensors}, {"units", units}}},
+          {"plan", {{"pieces", pieces}, {"files", files}}}};
+}
 }  // namespace
 
 uint64_t CheckpointIndex::total_bytes() const {
@@ -324,7 +420,10 @@ std::string ShardFileName(int rank) {
 
 void SealCheckpointIndexImage(std::string* bytes) {
   if (bytes->size() <= kIndexHeaderBytes) return;
-  bytes->replace(0, kIndexHeaderBytes, IndexHeader(kCheckpointFormatVersion, ImageCrc(*bytes), bytes->size()));
+  const uint64_t json_bytes = std::min<uint64_t>(HeaderJsonBytes(*bytes), bytes->size() - kIndexHeaderBytes);
+  bytes->replace(0, kIndexHeaderBytes,
+                 IndexHeader(kCheckpointFormatVersion, ImageCrc(kCheckpointFormatVersion, json_bytes, *bytes),
+                             bytes->size(), json_bytes));
 }
 
 Status ValidateCheckpointIndex(const CheckpointIndex& idx, const std::string& where) {
@@ -395,26 +494,44 @@ Status ValidateCheckpointIndex(const CheckpointIndex& idx, const std::string& wh
     if (f.bytes / 12 < f.elements)
       return bad(rec + " " + f.name + ": bytes " + std::to_string(f.bytes) + ", too small for 3 datasets of " +
                  std::to_string(f.elements) + " floats");
+    // The chunk table: every chunk of every dataset, each (data and checksum) inside the file
+    // after its header, no two overlapping. Readers read exactly these byte ranges.
+    const uint64_t chunks = ShardChunks(f.elements), chunk_bytes = (ShardChunkElems(f.elements) + 1) * 4;
+    std::vector<uint64_t> all;
+    for (int k = 0; k < 3; k++) {
+      if (f.chunk_offsets[k].size() != chunks)
+        return bad(rec + " " + f.name + ": " + std::to_string(f.chunk_offsets[k].size()) + " chunk offsets for /" +
+                   kKinds[k] + ", expected " + std::to_string(chunks) + " for " + std::to_string(f.elements) +
+                   " elements");
+      for (uint64_t o : f.chunk_offsets[k]) {
+        if (o < kShardHeaderBytes || o > f.bytes || chunk_bytes > f.bytes - o)
+          return bad(rec + " " + f.name + ": chunk of /" + kKinds[k] + " at byte " + std::to_string(o) +
+                     " (expected " + std::to_string(chunk_bytes) + " bytes between the header and the end of the " +
+                     std::to_string(f.bytes) + "-byte file)");
+        all.push_back(o);
+      }
+    }
+    std::sort(all.begin(), all.end());
+    for (size_t c = 1; c < all.size(); c++)
+      if (all[c] - all[c - 1] < chunk_bytes)
+        return bad(rec + " " + f.name + ": chunks at bytes " + std::to_string(all[c - 1]) + " and " +
+                   std::to_string(all[c]) + " overlap (" + std::to_string(chunk_bytes) + " bytes each)");
   }
   return Status::OK();
 }
 
 StatusOr<CheckpointIndex> ParseCheckpointIndex(const std::string& bytes, const std::string& path,
                                                const std::string& dir) {
-  h5::InitH5();
-  SHARDGPT_RETURN_IF_ERROR(CheckIndexHeader(bytes, path));
-  // HDF5 opens the bytes just checked (an in-memory image: the core driver, no backing file),
-  // so what is parsed is exactly what was checksummed.
-  Id fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
-  if (!fapl.valid() || H5Pset_fapl_core(fapl.get(), 1 << 16, /*backing_store=*/0) < 0 ||
-      H5Pset_file_image(fapl.get(), const_cast<char*>(bytes.data()), bytes.size()) < 0)
-    return Status::Internal(path + ": cannot set up an HDF5 file image (" + h5::LastError() + ")");
-  // The name only labels the image: the core driver refuses one that exists on disk.
-  Id file(H5Fopen("shardgpt index image (in memory)", H5F_ACC_RDONLY, fapl.get()), H5Fclose);
-  if (!file.valid()) return Status::Corruption(path + ": not a readable HDF5 file (" + h5::LastError() + ")");
+  uint64_t json_bytes = 0;
+  SHARDGPT_RETURN_IF_ERROR(CheckIndexHeader(bytes, path, &json_bytes));
+  // The JSON after the header; the HDF5 part of the file is for other tools and never parsed.
+  const auto begin = bytes.begin() + kIndexHeaderBytes;
+  const json root = json::parse(begin, begin + static_cast<std::ptrdiff_t>(json_bytes), nullptr,
+                                /*allow_exceptions=*/false);
+  if (root.is_discarded()) return Status::Corruption(path + ": the index's JSON content does not parse");
   CheckpointIndex idx;
   idx.dir = dir;
-  SHARDGPT_RETURN_IF_ERROR(ReadAttrsAndTables(file.get(), path, bytes.size(), &idx));
+  SHARDGPT_RETURN_IF_ERROR(FromJson(root, path, &idx));
   SHARDGPT_RETURN_IF_ERROR(ValidateCheckpointIndex(idx, path));
   return idx;
 }
@@ -442,11 +559,11 @@ StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& checkpoint_dir)
 
 namespace {
 
-// The HDF5 content (attributes, /config, the four tables), written through HDF5's own
-// driver into a file that reserves the user block.
-Status WriteHdf5(const std::string& path, const CheckpointIndex& idx) {
+// The HDF5 content (attributes, /config, the four tables) for h5py and h5dump, written into
+// a file that reserves the user block. shardgpt itself never reads it.
+Status WriteHdf5(const std::string& path, const CheckpointIndex& idx, uint64_t user_block) {
   Id fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
-  if (!fcpl.valid() || H5Pset_userblock(fcpl.get(), kIndexHeaderBytes) < 0)
+  if (!fcpl.valid() || H5Pset_userblock(fcpl.get(), user_block) < 0)
     return Status::Internal(path + ": cannot set up the index user block: " + h5::LastError());
   Id file(H5Fcreate(path.c_str(), H5F_ACC_EXCL, fcpl.get(), H5P_DEFAULT), H5Fclose);
   if (!file.valid()) return Status::IOError(path + ": cannot create: " + h5::LastError());
@@ -523,18 +640,27 @@ Status WriteHdf5(const std::string& path, const CheckpointIndex& idx) {
 
 Status WriteCheckpointIndex(const std::string& path, const CheckpointIndex& idx) {
   h5::InitH5();
-  SHARDGPT_RETURN_IF_ERROR(WriteHdf5(path, idx));
-  // Seal: read the file back, put the checksum of everything after the user block into it.
+  const std::string text = ToJson(idx).dump();
+  uint64_t user_block = 512;  // HDF5 wants a power of two >= 512
+  while (user_block < kIndexHeaderBytes + text.size()) user_block *= 2;
+  SHARDGPT_RETURN_IF_ERROR(WriteHdf5(path, idx, user_block));
+  // Seal: header and JSON into the user block, the checksum over every byte after the header.
   std::FILE* f = std::fopen(path.c_str(), "r+b");
   if (f == nullptr) return Status::IOError(path + ": cannot reopen to seal: " + std::strerror(errno));
   std::string bytes;
   char buf[1 << 16];
   size_t n;
   while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) bytes.append(buf, n);
-  SealCheckpointIndexImage(&bytes);
-  bool ok = !std::ferror(f) && bytes.size() > kIndexHeaderBytes && std::fseek(f, 0, SEEK_SET) == 0 &&
-            std::fwrite(bytes.data(), 1, kIndexHeaderBytes, f) == kIndexHeaderBytes && std::fflush(f) == 0 &&
-            fsync(fileno(f)) == 0;
+  bool ok = !std::ferror(f) && bytes.size() > user_block;
+  if (ok) {
+    bytes.replace(0, user_block, std::string(user_block, '\0'));
+    bytes.replace(kIndexHeaderBytes, text.size(), text);
+    bytes.replace(0, kIndexHeaderBytes,
+                  IndexHeader(kCheckpointFormatVersion, ImageCrc(kCheckpointFormatVersion, text.size(), bytes),
+                              bytes.size(), text.size()));
+    ok = std::fseek(f, 0, SEEK_SET) == 0 && std::fwrite(bytes.data(), 1, user_block, f) == user_block &&
+         std::fflush(f) == 0 && fsync(fileno(f)) == 0;
+  }
   const int err = errno;
   ok = std::fclose(f) == 0 && ok;
   if (!ok) return Status::IOError(path + ": cannot write the index header: " + std::strerror(err));

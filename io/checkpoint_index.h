@@ -2,16 +2,18 @@
 // it holds, how it is written, and how it is read back from a file that may have been copied
 // between clusters, damaged or crafted.
 //
-// The index is an HDF5 file whose 512-byte user block (bytes HDF5 leaves to applications)
-// carries a text header with the format version and a CRC-32C of every byte after it. A
-// reader loads the whole file (bounded by kMaxIndexBytes), checks that checksum first, then
-// opens the very bytes it checked as an in-memory HDF5 image, reads each field with its exact
-// type, and validates every field against the others (ValidateCheckpointIndex) before anyone
-// uses it. So a flipped byte anywhere is refused before HDF5 parses it, and a file that is
-// consistent HDF5 but inconsistent data is refused naming the field.
+// The index is an HDF5 file (so h5py and h5dump show its tables) whose user block, the bytes
+// HDF5 leaves to applications at the start of a file, carries a 128-byte text header (format
+// version, CRC-32C of every byte after the header, sizes) followed by the same content as
+// JSON. shardgpt reads ONLY the header and the JSON, never the HDF5 part: libhdf5 1.10 has
+// memory-safety bugs on crafted files (fuzzing found a heap-use-after-free in its attribute
+// lookup within a minute), so no byte of a file from outside reaches its parser. A reader
+// loads the whole file (at most kMaxIndexBytes), checks the checksum first (a flipped byte
+// anywhere in the file is refused), parses the JSON with exact types, and validates every
+// field against the others (ValidateCheckpointIndex) before anyone uses it.
 //
-// Thread/rank contract: local functions (no communication), callable without MPI. HDF5 is
-// thread-safe here (Debian's build), and every function silences HDF5's own error printing.
+// Thread/rank contract: local functions (no communication), callable without MPI; reading
+// is thread-safe, writing uses HDF5 (serialised by its thread-safe build).
 #pragma once
 
 #include <cstddef>
@@ -26,10 +28,15 @@
 
 namespace shardgpt {
 
-// 2: the user-block checksum. Version 1 indexes (no checksum) are refused with a message.
+// 2: checksummed header + JSON in the user block; shard files with a header and a chunk table.
+// Version 1 indexes (plain HDF5, no checksum) are refused with a message.
 constexpr int kCheckpointFormatVersion = 2;
-constexpr size_t kIndexHeaderBytes = 512;            // the HDF5 user block
+constexpr size_t kIndexHeaderBytes = 128;                  // the text header; the JSON follows
 constexpr uint64_t kMaxIndexBytes = uint64_t{256} << 20;  // ~100x the index of 4096 ranks x d48
+// Shard files (io/checkpoint_shard.h): a 512-byte text header (HDF5 user block), then HDF5
+// with datasets chunked by kShardChunkElems elements, each chunk followed by its Fletcher32.
+constexpr uint64_t kShardHeaderBytes = 512;
+constexpr uint64_t kShardChunkElems = uint64_t{1} << 20;  // 4 MiB chunks: Fletcher32 granularity
 
 struct TrainState {            // everything besides model/optimizer state needed to continue bitwise
   int64_t step = 0;            // optimizer steps done (also the LR schedule position and AdamW t)
@@ -44,7 +51,17 @@ struct CheckpointFile {
   uint64_t elements = 0;   // length of each of its datasets master, m, v
   uint64_t bytes = 0;      // file size after the save
   uint32_t crc_master = 0, crc_m = 0, crc_v = 0;  // CRC-32C of each dataset's fp32 bytes
+  // File offset of every chunk of datasets master, m, v (ShardChunks(elements) each): what
+  // readers read, without parsing the file's HDF5 metadata.
+  std::vector<uint64_t> chunk_offsets[3];
 };
+
+// Elements per chunk of a shard file whose datasets hold `elements` (0 for an empty file),
+// and the number of chunks per dataset.
+inline uint64_t ShardChunkElems(uint64_t elements) { return elements < kShardChunkElems ? elements : kShardChunkElems; }
+inline uint64_t ShardChunks(uint64_t elements) {
+  return elements == 0 ? 0 : (elements + kShardChunkElems - 1) / kShardChunkElems;
+}
 
 // Everything index.h5 holds.
 struct CheckpointIndex {
@@ -81,13 +98,14 @@ StatusOr<CheckpointIndex> ParseCheckpointIndex(const std::string& bytes, const s
 // dtype; training state (0 <= step < 2^31, tokens >= 0); the config (CheckFileConfig, at most
 // kMaxFileParams parameters); the tensor and unit tables equal to the layout the config
 // implies; the plan covering every unit exactly once and each file contiguously from 0
-// (CheckPieces); each file named rank_NNNNN.h5 in order, its element count the plan's and its
-// size at least the 12 bytes per element its three datasets need.
+// (CheckPieces); each file named rank_NNNNN.h5 in order, its element count the plan's, and its
+// chunk table complete, each chunk (with its checksum) inside the file after the header, no
+// two overlapping.
 Status ValidateCheckpointIndex(const CheckpointIndex& idx, const std::string& where);
 
-// Rewrites the user block of an index image so that its checksum matches the rest: how the
-// writer seals a file, and how fuzzing and tests make edited bytes reach the HDF5 parser.
-// No-op on images shorter than the header.
+// Rewrites the header of an index image so that its checksum and size match the rest (the
+// JSON length it states is kept): how the writer seals a file, and how fuzzing and tests make
+// edited bytes reach the JSON parser and the validation. No-op on images shorter than the header.
 void SealCheckpointIndexImage(std::string* bytes);
 
 }  // namespace shardgpt

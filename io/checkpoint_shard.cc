@@ -12,6 +12,7 @@
 #include <cstring>
 #include <vector>
 
+#include "io/checkpoint_h5.h"
 #include "io/checkpoint_plan.h"
 
 namespace shardgpt {
@@ -23,19 +24,42 @@ const char* const kShardKinds[3] = {"master", "m", "v"};
 namespace {
 
 constexpr const char* kShardFormat = "shardgpt-checkpoint-shard";
+constexpr const char* kShardMagic = "shardgpt checkpoint shard\n";
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-Status FsyncFile(const std::string& p) {
-  const int fd = open(p.c_str(), O_RDONLY);
-  if (fd < 0) return Status::IOError(p + ": cannot open for fsync: " + std::strerror(errno));
-  const int rc = fsync(fd);
-  const std::string err = rc != 0 ? std::strerror(errno) : "";
+// The header in the user block: lines of text, zero-padded to kShardHeaderBytes.
+std::string ShardHeader(uint64_t checkpoint_id, int64_t rank, int64_t world, int64_t step) {
+  char text[kShardHeaderBytes];
+  std::snprintf(text, sizeof(text), "%sformat %d\ncheckpoint_id %016" PRIx64 "\nrank %" PRId64 " of %" PRId64
+                "\nstep %" PRId64 "\n", kShardMagic, kCheckpointFormatVersion, checkpoint_id, rank, world, step);
+  std::string header(kShardHeaderBytes, '\0');
+  std::memcpy(&header[0], text, std::strlen(text));
+  return header;
+}
+
+// Writes the header over the user block, then fsyncs the file.
+Status WriteHeader(const std::string& p, const std::string& header) {
+  const int fd = open(p.c_str(), O_WRONLY);
+  if (fd < 0) return Status::IOError(p + ": cannot open to write its header: " + std::strerror(errno));
+  const bool ok = pwrite(fd, header.data(), header.size(), 0) == static_cast<ssize_t>(header.size()) && fsync(fd) == 0;
+  const std::string err = ok ? "" : std::strerror(errno);
   close(fd);
-  if (rc != 0) return Status::IOError(p + ": fsync failed: " + err);
+  if (!ok) return Status::IOError(p + ": cannot write its header or fsync: " + err);
   return Status::OK();
+}
+
+// The header's text for a message: printable characters only, lines joined.
+std::string Printable(const std::string& header) {
+  std::string s;
+  for (char c : header.substr(0, 120)) {
+    if (c == '\0') break;
+    s += c == '\n' ? ' ' : (c >= 32 && c < 127 ? c : '?');
+  }
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
 }
 
 }  // namespace
@@ -44,14 +68,17 @@ Status WriteShardFile(const std::string& path, int rank, int world, uint64_t che
                       uint64_t n, const ShardFill& fill, ShardWriteResult* out) {
   h5::InitH5();
   const double t0 = Now();
-  Id file(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  Id fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
+  if (!fcpl.valid() || H5Pset_userblock(fcpl.get(), kShardHeaderBytes) < 0)
+    return Status::Internal(path + ": cannot set up the shard header: " + h5::LastError());
+  Id file(H5Fcreate(path.c_str(), H5F_ACC_EXCL, fcpl.get(), H5P_DEFAULT), H5Fclose);
   if (!file.valid()) return Status::IOError(path + ": cannot create: " + h5::LastError());
   bool ok = h5::WriteAttrStr(file.get(), "format", kShardFormat) &&
             h5::WriteAttrU64(file.get(), "checkpoint_id", checkpoint_id) &&
             h5::WriteAttrI64(file.get(), "rank", rank) && h5::WriteAttrI64(file.get(), "world_size", world) &&
             h5::WriteAttrI64(file.get(), "step", step);
   if (!ok) return Status::IOError(path + ": cannot write attributes: " + h5::LastError());
-  const hsize_t dims = n, chunk = std::min<uint64_t>(n, kShardChunkElems);
+  const hsize_t dims = n, chunk = ShardChunkElems(n);
   Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
   if (n > 0) {  // a chunked dataset needs a non-zero chunk; an empty one stays contiguous
     H5Pset_chunk(dcpl.get(), 1, &chunk);
@@ -82,12 +109,21 @@ Status WriteShardFile(const std::string& path, int rank, int world, uint64_t che
       const hsize_t offset = lo;
       if (H5Dwrite_chunk(dset.get(), H5P_DEFAULT, 0, &offset, (chunk + 1) * sizeof(float), staging.data()) < 0)
         return Status::IOError(path + ": cannot write /" + kShardKinds[k] + ": " + h5::LastError());
+      // Where HDF5 put it (relative to the end of the user block): the index records it.
+      unsigned mask = 0;
+      haddr_t addr = HADDR_UNDEF;
+      hsize_t size = 0;
+      if (H5Dget_chunk_info_by_coord(dset.get(), &offset, &mask, &addr, &size) < 0 || addr == HADDR_UNDEF ||
+          size != (chunk + 1) * sizeof(float))
+        return Status::IOError(path + ": cannot locate chunk " + std::to_string(lo / chunk) + " of /" +
+                               kShardKinds[k] + ": " + h5::LastError());
+      out->chunk_offsets[k].push_back(kShardHeaderBytes + addr);
     }
     if (!dset.Close()) return Status::IOError(path + ": cannot write /" + kShardKinds[k] + ": " + h5::LastError());
     out->crc[k] = crc;
   }
   if (!file.Close()) return Status::IOError(path + ": cannot close: " + h5::LastError());
-  SHARDGPT_RETURN_IF_ERROR(FsyncFile(path));
+  SHARDGPT_RETURN_IF_ERROR(WriteHeader(path, ShardHeader(checkpoint_id, rank, world, step)));
   struct stat sb;
   if (stat(path.c_str(), &sb) != 0) return Status::IOError(path + ": stat failed: " + std::strerror(errno));
   out->elements = n;
@@ -113,89 +149,83 @@ Status CheckShardFileSize(const std::string& path, uint64_t expected) {
   return Status::OK();
 }
 
+ShardFileReader::~ShardFileReader() {
+  if (fd_ >= 0) close(fd_);
+}
+
 Status ShardFileReader::Open(const std::string& path, const CheckpointIndex& idx, int file_no) {
-  h5::InitH5();
   path_ = path;
   if (file_no < 0 || static_cast<size_t>(file_no) >= idx.files.size())
     return Status::Internal(path + ": file " + std::to_string(file_no) + " is not in the index");
   const CheckpointFile& f = idx.files[file_no];
   elements_ = f.elements;
-  file_bytes_ = f.bytes;
+  chunk_ = std::max<uint64_t>(1, ShardChunkElems(f.elements));
+  for (int k = 0; k < 3; k++) offsets_[k] = f.chunk_offsets[k];
+  if (offsets_[0].size() != ShardChunks(elements_) || offsets_[1].size() != offsets_[0].size() ||
+      offsets_[2].size() != offsets_[0].size())
+    return Status::Internal(path + ": the index's chunk table was not validated");
   SHARDGPT_RETURN_IF_ERROR(CheckShardFileSize(path, f.bytes));
-  file_ = Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (!file_.valid()) return Status::Corruption(path + ": not a readable HDF5 file (" + h5::LastError() + ")");
-  uint64_t id = 0;
-  int64_t rank = -1, world = -1;
-  if (!h5::ReadAttrU64(file_.get(), "checkpoint_id", &id) || !h5::ReadAttrI64(file_.get(), "rank", &rank) ||
-      !h5::ReadAttrI64(file_.get(), "world_size", &world))
-    return Status::Corruption(path + ": not a shardgpt shard file (no checkpoint_id/rank/world_size attributes)");
-  if (id != idx.checkpoint_id || rank != file_no || world != idx.world_size)
-    return Status::Corruption(path + ": belongs to another checkpoint (id " + std::to_string(id) + " rank " +
-                              std::to_string(rank) + " of " + std::to_string(world) + ", index says id " +
-                              std::to_string(idx.checkpoint_id) + " rank " + std::to_string(file_no) + " of " +
-                              std::to_string(idx.world_size) + ")");
-  chunk_ = std::max<uint64_t>(1, std::min<uint64_t>(f.elements, kShardChunkElems));
-  for (int k = 0; k < 3; k++) {
-    const std::string what = path + ": dataset /" + kShardKinds[k];
-    if (H5Lexists(file_.get(), kShardKinds[k], H5P_DEFAULT) <= 0) return Status::Corruption(what + " missing");
-    Id dapl = h5::ChunkCacheAccess(chunk_ * sizeof(float));
-    dsets_[k] = Id(H5Dopen2(file_.get(), kShardKinds[k], dapl.get()), H5Dclose);
-    if (!dsets_[k].valid()) return Status::Corruption(what + ": cannot open (" + h5::LastError() + ")");
-    Id type(H5Dget_type(dsets_[k].get()), H5Tclose);
-    const int64_t len = h5::FloatDatasetLength(dsets_[k].get());
-    if (!type.valid() || H5Tequal(type.get(), H5T_IEEE_F32LE) <= 0 || len < 0 ||
-        static_cast<uint64_t>(len) != f.elements)
-      return Status::Corruption(what + " has " + std::to_string(len) + " float elements, index says " +
-                                std::to_string(f.elements) + " little-endian fp32");
-    if (f.elements == 0) continue;
-    // What HDF5 will follow when reading: one chunk shape, the Fletcher32 filter and no other
-    // (no checksum-free chunks, no decompression of a size the file does not hold).
-    Id dcpl(H5Dget_create_plist(dsets_[k].get()), H5Pclose);
-    hsize_t cdim = 0;
-    unsigned flags = 0;
-    size_t nelmts = 0;
-    const bool chunked = dcpl.valid() && H5Pget_layout(dcpl.get()) == H5D_CHUNKED &&
-                         H5Pget_chunk(dcpl.get(), 1, &cdim) == 1 && cdim == chunk_;
-    if (!chunked || H5Pget_nfilters(dcpl.get()) != 1 ||
-        H5Pget_filter2(dcpl.get(), 0, &flags, &nelmts, nullptr, 0, nullptr, nullptr) != H5Z_FILTER_FLETCHER32)
-      return Status::Corruption(what + ": expected chunks of " + std::to_string(chunk_) +
-                                " elements with the Fletcher32 filter only");
-    checked_[k].assign((f.elements + chunk_ - 1) / chunk_, false);
+  if (fd_ >= 0) close(fd_);
+  fd_ = open(path.c_str(), O_RDONLY);
+  if (fd_ < 0) return Status::IOError(path + ": cannot open: " + std::strerror(errno));
+  std::string header(kShardHeaderBytes, '\0');
+  if (pread(fd_, &header[0], header.size(), 0) != static_cast<ssize_t>(header.size()))
+    return Status::IOError(path + ": cannot read its header: " + std::strerror(errno));
+  const std::string want = ShardHeader(idx.checkpoint_id, file_no, idx.world_size, idx.state.step);
+  if (header != want) {
+    if (header.compare(0, std::strlen(kShardMagic), kShardMagic) != 0)
+      return Status::Corruption(path + ": not a shardgpt shard file (no '" +
+                                std::string(kShardMagic, std::strlen(kShardMagic) - 1) + "' header)");
+    return Status::Corruption(path + ": belongs to another checkpoint (header: " + Printable(header) +
+                              "; index expects: " + Printable(want) + ")");
   }
   return Status::OK();
 }
 
-Status ShardFileReader::CheckChunks(int kind, uint64_t offset, uint64_t count) {
-  // Every chunk a read touches, once: present, Fletcher32 applied (a set bit in the chunk's
-  // filter mask would make HDF5 skip the check), stored at its exact size inside the file.
-  for (uint64_t c = offset / chunk_; c * chunk_ < offset + count; c++) {
-    if (checked_[kind][c]) continue;
-    const hsize_t coord = c * chunk_;
-    unsigned mask = 0;
-    haddr_t addr = 0;
-    hsize_t size = 0;
-    if (H5Dget_chunk_info_by_coord(dsets_[kind].get(), &coord, &mask, &addr, &size) < 0 || addr == HADDR_UNDEF ||
-        mask != 0 || size != (chunk_ + 1) * sizeof(float) || addr > file_bytes_ || size > file_bytes_ - addr)
-      return Status::Corruption(path_ + ": dataset /" + kShardKinds[kind] + " chunk at element " +
-                                std::to_string(coord) + ": missing, unchecksummed or outside the file");
-    checked_[kind][c] = true;
+Status ShardFileReader::LoadChunk(int kind, uint64_t c) {
+  if (buf_kind_ == kind && buf_chunk_ == c) return Status::OK();
+  buf_kind_ = -1;
+  const uint64_t chunk_bytes = (chunk_ + 1) * sizeof(float);
+  chunk_buf_.resize(chunk_ + 1);
+  const uint64_t at = offsets_[kind][c];
+  const std::string where = path_ + ": dataset /" + kShardKinds[kind] + " chunk " + std::to_string(c) + " (bytes [" +
+                            std::to_string(at) + ", " + std::to_string(at + chunk_bytes) + "))";
+  char* p = reinterpret_cast<char*>(chunk_buf_.data());
+  for (uint64_t got = 0; got < chunk_bytes;) {
+    const ssize_t r = pread(fd_, p + got, chunk_bytes - got, static_cast<off_t>(at + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return Status::Corruption(where + ": read failed (" + (r < 0 ? std::strerror(errno) : "end of file") + ")");
+    got += static_cast<uint64_t>(r);
   }
+  // The chunk's data, then HDF5's Fletcher32 of it (little-endian), as the writer appended.
+  const uint8_t* tail = reinterpret_cast<const uint8_t*>(&chunk_buf_[chunk_]);
+  const uint32_t stored = static_cast<uint32_t>(tail[0]) | (static_cast<uint32_t>(tail[1]) << 8) |
+                          (static_cast<uint32_t>(tail[2]) << 16) | (static_cast<uint32_t>(tail[3]) << 24);
+  const uint32_t computed = Fletcher32(chunk_buf_.data(), chunk_ * sizeof(float));
+  if (stored != computed) {
+    char msg[96];
+    std::snprintf(msg, sizeof(msg), ": checksum mismatch (Fletcher32 %08" PRIx32 ", stored %08" PRIx32 ")", computed,
+                  stored);
+    return Status::Corruption(where + msg);
+  }
+  buf_kind_ = kind;
+  buf_chunk_ = c;
   return Status::OK();
 }
 
 Status ShardFileReader::Read(int kind, uint64_t offset, uint64_t count, float* dst) {
-  if (kind < 0 || kind > 2 || offset > elements_ || count > elements_ - offset)
+  if (kind < 0 || kind > 2 || fd_ < 0 || offset > elements_ || count > elements_ - offset)
     return Status::Internal(path_ + ": read of [" + std::to_string(offset) + ", +" + std::to_string(count) +
                             ") outside the " + std::to_string(elements_) + " elements of the datasets");
-  if (count == 0) return Status::OK();
-  SHARDGPT_RETURN_IF_ERROR(CheckChunks(kind, offset, count));
-  if (h5::ReadSlab(dsets_[kind].get(), offset, count, dst)) return Status::OK();
-  const std::string err = h5::LastError();
-  const std::string where = path_ + ": dataset /" + kShardKinds[kind] + " elements [" + std::to_string(offset) + ", " +
-                            std::to_string(offset + count) + ")";
-  if (err.find("Fletcher32") != std::string::npos || err.find("checksum") != std::string::npos)
-    return Status::Corruption(where + ": checksum mismatch (" + err + ")");
-  return Status::Corruption(where + ": read failed (" + err + ")");
+  for (uint64_t at = offset, stop = offset + count; at < stop;) {
+    const uint64_t c = at / chunk_, in = at - c * chunk_;
+    const uint64_t n = std::min<uint64_t>(stop - at, chunk_ - in);
+    SHARDGPT_RETURN_IF_ERROR(LoadChunk(kind, c));
+    std::memcpy(dst, chunk_buf_.data() + in, n * sizeof(float));
+    dst += n;
+    at += n;
+  }
+  return Status::OK();
 }
 
 Status VerifyShardFile(const std::string& path, const CheckpointIndex& idx, int file_no, uint64_t* bytes_read) {

@@ -1,10 +1,14 @@
-// One shard file of a sharded checkpoint, rank_NNNNN.h5 (format: docs/CHECKPOINT.md): three
-// 1-D fp32 datasets master, m, v of equal length, chunked with HDF5's Fletcher32 filter, and
-// the root attributes that tie the file to its checkpoint (checkpoint_id, rank, world_size,
-// step). The writer takes its data through a callback (the engine's buffers, or test data);
-// the reader checks the file against the index before any data moves, and checks the storage
-// HDF5 will follow (chunk shape, filters, each chunk's checksum flag and extent), so a damaged
-// or crafted file can neither skip the checksum nor make HDF5 allocate more than a chunk.
+// One shard file of a sharded checkpoint, rank_NNNNN.h5 (format: docs/CHECKPOINT.md): a
+// 512-byte text header (the HDF5 user block: checkpoint id, rank, world size, step), then an
+// HDF5 file with three 1-D fp32 datasets master, m, v of equal length, chunked by
+// ShardChunkElems elements with HDF5's Fletcher32 filter, so h5py and h5dump read it.
+//
+// shardgpt reads a shard without parsing its HDF5 metadata (libhdf5 1.10 is not safe on
+// crafted files): the writer records every chunk's file offset in the index, and the reader
+// checks the header against the index, then reads each chunk it needs at its recorded offset
+// and checks the chunk's Fletcher32 (computed as HDF5 does) before using a byte of it. A read
+// touches only byte ranges the validated index placed inside the file, and allocates one
+// chunk at most.
 //
 // Thread/rank contract: local (no communication). One ShardFileReader per thread.
 #pragma once
@@ -15,49 +19,54 @@
 #include <vector>
 
 #include "base/status.h"
-#include "io/checkpoint_h5.h"
 #include "io/checkpoint_index.h"
 
 namespace shardgpt {
 
-constexpr uint64_t kShardChunkElems = uint64_t{1} << 20;  // 4 MiB chunks: Fletcher32 granularity
-extern const char* const kShardKinds[3];                 // "master", "m", "v"
+extern const char* const kShardKinds[3];  // "master", "m", "v"
 
 // Copies elements [at, at + count) of dataset `kind` (0 master, 1 m, 2 v) into dst.
 using ShardFill = std::function<Status(int kind, uint64_t at, uint64_t count, float* dst)>;
 
 struct ShardWriteResult {
   uint64_t elements = 0, bytes = 0;
-  uint32_t crc[3] = {0, 0, 0};  // CRC-32C of each dataset's fp32 bytes
+  uint32_t crc[3] = {0, 0, 0};             // CRC-32C of each dataset's fp32 bytes
+  std::vector<uint64_t> chunk_offsets[3];  // file offset of each chunk, per dataset
   double seconds = 0;
 };
 
 // Writes `path` (which must not exist) with `elements` elements per dataset, filled chunk by
-// chunk through `fill` (one chunk-sized staging buffer, no copy of the whole slice), closes
-// and fsyncs it.
+// chunk through `fill` (one chunk-sized staging buffer, no copy of the whole slice), writes
+// the header, closes and fsyncs it.
 Status WriteShardFile(const std::string& path, int rank, int world, uint64_t checkpoint_id, int64_t step,
                       uint64_t elements, const ShardFill& fill, ShardWriteResult* out);
 
 // Missing (NotFound), truncated or resized shard files, named.
 Status CheckShardFileSize(const std::string& path, uint64_t expected);
 
-// An open shard file with its three datasets, checked against file `file_no` of the index.
+// An open shard file, checked against file `file_no` of a validated index.
 class ShardFileReader {
  public:
-  // Size as recorded, HDF5 structure, checkpoint id, rank and world, each dataset's type,
-  // length, chunking, filters and every chunk's filter mask and extent.
+  ShardFileReader() = default;
+  ShardFileReader(const ShardFileReader&) = delete;
+  ShardFileReader& operator=(const ShardFileReader&) = delete;
+  ~ShardFileReader();
+
+  // Size as recorded, and the header: this checkpoint's id, rank, world size and step.
   Status Open(const std::string& path, const CheckpointIndex& idx, int file_no);
-  // `count` floats at element `offset` of dataset `kind`; Fletcher32 is checked by HDF5.
+  // `count` floats at element `offset` of dataset `kind`, each chunk's Fletcher32 checked.
   Status Read(int kind, uint64_t offset, uint64_t count, float* dst);
 
  private:
-  Status CheckChunks(int kind, uint64_t offset, uint64_t count);
+  Status LoadChunk(int kind, uint64_t c);
 
   std::string path_;
-  uint64_t elements_ = 0, file_bytes_ = 0, chunk_ = 1;
-  h5::Id file_;
-  h5::Id dsets_[3];
-  std::vector<bool> checked_[3];  // per chunk: storage checked (CheckChunks)
+  int fd_ = -1;
+  uint64_t elements_ = 0, chunk_ = 1;
+  std::vector<uint64_t> offsets_[3];
+  std::vector<float> chunk_buf_;  // one chunk and its checksum
+  int buf_kind_ = -1;
+  uint64_t buf_chunk_ = 0;
 };
 
 // Reads every element of file `file_no` (Fletcher32 per chunk) and checks each dataset's
