@@ -320,9 +320,11 @@ Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& e
   // Every rank's chunk table (file offsets of its chunks, per dataset), padded to the longest.
   uint64_t max_chunks = 0;
   for (int r = 0; r < world; r++) max_chunks = std::max(max_chunks, ShardChunks(all[5 * r]));
-  std::vector<uint64_t> my_offsets(3 * max_chunks, 0);
-  for (int k = 0; k < 3; k++)
+  std::vector<uint64_t> my_offsets(6 * max_chunks, 0);  // offsets, then CRCs, of master, m, v
+  for (int k = 0; k < 3; k++) {
     std::copy(res.chunk_offsets[k].begin(), res.chunk_offsets[k].end(), my_offsets.begin() + k * max_chunks);
+    std::copy(res.chunk_crcs[k].begin(), res.chunk_crcs[k].end(), my_offsets.begin() + (3 + k) * max_chunks);
+  }
   const std::vector<uint64_t> offsets = max_chunks > 0 ? AllGatherU64(comm, my_offsets) : std::vector<uint64_t>();
 
   Status st;
@@ -344,10 +346,12 @@ Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& e
     for (int r = 0; r < world; r++) {
       const uint64_t* a = &all[5 * r];
       CheckpointFile f{ShardFileName(r), a[0], a[1], static_cast<uint32_t>(a[2] >> 32),
-                       static_cast<uint32_t>(a[2]), static_cast<uint32_t>(a[3]), {}};
+                       static_cast<uint32_t>(a[2]), static_cast<uint32_t>(a[3]), {}, {}};
       for (int k = 0; k < 3; k++) {
-        const uint64_t* o = offsets.data() + (3 * r + k) * max_chunks;
+        const uint64_t* o = offsets.data() + (6 * r + k) * max_chunks;
+        const uint64_t* c = offsets.data() + (6 * r + 3 + k) * max_chunks;
         f.chunk_offsets[k].assign(o, o + ShardChunks(a[0]));
+        f.chunk_crcs[k].assign(c, c + ShardChunks(a[0]));
       }
       idx.files.push_back(std::move(f));
     }

@@ -346,9 +346,11 @@ Status FromJson(const json& root, const std::string& path, CheckpointIndex* idx)
     const json* bytes = Member(f, "bytes");
     const json* crc = Member(f, "crc32c");
     const json* chunks = Member(f, "chunks");
+    const json* chunk_crcs = Member(f, "chunk_crc32c");
     if (!name || !AsString(*name, &file.name, 256) || !elements || !bytes || !crc || !crc->is_array() ||
-        crc->size() != 3 || !chunks || !chunks->is_array() || chunks->size() != 3)
-      return r.Bad(at, "{name, elements, bytes, crc32c: [3], chunks: [3 arrays]}");
+        crc->size() != 3 || !chunks || !chunks->is_array() || chunks->size() != 3 || !chunk_crcs ||
+        !chunk_crcs->is_array() || chunk_crcs->size() != 3)
+      return r.Bad(at, "{name, elements, bytes, crc32c: [3], chunks: [3 arrays], chunk_crc32c: [3 arrays]}");
     SHARDGPT_RETURN_IF_ERROR(r.Size(*elements, at + " elements", &file.elements));
     SHARDGPT_RETURN_IF_ERROR(r.Size(*bytes, at + " bytes", &file.bytes));
     uint32_t* crcs[3] = {&file.crc_master, &file.crc_m, &file.crc_v};
@@ -361,6 +363,12 @@ Status FromJson(const json& root, const std::string& path, CheckpointIndex* idx)
         uint64_t off = 0;
         if (!AsU64(o, &off)) return r.Bad(at + " chunks", "arrays of file offsets");
         file.chunk_offsets[k].push_back(off);
+      }
+      if (!(*chunk_crcs)[k].is_array()) return r.Bad(at + " chunk_crc32c", "arrays of 32-bit unsigned integers");
+      for (const json& o : (*chunk_crcs)[k]) {
+        uint64_t v = 0;
+        if (!AsU64(o, &v) || v > UINT32_MAX) return r.Bad(at + " chunk_crc32c", "arrays of 32-bit unsigned integers");
+        file.chunk_crcs[k].push_back(static_cast<uint32_t>(v));
       }
     }
     idx->files.push_back(std::move(file));
@@ -383,7 +391,8 @@ json ToJson(const CheckpointIndex& idx) {
                      {"elements", static_cast<int64_t>(f.elements)},
                      {"bytes", static_cast<int64_t>(f.bytes)},
                      {"crc32c", json::array({f.crc_master, f.crc_m, f.crc_v})},
-                     {"chunks", json::array({f.chunk_offsets[0], f.chunk_offsets[1], f.chunk_offsets[2]})}});
+                     {"chunks", json::array({f.chunk_offsets[0], f.chunk_offsets[1], f.chunk_offsets[2]})},
+                     {"chunk_crc32c", json::array({f.chunk_crcs[0], f.chunk_crcs[1], f.chunk_crcs[2]})}});
   return {{"format", kIndexFormat},
           {"format_version", kCheckpointFormatVersion},
           {"checkpoint_id", idx.checkpoint_id},
@@ -499,10 +508,10 @@ Status ValidateCheckpointIndex(const CheckpointIndex& idx, const std::string& wh
     const uint64_t chunks = ShardChunks(f.elements), chunk_bytes = (ShardChunkElems(f.elements) + 1) * 4;
     std::vector<uint64_t> all;
     for (int k = 0; k < 3; k++) {
-      if (f.chunk_offsets[k].size() != chunks)
-        return bad(rec + " " + f.name + ": " + std::to_string(f.chunk_offsets[k].size()) + " chunk offsets for /" +
-                   kKinds[k] + ", expected " + std::to_string(chunks) + " for " + std::to_string(f.elements) +
-                   " elements");
+      if (f.chunk_offsets[k].size() != chunks || f.chunk_crcs[k].size() != chunks)
+        return bad(rec + " " + f.name + ": " + std::to_string(f.chunk_offsets[k].size()) + " chunk offsets and " +
+                   std::to_string(f.chunk_crcs[k].size()) + " chunk CRCs for /" + kKinds[k] + ", expected " +
+                   std::to_string(chunks) + " for " + std::to_string(f.elements) + " elements");
       for (uint64_t o : f.chunk_offsets[k]) {
         if (o < kShardHeaderBytes || o > f.bytes || chunk_bytes > f.bytes - o)
           return bad(rec + " " + f.name + ": chunk of /" + kKinds[k] + " at byte " + std::to_string(o) +

@@ -51,9 +51,11 @@ struct CheckpointFile {
   uint64_t elements = 0;   // length of each of its datasets master, m, v
   uint64_t bytes = 0;      // file size after the save
   uint32_t crc_master = 0, crc_m = 0, crc_v = 0;  // CRC-32C of each dataset's fp32 bytes
-  // File offset of every chunk of datasets master, m, v (ShardChunks(elements) each): what
-  // readers read, without parsing the file's HDF5 metadata.
+  // Every chunk of datasets master, m, v (ShardChunks(elements) each): its file offset, and
+  // the CRC-32C of its data bytes (the last chunk's zero tail included, its Fletcher32
+  // trailer excluded). What readers read and check, without parsing the file's HDF5 metadata.
   std::vector<uint64_t> chunk_offsets[3];
+  std::vector<uint32_t> chunk_crcs[3];
 };
 
 // Elements per chunk of a shard file whose datasets hold `elements` (0 for an empty file),

@@ -118,6 +118,7 @@ Status WriteShardFile(const std::string& path, int rank, int world, uint64_t che
         return Status::IOError(path + ": cannot locate chunk " + std::to_string(lo / chunk) + " of /" +
                                kShardKinds[k] + ": " + h5::LastError());
       out->chunk_offsets[k].push_back(kShardHeaderBytes + addr);
+      out->chunk_crcs[k].push_back(Crc32c(0, staging.data(), chunk * sizeof(float)));
     }
     if (!dset.Close()) return Status::IOError(path + ": cannot write /" + kShardKinds[k] + ": " + h5::LastError());
     out->crc[k] = crc;
@@ -160,10 +161,12 @@ Status ShardFileReader::Open(const std::string& path, const CheckpointIndex& idx
   const CheckpointFile& f = idx.files[file_no];
   elements_ = f.elements;
   chunk_ = std::max<uint64_t>(1, ShardChunkElems(f.elements));
-  for (int k = 0; k < 3; k++) offsets_[k] = f.chunk_offsets[k];
-  if (offsets_[0].size() != ShardChunks(elements_) || offsets_[1].size() != offsets_[0].size() ||
-      offsets_[2].size() != offsets_[0].size())
-    return Status::Internal(path + ": the index's chunk table was not validated");
+  for (int k = 0; k < 3; k++) {
+    offsets_[k] = f.chunk_offsets[k];
+    crcs_[k] = f.chunk_crcs[k];
+    if (offsets_[k].size() != ShardChunks(elements_) || crcs_[k].size() != offsets_[k].size())
+      return Status::Internal(path + ": the index's chunk table was not validated");
+  }
   SHARDGPT_RETURN_IF_ERROR(CheckShardFileSize(path, f.bytes));
   if (fd_ >= 0) close(fd_);
   fd_ = open(path.c_str(), O_RDONLY);
@@ -197,7 +200,15 @@ Status ShardFileReader::LoadChunk(int kind, uint64_t c) {
     if (r <= 0) return Status::Corruption(where + ": read failed (" + (r < 0 ? std::strerror(errno) : "end of file") + ")");
     got += static_cast<uint64_t>(r);
   }
-  // The chunk's data, then HDF5's Fletcher32 of it (little-endian), as the writer appended.
+  // The chunk's data, with the CRC-32C the index recorded for it, then HDF5's Fletcher32 of it
+  // (little-endian), as the writer appended.
+  const uint32_t crc = Crc32c(0, chunk_buf_.data(), chunk_ * sizeof(float));
+  if (crc != crcs_[kind][c]) {
+    char msg[96];
+    std::snprintf(msg, sizeof(msg), ": checksum mismatch (CRC-32C %08" PRIx32 ", index says %08" PRIx32 ")", crc,
+                  crcs_[kind][c]);
+    return Status::Corruption(where + msg);
+  }
   const uint8_t* tail = reinterpret_cast<const uint8_t*>(&chunk_buf_[chunk_]);
   const uint32_t stored = static_cast<uint32_t>(tail[0]) | (static_cast<uint32_t>(tail[1]) << 8) |
                           (static_cast<uint32_t>(tail[2]) << 16) | (static_cast<uint32_t>(tail[3]) << 24);

@@ -6,7 +6,9 @@
 // shardgpt reads a shard without parsing its HDF5 metadata (libhdf5 1.10 is not safe on
 // crafted files): the writer records every chunk's file offset in the index, and the reader
 // checks the header against the index, then reads each chunk it needs at its recorded offset
-// and checks the chunk's Fletcher32 (computed as HDF5 does) before using a byte of it. A read
+// and checks the chunk's CRC-32C recorded in the index and its Fletcher32 trailer (as HDF5
+// computes it; Fletcher32 alone misses some changes, e.g. a 16-bit word 0000 <-> ffff, which
+// fuzzing found) before using a byte of it. A read
 // touches only byte ranges the validated index placed inside the file, and allocates one
 // chunk at most.
 //
@@ -32,6 +34,7 @@ struct ShardWriteResult {
   uint64_t elements = 0, bytes = 0;
   uint32_t crc[3] = {0, 0, 0};             // CRC-32C of each dataset's fp32 bytes
   std::vector<uint64_t> chunk_offsets[3];  // file offset of each chunk, per dataset
+  std::vector<uint32_t> chunk_crcs[3];     // CRC-32C of each chunk's data bytes
   double seconds = 0;
 };
 
@@ -54,7 +57,7 @@ class ShardFileReader {
 
   // Size as recorded, and the header: this checkpoint's id, rank, world size and step.
   Status Open(const std::string& path, const CheckpointIndex& idx, int file_no);
-  // `count` floats at element `offset` of dataset `kind`, each chunk's Fletcher32 checked.
+  // `count` floats at element `offset` of dataset `kind`, each chunk's checksums checked.
   Status Read(int kind, uint64_t offset, uint64_t count, float* dst);
 
  private:
@@ -64,6 +67,7 @@ class ShardFileReader {
   int fd_ = -1;
   uint64_t elements_ = 0, chunk_ = 1;
   std::vector<uint64_t> offsets_[3];
+  std::vector<uint32_t> crcs_[3];
   std::vector<float> chunk_buf_;  // one chunk and its checksum
   int buf_kind_ = -1;
   uint64_t buf_chunk_ = 0;

@@ -1,8 +1,9 @@
-// Fuzz target: a checkpoint's index.h5 (io/checkpoint_index.h): its checksum, then what HDF5
-// returns from the file and our validation of it against the model and the plan.
+// Fuzz target: a checkpoint's index.h5 (io/checkpoint_index.h): its checksum, then its JSON
+// content and our validation of it against the model and the plan. (The index's HDF5 part is
+// never parsed by shardgpt; its header explains why.)
 // Each input is parsed twice: as it is (almost every mutation must fail the checksum), and
-// re-sealed (SealCheckpointIndexImage) so the mutation reaches HDF5 and the validation, as a
-// crafted file would. libhdf5 is not instrumented: this fuzzes our use of what it returns.
+// re-sealed (SealCheckpointIndexImage) so the mutation reaches the JSON parser and the
+// validation, as a crafted file would.
 // Contract: an error naming index.h5, or an index that (1) validates again, (2) describes a
 // layout whose every parameter the plan stores exactly once, (3) gives every loading rank of
 // 1, 2, 3 or 7 ranks (and stage 0's whole units) reads that stay inside the recorded files

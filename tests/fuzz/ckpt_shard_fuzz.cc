@@ -1,11 +1,13 @@
 // Fuzz target: one checkpoint shard file, rank_00000.h5 (io/checkpoint_shard.h), read against
-// the index entry the seed was written for (tests/fuzz/fuzz_util.h: id, 300 elements, known
-// values), with the recorded size set to the input's so that mutations reach HDF5.
+// the index entry the seed was written for (tests/fuzz/fuzz_util.h: id, step, 300 elements,
+// known values, and the chunk offsets the writer reports), with the recorded size set to the
+// input's so that every mutation reaches the reader.
 // Contract: an error naming the file, or data equal to what was written: a sub-range read
 // (offset and length varying with the input) and the whole verify (Fletcher32 per chunk,
-// CRC-32C per dataset) return the seed's exact values. No read outside the datasets, no
-// chunk read without its checksum, no allocation beyond a chunk.
+// CRC-32C per dataset) return the seed's exact values. No read outside the file, no chunk
+// used without its checksum, no allocation beyond a chunk, no HDF5 handle left open.
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 #include <hdf5.h>
@@ -17,10 +19,30 @@ using namespace shardgpt;
 
 namespace {
 
+// Where the writer puts the seed's chunks and their CRCs (the index's chunk table for it):
+// written once.
+const ShardWriteResult& SeedChunks() {
+  static const ShardWriteResult* result = [] {
+    const std::string path = fuzz::ScratchDir() + "/seed.h5";
+    std::filesystem::remove(path);
+    static ShardWriteResult res;
+    const Status st = WriteShardFile(path, 0, 1, fuzz::kShardSeedId, 7, fuzz::kShardSeedElems,
+                                     [](int k, uint64_t at, uint64_t count, float* dst) {
+                                       for (uint64_t i = 0; i < count; i++) dst[i] = fuzz::ShardSeedValue(k, at + i);
+                                       return Status::OK();
+                                     },
+                                     &res);
+    FUZZ_CHECK(st.ok(), "cannot write the seed shard: %s", st.message().c_str());
+    return &res;
+  }();
+  return *result;
+}
+
 CheckpointIndex SeedIndex(uint64_t file_bytes) {
   CheckpointIndex idx;
   idx.checkpoint_id = fuzz::kShardSeedId;
   idx.world_size = 1;
+  idx.state.step = 7;
   CheckpointFile f;
   f.name = ShardFileName(0);
   f.elements = fuzz::kShardSeedElems;
@@ -32,6 +54,7 @@ CheckpointIndex SeedIndex(uint64_t file_bytes) {
     crc[k] = Crc32c(0, v.data(), v.size() * sizeof(float));
   }
   f.crc_master = crc[0], f.crc_m = crc[1], f.crc_v = crc[2];
+  for (int k = 0; k < 3; k++) f.chunk_offsets[k] = SeedChunks().chunk_offsets[k], f.chunk_crcs[k] = SeedChunks().chunk_crcs[k];
   idx.files.push_back(f);
   return idx;
 }

@@ -96,8 +96,8 @@ void CheckpointIndexes(const std::string& d) {
     const std::vector<uint64_t> elems = FileElements(idx.pieces, c.world);
     for (int r = 0; r < c.world; r++) {
       CheckpointFile f{ShardFileName(r), elems[r], 12 * elems[r] + 4096, 0x11111111u * (r + 1), 0x2222u + r,
-                       0x3333u + r, {}};
-      for (int k = 0; k < 3; k++) f.chunk_offsets[k] = {2048 + k * (elems[r] + 1) * 4};
+                       0x3333u + r, {}, {}};
+      for (int k = 0; k < 3; k++) f.chunk_offsets[k] = {2048 + k * (elems[r] + 1) * 4}, f.chunk_crcs[k] = {0xc0ffeeu + k};
       idx.files.push_back(f);
     }
     const std::string path = d + "/index" + std::to_string(n++) + ".h5";

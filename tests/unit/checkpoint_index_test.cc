@@ -42,8 +42,8 @@ CheckpointIndex GoodIndex(int world = 3) {
   const std::vector<uint64_t> elems = FileElements(idx.pieces, world);
   for (int r = 0; r < world; r++) {
     // one chunk per dataset (with its 4-byte checksum), one after the other after the header
-    CheckpointFile f{ShardFileName(r), elems[r], 12 * elems[r] + 2048, 1u + r, 2u + r, 3u + r, {}};
-    for (int k = 0; k < 3; k++) f.chunk_offsets[k] = {1024 + k * (elems[r] + 1) * 4};
+    CheckpointFile f{ShardFileName(r), elems[r], 12 * elems[r] + 2048, 1u + r, 2u + r, 3u + r, {}, {}};
+    for (int k = 0; k < 3; k++) f.chunk_offsets[k] = {1024 + k * (elems[r] + 1) * 4}, f.chunk_crcs[k] = {7u + k};
     idx.files.push_back(f);
   }
   return idx;
@@ -177,7 +177,7 @@ TEST(CheckpointIndex, InconsistentFieldsAreRefusedByName) {
       {"/plan/files[0] rank_00000.h5: elements", [](CheckpointIndex& i) { i.files[0].elements += 1; }},
       {"/plan/files[2] rank_00002.h5: bytes 100, too small", [](CheckpointIndex& i) { i.files[2].bytes = 100; }},
       {"/plan/files[0] bytes -1 (expected >= 0)", [&](CheckpointIndex& i) { i.files[0].bytes = minus_one; }},
-      {"/plan/files[1] rank_00001.h5: 0 chunk offsets for /m, expected 1",
+      {"/plan/files[1] rank_00001.h5: 0 chunk offsets and 1 chunk CRCs for /m, expected 1",
        [](CheckpointIndex& i) { i.files[1].chunk_offsets[1].clear(); }},
       {"/plan/files[0] rank_00000.h5: chunk of /v at byte", [](CheckpointIndex& i) {
          i.files[0].chunk_offsets[2][0] = i.files[0].bytes - 8;  // runs past the end of the file
