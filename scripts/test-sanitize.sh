@@ -29,7 +29,9 @@ CC=clang CXX=clang++ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Sanitize -DCMAKE_
 cmake --build "$BUILD" -j "$(nproc)"
 [ "${SHARDGPT_SANITIZE_BUILD_ONLY:-0}" = 1 ] && exit 0
 
-export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:symbolize=1
+# fast_unwind_on_malloc=0: full allocation stacks, so that Open MPI's leaks at exit name the
+# libraries tests/lsan.supp suppresses (its unloaded components would show as unknown modules).
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:symbolize=1:fast_unwind_on_malloc=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp:print_suppressions=0
 start=$(date +%s)
@@ -43,7 +45,7 @@ found=0
 printf '%s\n' "${targets[@]}" | xargs -P 2 -I{} sh -c "scripts/fuzz.sh {} $FUZZ_SECONDS > $logs/{}.log 2>&1" || found=1
 for t in "${targets[@]}"; do
   if grep -q '^Done [0-9]* runs' "$logs/$t.log"; then
-    echo "fuzz $t: $(grep -E '^#[0-9]+ *DONE' "$logs/$t.log" | tail -1)"
+    echo "fuzz $t: $(grep -E '^#[0-9]+[[:space:]]+DONE' "$logs/$t.log" | tail -1)"
   else
     echo "fuzz $t: FINDING or failure, last lines of $logs/$t.log:"; tail -30 "$logs/$t.log"; found=1
   fi
