@@ -29,7 +29,7 @@ Status RunCkptVerify(const std::string& path) {
   SHARDGPT_RETURN_IF_ERROR(VerifyCheckpoint(path, &idx, &bytes));
   const double s = Now() - t0;
   std::printf("ok: %s: step %lld, model %s, saved by %d rank(s) at stage %d; %zu shard file(s), %.3f GB of state "
-              "read and checked (Fletcher32 per chunk, CRC-32C per dataset) in %.2f s\n",
+              "read and checked (CRC-32C and Fletcher32 per chunk, CRC-32C per dataset) in %.2f s\n",
               idx.dir.c_str(), static_cast<long long>(idx.state.step), idx.config.ToString().c_str(), idx.world_size,
               idx.zero_stage, idx.files.size(), bytes / 1e9, s);
   return Status::OK();

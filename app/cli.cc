@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "app/ckpt_commands.h"
+#include "app/cli_numbers.h"
 #include "app/commands.h"
 #include "app/report.h"
 #include "app/train.h"
@@ -254,6 +255,7 @@ int Main(int argc, char** argv) {
   exporter->add_option("--out", export_out, "consolidated HDF5 file, one dataset per parameter at full shape")->required();
   exporter->add_option("--llmc", export_llmc, "also write an llm.c model .bin (version 3, fp32)");
 
+  AddStrictNumberChecks(&app);  // plain decimal numbers only, on every subcommand
   int rc = 0;
   try {
     app.parse(argc, argv);

@@ -14,6 +14,9 @@
 // same one-line message naming the file and the problem (no rank hangs). All ranks must see
 // the same file system at DIR (one node, or a shared file system). The other functions are
 // local (no communication) and may run in a single process without MPI.
+//
+// The index file itself (its checksum, fields and validation) is io/checkpoint_index.h; one
+// shard file (writer, checked reader) is io/checkpoint_shard.h.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +24,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "io/checkpoint_index.h"
 #include "io/checkpoint_plan.h"
 #include "io/llmc_model.h"
 #include "model/config.h"
@@ -29,13 +33,6 @@
 #include "parallel/engine.h"
 
 namespace shardgpt {
-
-struct TrainState {            // everything besides model/optimizer state needed to continue bitwise
-  int64_t step = 0;            // optimizer steps done (also the LR schedule position and AdamW t)
-  int64_t tokens = 0;          // tokens seen
-  uint64_t loader_position = 0; // DataLoader global position (io/data_loader.h LoaderState)
-  uint64_t seed = 0;           // data/init seed of the run
-};
 
 // Collective. Writes DIR/step_XXXXXXXX/ (8 digits) atomically: tmp dir, one HDF5 file per rank with that
 // rank's fp32 master / m / v slices, then the index written LAST by rank 0, fsync, rename, then DIR/latest
@@ -48,8 +45,8 @@ Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& e
 
 // Collective. `path` is a checkpoint directory, or "latest" meaning the one DIR/latest points to (dir = ckpt_dir).
 // Refuses (one line naming the file and the problem; all ranks return an error, no hang): missing dir, not a
-// checkpoint (no index), missing shard file, truncated file, checksum mismatch (flipped byte), other model config
-// (names the first differing field). Works for any saved rank count/stage -> any loading rank count/stage: each
+// checkpoint (no index), an index that fails its checksum or its validation (names the field), missing shard
+// file, truncated file, checksum mismatch (flipped byte), other model config (names the first differing field). Works for any saved rank count/stage -> any loading rank count/stage: each
 // rank reads only the pieces its Owned(u) ranges need (hyperslab reads). Fills engine state via Owned(u), then
 // engine.set_step_count(state.step) and engine.SyncParamsFromMaster(). Prints throughput on rank 0.
 // Everything that can be checked before reading data is checked before the engine is touched; a checksum
@@ -68,34 +65,6 @@ StatusOr<GPTConfig> ReadCheckpointConfig(const std::string& path, const std::str
 // itself; a directory with a `latest` file (a --ckpt-dir) -> what it names. NotFound when
 // there is no checkpoint at all (a fresh run), another error when the path is not a checkpoint.
 StatusOr<std::string> ResolveCheckpoint(const std::string& path, const std::string& ckpt_dir);
-
-// One shard file as the index records it.
-struct CheckpointFile {
-  std::string name;        // "rank_00003.h5", relative to the checkpoint directory
-  uint64_t elements = 0;   // length of each of its datasets master, m, v
-  uint64_t bytes = 0;      // file size after the save
-  uint32_t crc_master = 0, crc_m = 0, crc_v = 0;  // CRC-32C of each dataset's fp32 bytes
-};
-
-// Everything index.h5 holds.
-struct CheckpointIndex {
-  std::string dir;  // the checkpoint directory it was read from
-  int format_version = 0;
-  uint64_t checkpoint_id = 0;  // random per save; every shard file carries it
-  GPTConfig config;
-  std::vector<TensorInfo> tensors;  // name, shape, unit, offset, numel (dtype is always f32)
-  std::vector<UnitInfo> units;      // name, global offset, numel
-  int world_size = 0;               // saving run's rank count
-  int zero_stage = 0;
-  std::string dtype;                // saving run's parameter dtype ("f32", "bf16"); state is fp32
-  TrainState state;
-  std::vector<SavedPiece> pieces;  // the saving run's plan
-  std::vector<CheckpointFile> files;
-  uint64_t total_bytes() const;
-};
-
-// Reads and checks index.h5 of a resolved checkpoint directory (format version, plan coverage).
-StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& checkpoint_dir);
 
 // Reads every byte of every shard file and checks sizes, HDF5 structure, Fletcher32 chunk
 // checksums and the index's CRC-32C per dataset. Local. On success fills *index and the

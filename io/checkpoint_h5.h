@@ -1,7 +1,8 @@
-// Small helpers over HDF5's C API for the checkpoint code: an owning handle, HDF5 errors as
-// one line of text, attributes, and 1-D float datasets read and written by hyperslab.
-// Internal to io/ (checkpoint.cc); every function returns errors as values and never lets
-// HDF5 print (InitH5 silences its automatic error printing for the calling thread).
+// Small helpers over HDF5's C API for the checkpoint WRITERS: an owning handle, HDF5 errors as
+// one line of text, attributes. Internal to io/. shardgpt writes HDF5 (for h5py and h5dump)
+// but never parses an HDF5 file it is given (io/checkpoint_index.h says why). Every function
+// returns errors as values and never lets HDF5 print (InitH5 silences its automatic error
+// printing for the calling thread).
 #pragma once
 
 #include <hdf5.h>
@@ -57,18 +58,6 @@ class Id {
 bool WriteAttrI64(hid_t obj, const char* name, int64_t v);
 bool WriteAttrU64(hid_t obj, const char* name, uint64_t v);
 bool WriteAttrStr(hid_t obj, const char* name, const std::string& v);
-bool ReadAttrI64(hid_t obj, const char* name, int64_t* v);
-bool ReadAttrU64(hid_t obj, const char* name, uint64_t* v);
-bool ReadAttrStr(hid_t obj, const char* name, std::string* v);
-
-// A dataset access property list whose chunk cache holds `chunk_bytes` chunks comfortably,
-// preempting fully read/written chunks first (sequential access writes every chunk once).
-Id ChunkCacheAccess(size_t chunk_bytes);
-// Writes / reads `count` floats at element `offset` of a 1-D float dataset.
-bool WriteSlab(hid_t dset, uint64_t offset, uint64_t count, const float* src);
-bool ReadSlab(hid_t dset, uint64_t offset, uint64_t count, float* dst);
-// Length of a 1-D dataset, or -1 if it is not a 1-D dataset of 4-byte floats.
-int64_t FloatDatasetLength(hid_t dset);
 
 }  // namespace h5
 }  // namespace shardgpt

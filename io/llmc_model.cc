@@ -1,11 +1,14 @@
 #include "io/llmc_model.h"
 
+#include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 
 #include "base/bf16.h"
+#include "io/file_checks.h"
 
 namespace shardgpt {
 
@@ -42,14 +45,21 @@ void ForEachInFileOrder(const ParamLayout& layout, Fn fn) {
 struct FileCloser {
   void operator()(FILE* f) const { if (f) std::fclose(f); }
 };
+
+int32_t LoadLE32(const unsigned char* p) {
+  return static_cast<int32_t>(static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
+                              (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24));
+}
 }  // namespace
 
 StatusOr<LlmcModel> ReadLlmcModel(const std::string& path) {
   std::unique_ptr<FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
   if (!f) return Status::NotFound(path + ": cannot open llm.c model file: " + std::strerror(errno));
-  int32_t h[256];
-  if (std::fread(h, sizeof(int32_t), 256, f.get()) != 256)
+  unsigned char raw[1024];
+  if (std::fread(raw, 1, sizeof(raw), f.get()) != sizeof(raw))
     return Status::Corruption(path + ": file shorter than the 1024-byte llm.c model header");
+  int32_t h[8];
+  for (int i = 0; i < 8; i++) h[i] = LoadLE32(raw + 4 * i);
   if (h[0] != kMagic)
     return Status::Corruption(path + ": bad magic " + std::to_string(h[0]) + " (expected " + std::to_string(kMagic) +
                               ", an llm.c model .bin)");
@@ -58,19 +68,24 @@ StatusOr<LlmcModel> ReadLlmcModel(const std::string& path) {
                               " (expected 3 = fp32 or 5 = bf16)");
   LlmcModel model;
   model.config = GPTConfig{h[4], h[5], h[6], h[2], h[3]};
-  SHARDGPT_RETURN_IF_ERROR(model.config.Validate());
+  SHARDGPT_RETURN_IF_ERROR(CheckFileConfig(model.config, path + ": header"));
   if (h[7] != model.config.padded_vocab())
     return Status::Corruption(path + ": padded vocab " + std::to_string(h[7]) + " (expected " +
                               std::to_string(model.config.padded_vocab()) + " for vocab " + std::to_string(h[3]) + ")");
-  ParamLayout layout(model.config);
+  // The size the header implies, computed without building the layout (whose size a
+  // crafted header could make arbitrary), is checked against the file before any allocation.
   const size_t elt = h[1] == 3 ? 4 : 2;
-  std::fseek(f.get(), 0, SEEK_END);
+  uint64_t numel = 0;
+  if (!FileParamCount(model.config, &numel))
+    return Status::Corruption(path + ": header (" + model.config.ToString() + ") describes more than 2^50 parameters");
+  if (std::fseek(f.get(), 0, SEEK_END) != 0) return Status::IOError(path + ": cannot seek: " + std::strerror(errno));
   const long size = std::ftell(f.get());
-  const size_t expected = 1024 + layout.total_numel() * elt;
-  if (size < 0 || static_cast<size_t>(size) != expected)
+  const uint64_t expected = 1024 + numel * elt;
+  if (size < 0 || static_cast<uint64_t>(size) != expected)
     return Status::Corruption(path + ": file has " + std::to_string(size) + " bytes, header (" +
                               model.config.ToString() + ", version " + std::to_string(h[1]) + ") says " +
                               std::to_string(expected));
+  ParamLayout layout(model.config);
   std::fseek(f.get(), 1024, SEEK_SET);
   model.params.resize(layout.total_numel());
   std::vector<uint16_t> tmp;
@@ -86,6 +101,14 @@ StatusOr<LlmcModel> ReadLlmcModel(const std::string& path) {
     }
   });
   if (!ok) return Status::IOError(path + ": read error");
+  // A NaN or infinity would train or sample garbage without a word: name the tensor instead.
+  for (const TensorInfo& t : layout.tensors()) {
+    const float* p = model.params.data() + layout.units()[t.unit].offset + t.offset;
+    for (size_t i = 0; i < t.numel; i++)
+      if (!std::isfinite(p[i]))
+        return Status::Corruption(path + ": tensor " + t.name + " element " + std::to_string(i) + " is " +
+                                  (std::isnan(p[i]) ? "NaN" : "infinite") + " (expected finite weights)");
+  }
   return model;
 }
 

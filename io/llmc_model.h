@@ -21,6 +21,8 @@ struct LlmcModel {
 };
 
 // Reads version 3 (fp32) or 5 (bf16, widened to fp32). Errors name the file and the problem.
+// The header is checked field by field and the size it implies against the file's before
+// anything is allocated; a NaN or infinite weight is refused naming the tensor.
 StatusOr<LlmcModel> ReadLlmcModel(const std::string& path);
 // Writes version 3 (fp32) from params in layout order, atomically (temp file + rename).
 Status WriteLlmcModel(const std::string& path, const ParamLayout& layout, const float* params);

@@ -82,6 +82,22 @@ StatusOr<Tokenizer> LoadLlmcTokenizer(const std::string& path) {
                               std::to_string(vocab) + ")");
   }
 
+  // Every token takes at least its length byte, so the file's size bounds the vocab: checked
+  // before reserving anything, so a header cannot make us allocate what the file cannot hold.
+  if (std::fseek(f.get(), 0, SEEK_END) != 0) {
+    return Status::IOError(path + ": cannot seek (" + std::strerror(errno) + "); expected a regular file");
+  }
+  const long size = std::ftell(f.get());
+  if (size < 0 || std::fseek(f.get(), sizeof(header), SEEK_SET) != 0) {
+    return Status::IOError(path + ": cannot get the file size (" + std::strerror(errno) + ")");
+  }
+  const uint64_t body = static_cast<uint64_t>(size) - sizeof(header);
+  if (static_cast<uint64_t>(vocab) > body) {
+    return Status::Corruption(path + ": vocab size " + std::to_string(vocab) + " in header, but the " +
+                              std::to_string(body) + " bytes after it hold at most " + std::to_string(body) +
+                              " tokens (truncated or not an llm.c tokenizer file)");
+  }
+
   Tokenizer t;
   t.eot_token_ = eot;
   t.pieces_.reserve(static_cast<size_t>(vocab));

@@ -48,6 +48,9 @@ check init-missing      "$T/none.bin"        -- train $D --init "$T/none.bin"
 check init-bad          "model.bin"          -- train $D --init "$T/model.bin"
 check batch-tokens      "batch-tokens"       -- train $D --batch-tokens 1000
 check n-embd-heads      "n-head"             -- train $D --n-embd 30 --n-head 4
+check seed-negative     "--seed"             -- train $D --seed -1
+check steps-hex         "--steps"            -- train $D --steps 0x10
+check lr-nan            "--lr"               -- train $D --lr nan
 check too-few-tokens    "need at least"      -- train $D --micro-batch 100000
 check vocab-too-small   "vocab"              -- train $D --vocab-size 100
 check preset            "preset"             -- train $D --model d7
@@ -57,13 +60,16 @@ check sample-missing    "$T/none.bin"        -- sample --model-file "$T/none.bin
 # checkpoints: a good one, then broken copies
 mpirun -np 2 --oversubscribe "$BIN" train $D --ckpt-dir "$T/ck" --quiet >/dev/null 2>&1 || { echo "FAIL: could not make a checkpoint"; exit 1; }
 good="$T/ck/step_00000002"
-for c in noindex missing trunc flip; do cp -r "$good" "$T/$c"; done
+for c in noindex missing trunc flip iflip; do cp -r "$good" "$T/$c"; done
 rm "$T/noindex/index.h5"
 rm "$T/missing/rank_00001.h5"
 truncate -s 3000 "$T/trunc/rank_00000.h5"
 # flip one byte in the middle of the master dataset's data (after the HDF5 metadata)
 size=$(stat -c %s "$T/flip/rank_00000.h5")
 printf '\x5a' | dd of="$T/flip/rank_00000.h5" bs=1 seek=$((size - 100)) conv=notrunc status=none
+# flip one byte inside the index's HDF5 content (after its 512-byte checksummed header)
+b=$(od -An -tu1 -j1500 -N1 "$T/iflip/index.h5" | tr -d ' ')
+printf "\\x$(printf %02x $((b ^ 0x20)))" | dd of="$T/iflip/index.h5" bs=1 seek=1500 conv=notrunc status=none
 mkdir -p "$T/empty"
 check resume-not-ckpt   "$T/empty"           -- train $D --resume "$T/empty"
 check resume-no-index   "$T/noindex"         -- train $D --resume "$T/noindex"
@@ -75,6 +81,8 @@ check resume-auto-dir   "--ckpt-dir"         -- train $D --resume auto
 check resume-latest-none "$T/empty"          -- train $D --resume latest --ckpt-dir "$T/empty"
 check resume-flipped    "rank_00000.h5"      -- train $D --resume "$T/flip"
 check verify-flipped    "rank_00000.h5"      -- ckpt verify "$T/flip"
+check resume-index-flip "index.h5: checksum mismatch" -- train $D --resume "$T/iflip"
+check inspect-index-flip "index.h5: checksum mismatch" -- ckpt inspect "$T/iflip"
 check save-model-dir    "/nonexistent/dir"   -- train $D --save-model /nonexistent/dir/m.bin
 [ -s "$good/index.h5" ] && "$BIN" ckpt verify "$good" >/dev/null || { echo "FAIL: the good checkpoint was damaged"; fails=$((fails+1)); }
 [ $fails -eq 0 ] && echo "all CLI error cases ok" || { echo "$fails case(s) failed"; exit 1; }

@@ -1,0 +1,158 @@
+// Writes the seed corpora of the fuzz targets: small valid files made by the project's own
+// writers (and, for formats it only reads, by the format's definition), one directory per
+// target under DIR. Run by CTest before the replay tests and by scripts/fuzz.sh.
+//   make_seeds DIR
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "base/bf16.h"
+#include "fuzz_util.h"
+#include "io/checkpoint_index.h"
+#include "io/checkpoint_shard.h"
+#include "io/llmc_model.h"
+#include "io/token_shard.h"
+
+using namespace shardgpt;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string Le32(int32_t v) {
+  std::string s(4, '\0');
+  for (int i = 0; i < 4; i++) s[i] = static_cast<char>((static_cast<uint32_t>(v) >> (8 * i)) & 0xff);
+  return s;
+}
+
+void Check(const Status& st) {
+  if (!st.ok()) {
+    std::fprintf(stderr, "make_seeds: %s\n", st.message().c_str());
+    std::exit(1);
+  }
+}
+
+void Write(const std::string& path, const std::string& bytes) { fuzz::WriteBytes(path, bytes.data(), bytes.size()); }
+
+void TokenShards(const std::string& d) {
+  Check(WriteTokenShard(d + "/empty.bin", {}));
+  Check(WriteTokenShard(d + "/ten.bin", {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  std::vector<uint16_t> t(200);
+  for (size_t i = 0; i < t.size(); i++) t[i] = static_cast<uint16_t>((i * 7919) & 0xffff);
+  Check(WriteTokenShard(d + "/wide.bin", t));
+}
+
+void LlmcModels(const std::string& d) {
+  for (const GPTConfig& c : {GPTConfig{1, 1, 4, 4, 2}, GPTConfig{2, 2, 4, 3, 129}}) {
+    const ParamLayout layout(c);
+    std::vector<float> p(layout.total_numel());
+    InitParameters(layout, 7, p.data());
+    const std::string v3 = d + "/" + c.ToString() + "-v3.bin";
+    Check(WriteLlmcModel(v3, layout, p.data()));
+    // version 5: the same header with version 5 and the payload as bf16
+    std::string bytes = fuzz::ReadFile(v3);
+    bytes.replace(4, 4, Le32(5));
+    std::vector<uint16_t> bf(p.size());
+    std::vector<float> body(p.size());
+    std::memcpy(body.data(), bytes.data() + 1024, p.size() * 4);
+    FloatToBf16(body.data(), bf.data(), bf.size());
+    Write(d + "/" + c.ToString() + "-v5.bin",
+          bytes.substr(0, 1024) + std::string(reinterpret_cast<const char*>(bf.data()), bf.size() * 2));
+  }
+}
+
+void Tokenizers(const std::string& d) {
+  const std::vector<std::string> pieces = {"a", "bc", std::string("\0\xff", 2), "hello", ""};
+  for (int eot : {4, -1}) {
+    std::string s = Le32(20240328) + Le32(2) + Le32(static_cast<int32_t>(pieces.size())) + Le32(eot);
+    s.resize(1024, '\0');
+    for (const std::string& p : pieces) s += static_cast<char>(p.size()) + p;
+    Write(d + "/v2-eot" + std::to_string(eot) + ".bin", s);
+  }
+}
+
+void CheckpointIndexes(const std::string& d) {
+  struct Case {
+    GPTConfig config;
+    int world, stage;
+    const char* dtype;
+  };
+  int n = 0;
+  for (const Case& c : {Case{{1, 1, 4, 4, 2}, 1, 0, "f32"}, Case{{1, 1, 4, 4, 2}, 2, 3, "bf16"},
+                        Case{{2, 2, 4, 3, 129}, 3, 1, "f32"}}) {
+    const ParamLayout layout(c.config);
+    CheckpointIndex idx;
+    idx.format_version = kCheckpointFormatVersion;
+    idx.checkpoint_id = 0x1234567890abcdefull + n;
+    idx.config = c.config;
+    idx.tensors = layout.tensors();
+    idx.units = layout.units();
+    idx.world_size = c.world;
+    idx.zero_stage = c.stage;
+    idx.dtype = c.dtype;
+    idx.state = TrainState{5, 5 * 64, 10, 1337};
+    idx.pieces = PlanSave(layout, c.world);
+    const std::vector<uint64_t> elems = FileElements(idx.pieces, c.world);
+    for (int r = 0; r < c.world; r++) {
+      CheckpointFile f{ShardFileName(r), elems[r], 12 * elems[r] + 4096, 0x11111111u * (r + 1), 0x2222u + r,
+                       0x3333u + r, {}, {}};
+      for (int k = 0; k < 3; k++) f.chunk_offsets[k] = {2048 + k * (elems[r] + 1) * 4}, f.chunk_crcs[k] = {0xc0ffeeu + k};
+      idx.files.push_back(f);
+    }
+    const std::string path = d + "/index" + std::to_string(n++) + ".h5";
+    fs::remove(path);
+    Check(WriteCheckpointIndex(path, idx));
+    Check(ParseCheckpointIndex(fuzz::ReadFile(path), path, d).status());
+  }
+}
+
+void ShardFiles(const std::string& d) {
+  const std::string path = d + "/" + ShardFileName(0);
+  fs::remove(path);
+  ShardWriteResult res;
+  Check(WriteShardFile(path, 0, 1, fuzz::kShardSeedId, 7, fuzz::kShardSeedElems,
+                       [](int k, uint64_t at, uint64_t count, float* dst) {
+                         for (uint64_t i = 0; i < count; i++) dst[i] = fuzz::ShardSeedValue(k, at + i);
+                         return Status::OK();
+                       },
+                       &res));
+}
+
+void PrepareInputs(const std::string& d) {
+  // byte 0: val_fraction selector, byte 1: split point, then text
+  Write(d + "/one-file.txt", std::string("\x40\x00", 2) + "In the beginning God created the heaven and the earth.\n");
+  Write(d + "/two-files.txt", std::string("\x80\x05", 2) + "Hello, world\n\x00\xff\xfe binary too");
+  Write(d + "/nan.txt", std::string("\x08\x00", 2) + "text");
+}
+
+void CliArgs(const std::string& d) {
+  Write(d + "/ints.txt", "--int\n42\n--ll\n-9000000000\n--u64\n18446744073709551615\n--stage\n3");
+  Write(d + "/floats.txt", "--dbl\n6e-4\n--flt\n-1.5e3\n--dbl=0.25");
+  Write(d + "/mixed.txt", "-i7\n--ids\n50256\n1\n2\n--flag\ntrue\n--int=010");
+  Write(d + "/bad.txt", "--u64\n-1\n--int\n0x10\n--dbl\nnan");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: make_seeds DIR\n");
+    return 2;
+  }
+  const std::string dir = argv[1];
+  struct Target {
+    const char* name;
+    void (*make)(const std::string&);
+  };
+  for (const Target& t : {Target{"token_shard", TokenShards}, Target{"llmc_model", LlmcModels},
+                          Target{"tokenizer", Tokenizers}, Target{"ckpt_index", CheckpointIndexes},
+                          Target{"ckpt_shard", ShardFiles}, Target{"prepare", PrepareInputs},
+                          Target{"cli_numbers", CliArgs}}) {
+    const std::string d = dir + "/" + t.name;
+    fs::create_directories(d);
+    t.make(d);
+  }
+  std::printf("seed corpora written under %s\n", dir.c_str());
+  return 0;
+}

@@ -1,0 +1,270 @@
+// The checkpoint index (io/checkpoint_index.h) in one process: a round trip; every single
+// flipped byte of the file refused by its checksum; a version 1 index refused by name; and
+// each inconsistent field refused naming the field (written through the real writer, which
+// stores whatever it is given, so each case is a crafted but well-formed, checksummed file).
+// Also crafted JSON (wrong types, wrap-around numbers) with a valid checksum.
+// Also the `latest` pointer of a checkpoint directory, which must name a step directory.
+#include "io/checkpoint_index.h"
+
+#include <gtest/gtest.h>
+#include <hdf5.h>
+
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "io_test_util.h"
+
+namespace shardgpt {
+namespace {
+
+using testutil::ReadFile;
+using testutil::TestDir;
+using testutil::WriteFile;
+
+const GPTConfig kConfig{2, 2, 8, 4, 130};
+
+CheckpointIndex GoodIndex(int world = 3) {
+  const ParamLayout layout(kConfig);
+  CheckpointIndex idx;
+  idx.format_version = kCheckpointFormatVersion;
+  idx.checkpoint_id = 0xabcdef0123456789ull;
+  idx.config = kConfig;
+  idx.tensors = layout.tensors();
+  idx.units = layout.units();
+  idx.world_size = world;
+  idx.zero_stage = 2;
+  idx.dtype = "bf16";
+  idx.state = TrainState{12, 12 * 256, 48, 1337};
+  idx.pieces = PlanSave(layout, world);
+  const std::vector<uint64_t> elems = FileElements(idx.pieces, world);
+  for (int r = 0; r < world; r++) {
+    // one chunk per dataset (with its 4-byte checksum), one after the other after the header
+    CheckpointFile f{ShardFileName(r), elems[r], 12 * elems[r] + 2048, 1u + r, 2u + r, 3u + r, {}, {}};
+    for (int k = 0; k < 3; k++) f.chunk_offsets[k] = {1024 + k * (elems[r] + 1) * 4}, f.chunk_crcs[k] = {7u + k};
+    idx.files.push_back(f);
+  }
+  return idx;
+}
+
+// Writes idx as dir/index.h5 (replacing it) and reads it back.
+StatusOr<CheckpointIndex> WriteAndRead(const std::string& dir, const CheckpointIndex& idx) {
+  std::filesystem::remove(dir + "/index.h5");
+  Status st = WriteCheckpointIndex(dir + "/index.h5", idx);
+  if (!st.ok()) return st;
+  return ReadCheckpointIndex(dir);
+}
+
+TEST(CheckpointIndex, RoundTrip) {
+  const std::string dir = TestDir();
+  const CheckpointIndex idx = GoodIndex();
+  auto back = WriteAndRead(dir, idx);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->format_version, kCheckpointFormatVersion);
+  EXPECT_EQ(back->checkpoint_id, idx.checkpoint_id);
+  EXPECT_EQ(back->config.FirstDifference(kConfig), "");
+  EXPECT_EQ(back->world_size, 3);
+  EXPECT_EQ(back->zero_stage, 2);
+  EXPECT_EQ(back->dtype, "bf16");
+  EXPECT_EQ(back->state.step, 12);
+  EXPECT_EQ(back->state.tokens, 12 * 256);
+  EXPECT_EQ(back->state.loader_position, 48u);
+  EXPECT_EQ(back->state.seed, 1337u);
+  ASSERT_EQ(back->pieces.size(), idx.pieces.size());
+  for (size_t i = 0; i < idx.pieces.size(); i++) {
+    EXPECT_EQ(back->pieces[i].unit, idx.pieces[i].unit);
+    EXPECT_EQ(back->pieces[i].begin, idx.pieces[i].begin);
+    EXPECT_EQ(back->pieces[i].end, idx.pieces[i].end);
+    EXPECT_EQ(back->pieces[i].file_offset, idx.pieces[i].file_offset);
+  }
+  ASSERT_EQ(back->files.size(), 3u);
+  EXPECT_EQ(back->files[2].name, "rank_00002.h5");
+  EXPECT_EQ(back->files[2].bytes, idx.files[2].bytes);
+  EXPECT_EQ(back->files[2].crc_v, 5u);
+  // The header is readable text at the start of the file, and HDF5 still opens the file.
+  const std::string bytes = ReadFile(dir + "/index.h5");
+  EXPECT_EQ(bytes.rfind("shardgpt checkpoint index\nformat 2\ncrc32c ", 0), 0u);
+  hid_t f = H5Fopen((dir + "/index.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  EXPECT_GE(f, 0);
+  if (f >= 0) H5Fclose(f);
+}
+
+TEST(CheckpointIndex, EveryFlippedByteIsRefused) {
+  const std::string dir = TestDir();
+  ASSERT_TRUE(WriteCheckpointIndex(dir + "/index.h5", GoodIndex()).ok());
+  const std::string good = ReadFile(dir + "/index.h5");
+  ASSERT_TRUE(ParseCheckpointIndex(good, "index.h5", dir).ok());
+  size_t refused = 0;
+  for (size_t i = 0; i < good.size(); i++) {
+    for (unsigned char mask : {0x01, 0x80}) {
+      std::string bad = good;
+      bad[i] = static_cast<char>(bad[i] ^ mask);
+      auto r = ParseCheckpointIndex(bad, "x/index.h5", dir);
+      if (r.ok()) {
+        ADD_FAILURE() << "byte " << i << " ^ " << int(mask) << " accepted";
+        continue;
+      }
+      EXPECT_EQ(r.status().message().rfind("x/index.h5: ", 0), 0u) << r.status().message();
+      refused++;
+    }
+  }
+  EXPECT_EQ(refused, 2 * good.size());
+  std::printf("%zu flips of %zu bytes: all refused\n", refused, good.size());
+  // Truncated or extended: refused too.
+  EXPECT_FALSE(ParseCheckpointIndex(good.substr(0, good.size() - 1), "index.h5", dir).ok());
+  EXPECT_FALSE(ParseCheckpointIndex(good + "x", "index.h5", dir).ok());
+  auto damaged = ParseCheckpointIndex(good.substr(0, 600) + "!" + good.substr(601), "index.h5", dir);
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_NE(damaged.status().message().find("checksum mismatch"), std::string::npos) << damaged.status().message();
+}
+
+TEST(CheckpointIndex, Version1IsRefusedByName) {
+  const std::string dir = TestDir();
+  // A version 1 index is a plain HDF5 file (no user block).
+  hid_t f = H5Fcreate((dir + "/index.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  H5Fclose(f);
+  auto r = ReadCheckpointIndex(dir);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("format version 1 (no checksum) is not read by this build"), std::string::npos)
+      << r.status().message();
+  WriteFile(dir + "/index.h5", std::string(600, 'x'));
+  r = ReadCheckpointIndex(dir);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("not a shardgpt checkpoint index"), std::string::npos) << r.status().message();
+}
+
+// Each crafted index is refused with a message naming the field.
+TEST(CheckpointIndex, InconsistentFieldsAreRefusedByName) {
+  const std::string dir = TestDir();
+  struct Case {
+    const char* words;
+    std::function<void(CheckpointIndex&)> edit;
+  };
+  const uint64_t minus_one = ~uint64_t{0};  // written as int64 -1
+  const std::vector<Case> cases = {
+      {"step -1 (expected 0 to 2^31-1)", [](CheckpointIndex& i) { i.state.step = -1; }},
+      {"step 2147483648", [](CheckpointIndex& i) { i.state.step = int64_t{1} << 31; }},
+      {"tokens -5", [](CheckpointIndex& i) { i.state.tokens = -5; }},
+      {"world_size 0", [](CheckpointIndex& i) { i.world_size = 0; }},
+      {"zero_stage 4", [](CheckpointIndex& i) { i.zero_stage = 4; }},
+      {"dtype 'f16'", [](CheckpointIndex& i) { i.dtype = "f16"; }},
+      {"checkpoint_id 0", [](CheckpointIndex& i) { i.checkpoint_id = 0; }},
+      {"/config n_embd 7 (expected a multiple of n_head 2)", [](CheckpointIndex& i) { i.config.n_embd = 7; }},
+      {"/config vocab_size 70000", [](CheckpointIndex& i) { i.config.vocab_size = 70000; }},
+      {"/layout has 28 tensors in 4 units, /config n_layer 100000000 implies 1200000004 in 100000002",
+       [](CheckpointIndex& i) { i.config.n_layer = 100000000; }},
+      {"describes more than 2^50 parameters", [](CheckpointIndex& i) { i.config.n_embd = 1 << 30; }},
+      {"/layout/tensors[3] offset", [](CheckpointIndex& i) { i.tensors[3].offset += 1; }},
+      {"/layout/tensors[5] name 'h.0.evil'", [](CheckpointIndex& i) { i.tensors[5].name = "h.0.evil"; }},
+      {"/layout/tensors[0] shape", [](CheckpointIndex& i) { i.tensors[0].shape[0] = -256; }},
+      {"/layout/tensors[2] numel -1 (expected >= 0)", [&](CheckpointIndex& i) { i.tensors[2].numel = minus_one; }},
+      {"/layout/units[1] 'h.0' offset", [](CheckpointIndex& i) { i.units[1].offset += 8; }},
+      {"/plan/pieces[0] begin -1 (expected >= 0)", [&](CheckpointIndex& i) { i.pieces[0].begin = minus_one; }},
+      {"/plan/pieces: unit 0: elements", [](CheckpointIndex& i) { i.pieces.push_back(i.pieces[0]); }},  // twice
+      {"/plan/pieces: unit", [](CheckpointIndex& i) { i.pieces.pop_back(); }},                          // missing
+      {"/plan/pieces: piece of unit 0 in file 5: no such file", [](CheckpointIndex& i) { i.pieces[0].file = 5; }},
+      {"/plan/pieces: unit 1: bad piece", [](CheckpointIndex& i) {
+         for (SavedPiece& p : i.pieces)
+           if (p.unit == 1) p.end += 1000;
+       }},
+      {"/plan/pieces: file 0: piece of unit", [](CheckpointIndex& i) { i.pieces[0].file_offset += 1; }},
+      {"/plan/files has 2 records for world_size 3", [](CheckpointIndex& i) { i.files.pop_back(); }},
+      {"/plan/files[1] name '../rank_00001.h5' (expected rank_00001.h5)",
+       [](CheckpointIndex& i) { i.files[1].name = "../rank_00001.h5"; }},
+      {"/plan/files[0] rank_00000.h5: elements", [](CheckpointIndex& i) { i.files[0].elements += 1; }},
+      {"/plan/files[2] rank_00002.h5: bytes 100, too small", [](CheckpointIndex& i) { i.files[2].bytes = 100; }},
+      {"/plan/files[0] bytes -1 (expected >= 0)", [&](CheckpointIndex& i) { i.files[0].bytes = minus_one; }},
+      {"/plan/files[1] rank_00001.h5: 0 chunk offsets and 1 chunk CRCs for /m, expected 1",
+       [](CheckpointIndex& i) { i.files[1].chunk_offsets[1].clear(); }},
+      {"/plan/files[0] rank_00000.h5: chunk of /v at byte", [](CheckpointIndex& i) {
+         i.files[0].chunk_offsets[2][0] = i.files[0].bytes - 8;  // runs past the end of the file
+       }},
+      {"/plan/files[0] rank_00000.h5: chunk of /master at byte 100", [](CheckpointIndex& i) {
+         i.files[0].chunk_offsets[0][0] = 100;  // inside the header
+       }},
+      {"overlap", [](CheckpointIndex& i) { i.files[2].chunk_offsets[1][0] = i.files[2].chunk_offsets[0][0] + 4; }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.words);
+    CheckpointIndex idx = GoodIndex();
+    c.edit(idx);
+    auto r = WriteAndRead(dir, idx);
+    ASSERT_FALSE(r.ok());
+    const std::string& msg = r.status().message();
+    EXPECT_EQ(msg.rfind(dir + "/index.h5: ", 0), 0u) << msg;
+    EXPECT_NE(msg.find(c.words), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+  EXPECT_TRUE(WriteAndRead(dir, GoodIndex()).ok());
+}
+
+// Crafted JSON with a recomputed checksum: types are exact, nothing wraps around.
+TEST(CheckpointIndex, CraftedJsonIsRefusedByName) {
+  const std::string dir = TestDir();
+  ASSERT_TRUE(WriteCheckpointIndex(dir + "/index.h5", GoodIndex()).ok());
+  const std::string good = ReadFile(dir + "/index.h5");
+  struct Case {
+    std::string from, to, words;
+  };
+  const std::vector<Case> cases = {
+      {"\"step\":12", "\"step\":12.5", "step missing or not an integer"},
+      {"\"step\":12", "\"step\":-12", "step -12 (expected 0 to 2^31-1)"},
+      {"\"tokens\":3072", "\"tokens\":9223372036854775808", "tokens missing or not an integer"},
+      {"\"seed\":1337", "\"seed\":-1", "seed missing or not an unsigned integer"},
+      {"\"world_size\":3", "\"world_size\":\"3\"", "world_size missing or not an integer"},
+      {"\"n_layer\":2", "\"n_layer\":4294967298", "/config n_layer 4294967298 (expected 1 to 2^31-1)"},
+      {"\"format\":\"shardgpt-checkpoint\"", "\"format\":\"something-else\"", "not a shardgpt checkpoint index"},
+      {"{\"checkpoint_id\"", "[{\"checkpoint_id\"", "JSON content does not parse"},
+  };
+  const size_t json_at = good.find("\njson ") + 6;
+  const uint64_t json_bytes = std::stoull(good.substr(json_at, good.find('\n', json_at) - json_at));
+  const std::string json = good.substr(kIndexHeaderBytes, json_bytes);
+  const std::string rest = good.substr(kIndexHeaderBytes + json_bytes);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.to);
+    std::string edited = json;
+    const size_t at = edited.find(c.from);
+    ASSERT_NE(at, std::string::npos) << c.from;
+    edited.replace(at, c.from.size(), c.to);
+    // a header stating the new JSON length; sealing fills in the rest (size, checksum)
+    std::string bad = "shardgpt checkpoint index\nformat 2\njson " + std::to_string(edited.size()) + "\n";
+    bad.resize(kIndexHeaderBytes, '\0');
+    bad += edited + rest;
+    SealCheckpointIndexImage(&bad);
+    auto r = ParseCheckpointIndex(bad, "x/index.h5", dir);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find(c.words), std::string::npos) << r.status().message();
+  }
+  // and the unedited JSON, so framed and sealed, is accepted
+  std::string same = "shardgpt checkpoint index\nformat 2\njson " + std::to_string(json.size()) + "\n";
+  same.resize(kIndexHeaderBytes, '\0');
+  same += json + rest;
+  SealCheckpointIndexImage(&same);
+  EXPECT_TRUE(ParseCheckpointIndex(same, "x/index.h5", dir).ok());
+}
+
+TEST(CheckpointIndex, LatestMustNameAStepDirectory) {
+  namespace fs = std::filesystem;
+  const std::string dir = TestDir();
+  fs::create_directories(dir + "/ck/step_00000003");
+  ASSERT_TRUE(WriteCheckpointIndex(dir + "/ck/step_00000003/index.h5", GoodIndex()).ok());
+  fs::create_directories(dir + "/elsewhere");
+  ASSERT_TRUE(WriteCheckpointIndex(dir + "/elsewhere/index.h5", GoodIndex()).ok());
+  WriteFile(dir + "/ck/latest", "step_00000003\n");
+  auto ok = ResolveCheckpoint("latest", dir + "/ck");
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok.value(), dir + "/ck/step_00000003");
+  for (const std::string& name : std::vector<std::string>{"../elsewhere", dir + "/elsewhere", "step_3", "step_00000003/.."}) {
+    WriteFile(dir + "/ck/latest", name + "\n");
+    auto r = ResolveCheckpoint("latest", dir + "/ck");
+    ASSERT_FALSE(r.ok()) << name;
+    EXPECT_NE(r.status().message().find("expected a step_XXXXXXXX directory name"), std::string::npos)
+        << r.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace shardgpt
