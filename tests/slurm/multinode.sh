@@ -25,6 +25,8 @@ command -v ip >/dev/null && command -v nsenter >/dev/null && command -v unshare 
 # Shared storage of the "cluster" outside /tmp (each host has its own /tmp).
 T=$(mktemp -d /var/tmp/shardgpt-slurm-mn.XXXXXX)
 chmod 755 "$T"
+# The binary too: the build may itself live under /tmp (a CI clone), which the hosts cannot see.
+cp "$BIN" "$T/shardgpt" && BIN=$T/shardgpt
 C=$T/cluster
 mkdir -p "$C"
 # a name prefix and a /24 no interface here uses yet
