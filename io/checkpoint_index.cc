@@ -163,8 +163,11 @@ Status CheckIndexHeader(const std::string& bytes, const std::string& path, uint6
   if (bytes.size() <= kIndexHeaderBytes || bytes.compare(0, magic_len, kHeaderMagic) != 0)
     return Status::Corruption(path + ": not a shardgpt checkpoint index (no '" +
                               std::string(kHeaderMagic, magic_len - 1) + "' header)");
-  int version = 0;
-  if (std::sscanf(bytes.c_str() + magic_len, "format %d", &version) != 1 || version != kCheckpointFormatVersion)
+  int version = 0;  // "format N\n" (digits read by hand: sscanf's %d has no defined overflow)
+  if (bytes.compare(magic_len, 7, "format ") == 0)
+    for (size_t i = magic_len + 7; i < kIndexHeaderBytes && bytes[i] >= '0' && bytes[i] <= '9' && version < 100000; i++)
+      version = version * 10 + (bytes[i] - '0');
+  if (version != kCheckpointFormatVersion)
     return Status::Unimplemented(path + ": checkpoint index format version " + std::to_string(version) +
                                  ", this build reads " + std::to_string(kCheckpointFormatVersion));
   *json_bytes = std::min<uint64_t>(HeaderJsonBytes(bytes), bytes.size() - kIndexHeaderBytes);

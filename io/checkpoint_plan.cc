@@ -146,6 +146,40 @@ uint32_t Crc32c(uint32_t crc, const void* data, size_t bytes) {
   return ~c;
 }
 
+namespace {
+// Over GF(2): the product of a 32x32 bit matrix (one column per bit) and a vector.
+uint32_t Gf2Times(const uint32_t* mat, uint32_t vec) {
+  uint32_t sum = 0;
+  for (; vec; vec >>= 1, mat++)
+    if (vec & 1) sum ^= *mat;
+  return sum;
+}
+void Gf2Square(uint32_t* square, const uint32_t* mat) {
+  for (int n = 0; n < 32; n++) square[n] = Gf2Times(mat, mat[n]);
+}
+}  // namespace
+
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t bytes_b) {
+  // Appending len zero bytes to a CRC register is a linear map; build it for 1, 2, 4, ...
+  // zero bytes by squaring the one-zero-bit operator, apply it to crc_a, add crc_b (zlib).
+  if (bytes_b == 0) return crc_a;
+  uint32_t even[32], odd[32];
+  odd[0] = 0x82F63B78u;  // reflected Castagnoli polynomial: the operator for one zero bit
+  for (int n = 1; n < 32; n++) odd[n] = uint32_t{1} << (n - 1);
+  Gf2Square(even, odd);  // two zero bits
+  Gf2Square(odd, even);  // four zero bits
+  do {
+    Gf2Square(even, odd);  // first pass: one zero byte
+    if (bytes_b & 1) crc_a = Gf2Times(even, crc_a);
+    bytes_b >>= 1;
+    if (bytes_b == 0) break;
+    Gf2Square(odd, even);
+    if (bytes_b & 1) crc_a = Gf2Times(odd, crc_a);
+    bytes_b >>= 1;
+  } while (bytes_b != 0);
+  return crc_a ^ crc_b;
+}
+
 uint32_t Fletcher32(const void* data, size_t bytes) {
   const uint8_t* d = static_cast<const uint8_t*>(data);
   size_t len = bytes / 2;

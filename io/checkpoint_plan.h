@@ -54,6 +54,10 @@ std::vector<ReadOp> PlanReads(const std::vector<SavedPiece>& pieces, int unit, u
 // CRC-32C (Castagnoli), chainable: Crc32c(Crc32c(0, a), b) == crc of a followed by b.
 // Hardware instruction where available (SSE4.2), else a table.
 uint32_t Crc32c(uint32_t crc, const void* data, size_t bytes);
+// The CRC-32C of a followed by b from crc_a = Crc32c(0, a), crc_b = Crc32c(0, b) and b's
+// length, without the data (zlib's crc32_combine, for the Castagnoli polynomial): lets the
+// shard writer derive each dataset's CRC from its chunks' CRCs instead of a second pass.
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t bytes_b);
 
 // HDF5's Fletcher32 checksum of `bytes` (even) bytes, bit-identical to the value HDF5's
 // Fletcher32 filter appends to a chunk (stored little-endian after the data), so chunks can

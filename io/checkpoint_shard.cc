@@ -102,7 +102,11 @@ Status WriteShardFile(const std::string& path, int rank, int world, uint64_t che
       const uint64_t hi = std::min<uint64_t>(lo + chunk, n);
       SHARDGPT_RETURN_IF_ERROR(fill(k, lo, hi - lo, staging.data()));
       std::fill(staging.begin() + (hi - lo), staging.begin() + chunk, 0.0f);  // the last chunk's tail
-      crc = Crc32c(crc, staging.data(), (hi - lo) * sizeof(float));
+      // One CRC pass per chunk: the chunk's (zero tail included) for the index's chunk table,
+      // the dataset's (real elements only) derived from it, except for a partial last chunk.
+      const uint32_t chunk_crc = Crc32c(0, staging.data(), chunk * sizeof(float));
+      crc = hi - lo == chunk ? Crc32cCombine(crc, chunk_crc, chunk * sizeof(float))
+                             : Crc32c(crc, staging.data(), (hi - lo) * sizeof(float));
       const uint32_t fl = Fletcher32(staging.data(), chunk * sizeof(float));
       uint8_t* tail = reinterpret_cast<uint8_t*>(&staging[chunk]);
       for (int b = 0; b < 4; b++) tail[b] = static_cast<uint8_t>(fl >> (8 * b));  // little-endian, as HDF5
@@ -118,7 +122,7 @@ Status WriteShardFile(const std::string& path, int rank, int world, uint64_t che
         return Status::IOError(path + ": cannot locate chunk " + std::to_string(lo / chunk) + " of /" +
                                kShardKinds[k] + ": " + h5::LastError());
       out->chunk_offsets[k].push_back(kShardHeaderBytes + addr);
-      out->chunk_crcs[k].push_back(Crc32c(0, staging.data(), chunk * sizeof(float)));
+      out->chunk_crcs[k].push_back(chunk_crc);
     }
     if (!dset.Close()) return Status::IOError(path + ": cannot write /" + kShardKinds[k] + ": " + h5::LastError());
     out->crc[k] = crc;

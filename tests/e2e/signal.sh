@@ -9,12 +9,13 @@ for i in $(seq 1 400); do echo "In the beginning God created the heaven and the 
 "$BIN" prepare --input "$T/text.txt" --output "$T/data" >/dev/null || exit 1
 ARGS="--data $T/data/train.bin --seq-len 64 --micro-batch 4 --n-layer 4 --n-embd 256 --n-head 4 --steps 100000 --quiet --ckpt-dir $T/ck"
 for sig in USR1 TERM; do
-  rm -rf "$T/ck"
-  mpirun -np 2 --oversubscribe "$BIN" train $ARGS > "$T/out.txt" 2>&1 &
+  rm -rf "$T/ck" "$T/l.jsonl"
+  mpirun -np 2 --oversubscribe "$BIN" train $ARGS --log "$T/l.jsonl" > "$T/out.txt" 2>&1 &
   mpid=$!
-  # wait until both ranks are training, then signal only the rank with the highest pid
-  for i in $(seq 1 100); do [ "$(pgrep -f "shardgpt train.*$T/ck" | wc -l)" -ge 2 ] && break; sleep 0.1; done
-  sleep 1.5
+  # wait until both ranks are training (a first step logged: both installed their handlers
+  # before it; start-up takes seconds under a sanitizer build), then signal only the rank
+  # with the highest pid
+  for i in $(seq 1 600); do [ -s "$T/l.jsonl" ] && break; sleep 0.1; done
   rank_pid=$(pgrep -f "shardgpt train.*$T/ck" | grep -v "^$mpid\$" | sort -n | tail -1)
   kill -$sig "$rank_pid"
   for i in $(seq 1 300); do kill -0 $mpid 2>/dev/null || break; sleep 0.1; done

@@ -4,6 +4,8 @@
 #include "io/checkpoint_plan.h"
 
 #include <gtest/gtest.h>
+
+#include <vector>
 #include <hdf5.h>
 
 #include <cstdio>
@@ -134,6 +136,15 @@ TEST(CheckpointPlan, Crc32cAndStepNames) {
   EXPECT_EQ(Crc32c(0, "123456789", 9), 0xE3069283u);  // the standard check value
   EXPECT_EQ(Crc32c(Crc32c(0, "1234", 4), "56789", 5), 0xE3069283u);
   EXPECT_EQ(Crc32c(0, "", 0), 0u);
+  // Combining the CRCs of two parts gives the CRC of the whole, for any split and length.
+  EXPECT_EQ(Crc32cCombine(Crc32c(0, "1234", 4), Crc32c(0, "56789", 5), 5), 0xE3069283u);
+  std::vector<unsigned char> data(10000);
+  for (size_t i = 0; i < data.size(); i++) data[i] = static_cast<unsigned char>((i * 2654435761u) >> 13);
+  for (size_t split : {size_t{0}, size_t{1}, size_t{7}, size_t{4096}, size_t{9999}, size_t{10000}})
+    EXPECT_EQ(Crc32cCombine(Crc32c(0, data.data(), split), Crc32c(0, data.data() + split, data.size() - split),
+                            data.size() - split),
+              Crc32c(0, data.data(), data.size()))
+        << split;
   EXPECT_EQ(StepDirName(42), "step_00000042");
   EXPECT_EQ(ParseStepDirName("step_00000042"), 42);
   EXPECT_EQ(ParseStepDirName("step_123456789"), 123456789);
