@@ -28,4 +28,10 @@ size_t ShardPlan::OwnedEnd(int u, int r) const {
   return std::min(units_[u].numel, static_cast<size_t>(r + 1) * units_[u].shard);
 }
 
+std::vector<OwnedPiece> ShardPlan::OwnedPieces(int u, int r) const {
+  const size_t b = OwnedBegin(u, r), e = OwnedEnd(u, r);
+  if (b == e) return {};
+  return {OwnedPiece{b, e, 0}};
+}
+
 }  // namespace shardgpt

@@ -24,6 +24,14 @@ struct UnitShardInfo {
   size_t shard_offset = 0;   // offset of the unit's shard in a buffer of all shards
 };
 
+// A run of real elements rank r owns of unit u: unit coordinates [begin, end), held at
+// shard_offset within that rank's shard of the unit. Code that must work for every layout
+// (optimizer, initialisation, checkpoints, Muon) walks the pieces, never assumes one range.
+struct OwnedPiece {
+  size_t begin = 0, end = 0;
+  size_t shard_offset = 0;
+};
+
 class ShardPlan {
  public:
   ShardPlan(const ParamLayout& layout, int world_size);
@@ -36,6 +44,8 @@ class ShardPlan {
   // Real elements of unit u owned by rank r: [begin, end) in unit coordinates (may be empty).
   size_t OwnedBegin(int u, int r) const;
   size_t OwnedEnd(int u, int r) const;
+  // The same as pieces (flat layout: one piece, or none when r owns only padding).
+  std::vector<OwnedPiece> OwnedPieces(int u, int r) const;
   // Padding elements over all units (what the padding costs per full copy).
   size_t total_padding() const { return total_padded_ - total_numel_; }
 
