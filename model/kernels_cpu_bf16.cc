@@ -189,28 +189,25 @@ namespace {
 
 constexpr size_t kConvChunk = 16384;
 
-// dst[n] = bf16(src[n]), OpenMP over chunks (call outside parallel regions).
-uint16_t* ToBf16(const float* src, size_t n, std::vector<uint16_t>& buf) {
-  uint16_t* dst = cpu_internal::scratch(buf, n);
+// dst[i] = f(src[i]) for i < n, OpenMP over chunks (call outside parallel regions).
+template <typename T, typename F>
+T* ConvertAll(const float* src, size_t n, std::vector<T>& buf, F f) {
+  T* dst = cpu_internal::scratch(buf, n);
   const int64_t chunks = static_cast<int64_t>((n + kConvChunk - 1) / kConvChunk);
 #pragma omp parallel for schedule(static) num_threads(ComputeThreads())
   for (int64_t j = 0; j < chunks; j++) {
     const size_t i0 = j * kConvChunk, i1 = std::min(n, i0 + kConvChunk);
-    for (size_t i = i0; i < i1; i++) dst[i] = FloatToBf16(src[i]);
+    for (size_t i = i0; i < i1; i++) dst[i] = f(src[i]);
   }
   return dst;
 }
 
-// dst[n] = fp32(bf16(src[n])), OpenMP over chunks (call outside parallel regions).
+// bf16 bits (for oneDNN) / fp32 holding the bf16 value (emulation).
+uint16_t* ToBf16(const float* src, size_t n, std::vector<uint16_t>& buf) {
+  return ConvertAll(src, n, buf, [](float x) { return FloatToBf16(x); });
+}
 float* RoundBf16(const float* src, size_t n, std::vector<float>& buf) {
-  float* dst = cpu_internal::scratch(buf, n);
-  const int64_t chunks = static_cast<int64_t>((n + kConvChunk - 1) / kConvChunk);
-#pragma omp parallel for schedule(static) num_threads(ComputeThreads())
-  for (int64_t j = 0; j < chunks; j++) {
-    const size_t i0 = j * kConvChunk, i1 = std::min(n, i0 + kConvChunk);
-    for (size_t i = i0; i < i1; i++) dst[i] = RoundToBf16(src[i]);
-  }
-  return dst;
+  return ConvertAll(src, n, buf, [](float x) { return RoundToBf16(x); });
 }
 
 // Dense copy of the rows x cols matrix at src (row stride ld), converted by f.

@@ -145,6 +145,28 @@ slurm_stop() {
   return 0
 }
 
+# ---- scaffolding of a scenario script ----
+# slurm_test_scaffold DIR CLUSTER_DIR SECONDS: on exit (whatever happens) stop the cluster's
+# daemons, run the script's own `extra_cleanup` if it defines one, and remove DIR (kept with
+# KEEP_SLURM_TEST=1); a watchdog ends the script after SECONDS. The watchdog holds none of our
+# output pipes (CTest would wait for it) and takes its sleep with it when it is ended.
+slurm_test_scaffold() {
+  SCAFFOLD_DIR=$1 SCAFFOLD_CLUSTER=$2
+  local limit=$3
+  ( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep "$limit" & s=$!; wait $s && kill -TERM $$ ) </dev/null >/dev/null 2>&1 &
+  SCAFFOLD_WATCHDOG=$!
+  trap _slurm_test_cleanup EXIT
+  trap "echo \"FAIL: interrupted (signal, or the ${limit}-second watchdog)\"; exit 1" INT TERM
+}
+_slurm_test_cleanup() {
+  kill "$SCAFFOLD_WATCHDOG" 2>/dev/null
+  slurm_stop "$SCAFFOLD_CLUSTER"
+  if declare -F extra_cleanup >/dev/null; then extra_cleanup; fi
+  if [ -n "${KEEP_SLURM_TEST:-}" ]; then echo "kept $SCAFFOLD_DIR"; else rm -rf "$SCAFFOLD_DIR"; fi
+}
+fail() { echo "FAIL: $*"; exit 1; }
+show() { echo "---- $1"; tail -n "${2:-30}" "$1"; }
+
 job_field() { scontrol show job -o "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1; }
 
 # start_requeued ID: a requeued job waits ~2 minutes (BeginTime); start it now, but only once

@@ -27,19 +27,7 @@ T=$(mktemp -d /tmp/shardgpt-slurm.XXXXXX)
 chmod 755 "$T"  # munged (user munge) must reach its socket below
 C=$T/cluster
 mkdir -p "$C"
-# The watchdog holds none of our output pipes (CTest would wait for it) and takes its sleep
-# with it when it is ended.
-( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep 840 & s=$!; wait $s && kill -TERM $$ ) </dev/null >/dev/null 2>&1 &
-WATCHDOG=$!
-cleanup() {
-  kill "$WATCHDOG" 2>/dev/null
-  slurm_stop "$C"
-  if [ -n "${KEEP_SLURM_TEST:-}" ]; then echo "kept $T"; else rm -rf "$T"; fi
-}
-trap cleanup EXIT
-trap 'echo "FAIL: interrupted (signal, or the 14-minute watchdog)"; exit 1' INT TERM
-fail() { echo "FAIL: $*"; exit 1; }
-show() { echo "---- $1"; tail -n "${2:-30}" "$1"; }
+slurm_test_scaffold "$T" "$C" 840
 
 t0=$SECONDS
 slurm_write_conf "$C" localhost "localhost 127.0.0.1 $(nproc)" || fail "slurm.conf"
