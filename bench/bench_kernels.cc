@@ -19,17 +19,10 @@
 #include <vector>
 
 #include "model/kernels_cpu.h"
+#include "tests/common/random_data.h"
 
 namespace shardgpt {
 namespace {
-
-std::vector<float> Rand(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
 
 void SetGflops(benchmark::State& st, double flops) {
   st.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
@@ -42,7 +35,7 @@ void SetGbytes(benchmark::State& st, double bytes) {
 
 void BM_MatmulForward(benchmark::State& st) {
   const int N = st.range(0), C = st.range(1), OC = st.range(2);
-  auto inp = Rand((size_t)N * C, 1), w = Rand((size_t)OC * C, 2), b = Rand(OC, 3);
+  auto inp = RandomFloats((size_t)N * C, 1), w = RandomFloats((size_t)OC * C, 2), b = RandomFloats(OC, 3);
   std::vector<float> out((size_t)N * OC);
   for (auto _ : st) {
     matmul_forward(out.data(), inp.data(), w.data(), b.data(), N, C, OC);
@@ -53,7 +46,7 @@ void BM_MatmulForward(benchmark::State& st) {
 
 void BM_MatmulBackward(benchmark::State& st) {
   const int N = st.range(0), C = st.range(1), OC = st.range(2);
-  auto inp = Rand((size_t)N * C, 1), w = Rand((size_t)OC * C, 2), dout = Rand((size_t)N * OC, 3);
+  auto inp = RandomFloats((size_t)N * C, 1), w = RandomFloats((size_t)OC * C, 2), dout = RandomFloats((size_t)N * OC, 3);
   std::vector<float> dinp((size_t)N * C, 0.0f), dw((size_t)OC * C, 0.0f), db(OC, 0.0f);
   for (auto _ : st) {
     matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, C, OC);
@@ -73,10 +66,10 @@ struct AttnData {
   int B, T, C, NH;
   std::vector<float> qkv, out, lse, dout, dqkv;
   AttnData(int B_, int T_, int C_, int NH_) : B(B_), T(T_), C(C_), NH(NH_) {
-    qkv = Rand((size_t)B * T * 3 * C, 1);
+    qkv = RandomFloats((size_t)B * T * 3 * C, 1);
     out.resize((size_t)B * T * C);
     lse.resize((size_t)B * NH * T);
-    dout = Rand((size_t)B * T * C, 2);
+    dout = RandomFloats((size_t)B * T * C, 2);
     dqkv.assign(qkv.size(), 0.0f);
   }
   double causal_product_flops() const { return 2.0 * B * NH * (T * (T + 1) / 2.0) * (C / NH); }
@@ -121,7 +114,7 @@ BENCHMARK(BM_AttentionForwardBackward)->ATTN_SHAPES;
 
 void BM_LayernormForward(benchmark::State& st) {
   const int N = st.range(0), C = st.range(1);
-  auto x = Rand((size_t)N * C, 1), w = Rand(C, 2), b = Rand(C, 3);
+  auto x = RandomFloats((size_t)N * C, 1), w = RandomFloats(C, 2), b = RandomFloats(C, 3);
   std::vector<float> out((size_t)N * C), mean(N), rstd(N);
   for (auto _ : st) {
     layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
@@ -132,7 +125,7 @@ void BM_LayernormForward(benchmark::State& st) {
 
 void BM_LayernormBackward(benchmark::State& st) {
   const int N = st.range(0), C = st.range(1);
-  auto x = Rand((size_t)N * C, 1), w = Rand(C, 2), b = Rand(C, 3), dout = Rand((size_t)N * C, 4);
+  auto x = RandomFloats((size_t)N * C, 1), w = RandomFloats(C, 2), b = RandomFloats(C, 3), dout = RandomFloats((size_t)N * C, 4);
   std::vector<float> out((size_t)N * C), mean(N), rstd(N), dinp((size_t)N * C, 0.0f), dw(C, 0.0f), db(C, 0.0f);
   layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
   for (auto _ : st) {
@@ -147,7 +140,7 @@ BENCHMARK(BM_LayernormBackward)->Args({2048, 384})->Args({2048, 256})->ArgNames(
 
 void BM_GeluForward(benchmark::State& st) {
   const size_t n = st.range(0);
-  auto x = Rand(n, 1, -4, 4);
+  auto x = RandomFloats(n, 1, -4, 4);
   std::vector<float> out(n);
   for (auto _ : st) {
     gelu_forward(out.data(), x.data(), n);
@@ -158,7 +151,7 @@ void BM_GeluForward(benchmark::State& st) {
 
 void BM_GeluBackward(benchmark::State& st) {
   const size_t n = st.range(0);
-  auto x = Rand(n, 1, -4, 4), dout = Rand(n, 2);
+  auto x = RandomFloats(n, 1, -4, 4), dout = RandomFloats(n, 2);
   std::vector<float> dinp(n, 0.0f);
   for (auto _ : st) {
     gelu_backward(dinp.data(), x.data(), dout.data(), n);
@@ -172,7 +165,7 @@ BENCHMARK(BM_GeluBackward)->Arg(2048 * 1024)->ArgName("n")->Unit(benchmark::kMic
 
 void BM_ResidualForwardBackward(benchmark::State& st) {
   const size_t n = st.range(0);
-  auto a = Rand(n, 1), b = Rand(n, 2);
+  auto a = RandomFloats(n, 1), b = RandomFloats(n, 2);
   std::vector<float> out(n), da(n, 0.0f), db(n, 0.0f);
   for (auto _ : st) {
     residual_forward(out.data(), a.data(), b.data(), n);
@@ -188,7 +181,7 @@ void BM_EncoderForwardBackward(benchmark::State& st) {
   std::vector<int32_t> tok(B * T);
   std::mt19937 rng(1);
   for (auto& t : tok) t = rng() % V;
-  auto wte = Rand((size_t)V * C, 2), wpe = Rand((size_t)T * C, 3), dout = Rand((size_t)B * T * C, 4);
+  auto wte = RandomFloats((size_t)V * C, 2), wpe = RandomFloats((size_t)T * C, 3), dout = RandomFloats((size_t)B * T * C, 4);
   std::vector<float> out((size_t)B * T * C), dwte((size_t)V * C, 0.0f), dwpe((size_t)T * C, 0.0f);
   for (auto _ : st) {
     encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
@@ -202,7 +195,7 @@ BENCHMARK(BM_EncoderForwardBackward)->Args({256, 256})->Args({768, 50257})->ArgN
 
 void BM_CrossEntropy(benchmark::State& st) {
   const int N = st.range(0), V = st.range(1), Vp = st.range(2);
-  auto logits = Rand((size_t)N * Vp, 1, -4, 4);
+  auto logits = RandomFloats((size_t)N * Vp, 1, -4, 4);
   std::vector<float> losses(N);
   std::vector<int32_t> tgt(N);
   for (int n = 0; n < N; n++) tgt[n] = (n * 7919) % V;
@@ -217,20 +210,20 @@ BENCHMARK(BM_CrossEntropy)->Args({2048, 256, 256})->Args({256, 50257, 50304})->A
 struct Block {
   static constexpr int B = 8, T = 256, C = 256, NH = 4, N = B * T;
   // parameters and gradients
-  std::vector<float> ln1w = Rand(C, 1), ln1b = Rand(C, 2), qkvw = Rand((size_t)3 * C * C, 3, -0.05f, 0.05f),
-                     qkvb = Rand(3 * C, 4), attprojw = Rand((size_t)C * C, 5, -0.05f, 0.05f), attprojb = Rand(C, 6),
-                     ln2w = Rand(C, 7), ln2b = Rand(C, 8), fcw = Rand((size_t)4 * C * C, 9, -0.05f, 0.05f),
-                     fcb = Rand(4 * C, 10), fcprojw = Rand((size_t)4 * C * C, 11, -0.03f, 0.03f), fcprojb = Rand(C, 12);
+  std::vector<float> ln1w = RandomFloats(C, 1), ln1b = RandomFloats(C, 2), qkvw = RandomFloats((size_t)3 * C * C, 3, -0.05f, 0.05f),
+                     qkvb = RandomFloats(3 * C, 4), attprojw = RandomFloats((size_t)C * C, 5, -0.05f, 0.05f), attprojb = RandomFloats(C, 6),
+                     ln2w = RandomFloats(C, 7), ln2b = RandomFloats(C, 8), fcw = RandomFloats((size_t)4 * C * C, 9, -0.05f, 0.05f),
+                     fcb = RandomFloats(4 * C, 10), fcprojw = RandomFloats((size_t)4 * C * C, 11, -0.03f, 0.03f), fcprojb = RandomFloats(C, 12);
   std::vector<float> g_ln1w = Z(C), g_ln1b = Z(C), g_qkvw = Z(3 * C * C), g_qkvb = Z(3 * C), g_attprojw = Z(C * C),
                      g_attprojb = Z(C), g_ln2w = Z(C), g_ln2b = Z(C), g_fcw = Z(4 * C * C), g_fcb = Z(4 * C),
                      g_fcprojw = Z(4 * C * C), g_fcprojb = Z(C);
   // activations
-  std::vector<float> x = Rand((size_t)N * C, 13), ln1 = Z(N * C), ln1m = Z(N), ln1r = Z(N), qkv = Z(N * 3 * C),
+  std::vector<float> x = RandomFloats((size_t)N * C, 13), ln1 = Z(N * C), ln1m = Z(N), ln1r = Z(N), qkv = Z(N * 3 * C),
                      atty = Z(N * C), lse = Z(B * NH * T), attproj = Z(N * C), res2 = Z(N * C), ln2 = Z(N * C),
                      ln2m = Z(N), ln2r = Z(N), fch = Z(N * 4 * C), fchg = Z(N * 4 * C), fcproj = Z(N * C),
                      res3 = Z(N * C);
   // activation gradients
-  std::vector<float> dres3 = Rand((size_t)N * C, 14), dx = Z(N * C), dfcproj = Z(N * C), dfchg = Z(N * 4 * C),
+  std::vector<float> dres3 = RandomFloats((size_t)N * C, 14), dx = Z(N * C), dfcproj = Z(N * C), dfchg = Z(N * 4 * C),
                      dfch = Z(N * 4 * C), dln2 = Z(N * C), dres2 = Z(N * C), dattproj = Z(N * C), datty = Z(N * C),
                      dqkv = Z(N * 3 * C), dln1 = Z(N * C);
   static std::vector<float> Z(size_t n) { return std::vector<float>(n, 0.0f); }
@@ -293,8 +286,8 @@ using Clock = std::chrono::steady_clock;
 void BM_LayernormAfterSgemm(benchmark::State& st) {
   const int N = 2048, C = 256, OC = 768;
   const bool after = st.range(0) != 0;
-  auto inp = Rand((size_t)N * C, 1), w = Rand((size_t)OC * C, 2), mout = Rand((size_t)N * OC, 3);
-  auto x = Rand((size_t)N * C, 4), lw = Rand(C, 5), lb = Rand(C, 6);
+  auto inp = RandomFloats((size_t)N * C, 1), w = RandomFloats((size_t)OC * C, 2), mout = RandomFloats((size_t)N * OC, 3);
+  auto x = RandomFloats((size_t)N * C, 4), lw = RandomFloats(C, 5), lb = RandomFloats(C, 6);
   std::vector<float> out((size_t)N * C), mean(N), rstd(N);
   for (auto _ : st) {
     if (after) matmul_forward(mout.data(), inp.data(), w.data(), nullptr, N, C, OC);
@@ -309,7 +302,7 @@ BENCHMARK(BM_LayernormAfterSgemm)->Arg(0)->Arg(1)->ArgName("after_sgemm")->UseMa
 void BM_GeluAfterSgemm(benchmark::State& st) {
   const int N = 2048, C = 256, OC = 1024;
   const bool after = st.range(0) != 0;
-  auto inp = Rand((size_t)N * C, 1), w = Rand((size_t)OC * C, 2), h = Rand((size_t)N * OC, 3);
+  auto inp = RandomFloats((size_t)N * C, 1), w = RandomFloats((size_t)OC * C, 2), h = RandomFloats((size_t)N * OC, 3);
   std::vector<float> g((size_t)N * OC);
   for (auto _ : st) {
     if (after) matmul_forward(h.data(), inp.data(), w.data(), nullptr, N, C, OC);
@@ -324,8 +317,8 @@ BENCHMARK(BM_GeluAfterSgemm)->Arg(0)->Arg(1)->ArgName("after_sgemm")->UseManualT
 void BM_SgemmAfterOpenMP(benchmark::State& st) {
   const int N = 2048, C = 256, OC = 768;
   const bool after = st.range(0) != 0;
-  auto inp = Rand((size_t)N * C, 1), w = Rand((size_t)OC * C, 2), mout = Rand((size_t)N * OC, 3);
-  auto x = Rand((size_t)N * C, 4), lw = Rand(C, 5), lb = Rand(C, 6);
+  auto inp = RandomFloats((size_t)N * C, 1), w = RandomFloats((size_t)OC * C, 2), mout = RandomFloats((size_t)N * OC, 3);
+  auto x = RandomFloats((size_t)N * C, 4), lw = RandomFloats(C, 5), lb = RandomFloats(C, 6);
   std::vector<float> out((size_t)N * C), mean(N), rstd(N);
   for (auto _ : st) {
     if (after) layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), lw.data(), lb.data(), N, C);

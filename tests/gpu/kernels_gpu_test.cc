@@ -33,6 +33,7 @@
 #include "model/cuda/cuda_device.h"
 #include "model/device.h"
 #include "model/device_factory.h"
+#include "tests/common/random_data.h"
 
 namespace shardgpt {
 namespace {
@@ -40,22 +41,6 @@ namespace {
 constexpr double kTolF32 = 1e-5;
 constexpr double kTolBf16 = 1e-2;
 constexpr double kTolAdam = 1e-6;
-
-std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
-
-std::vector<int32_t> RandomTokens(size_t n, int V, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> u(0, V - 1);
-  std::vector<int32_t> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
 
 // max |gpu - cpu| <= tol * max |cpu| (see the file comment); reports the first few violations.
 void ExpectNear(const std::vector<float>& gpu, const std::vector<float>& cpu, double tol, const std::string& what) {

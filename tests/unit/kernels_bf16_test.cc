@@ -32,20 +32,13 @@
 #include "model/device.h"
 #include "model/kernels_cpu.h"
 #include "model/kernels_cpu_bf16.h"
+#include "tests/common/random_data.h"
 
 namespace shardgpt {
 namespace {
 
 using VecF = std::vector<float>;
 using VecD = std::vector<double>;
-
-VecF RandomVec(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  VecF v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
 
 VecF Rounded(const VecF& v) {
   VecF r(v.size());
@@ -113,8 +106,8 @@ class Bf16Kernels : public ::testing::TestWithParam<Bf16Gemm> {
 // Forward and backward at one shape: tight against bf16-input references, within the bf16
 // bound of the fp32 kernel, different from it, accumulating onto existing gradients.
 void CheckMatmul(int N, int C, int OC, uint32_t seed, bool with_bias) {
-  VecF inp = RandomVec((size_t)N * C, seed), w = RandomVec((size_t)OC * C, seed + 1);
-  VecF bias = RandomVec(OC, seed + 2), dout = RandomVec((size_t)N * OC, seed + 3);
+  VecF inp = RandomFloats((size_t)N * C, seed), w = RandomFloats((size_t)OC * C, seed + 1);
+  VecF bias = RandomFloats(OC, seed + 2), dout = RandomFloats((size_t)N * OC, seed + 3);
   const float* b = with_bias ? bias.data() : nullptr;
   // forward: out = inp w^T + bias
   VecF out((size_t)N * OC, NAN), out32((size_t)N * OC);
@@ -131,7 +124,7 @@ void CheckMatmul(int N, int C, int OC, uint32_t seed, bool with_bias) {
   EXPECT_GT(MaxAbsDiff(out, out32), 1e-5) << "out: bf16 inputs must change the result";
 
   // backward, accumulating onto random gradients
-  VecF dinp0 = RandomVec((size_t)N * C, seed + 4), dw0 = RandomVec((size_t)OC * C, seed + 5), db0 = RandomVec(OC, seed + 6);
+  VecF dinp0 = RandomFloats((size_t)N * C, seed + 4), dw0 = RandomFloats((size_t)OC * C, seed + 5), db0 = RandomFloats(OC, seed + 6);
   VecF dinp = dinp0, dw = dw0, db = db0, dinp32 = dinp0, dw32 = dw0, db32 = db0;
   matmul_backward_bf16(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, C, OC);
   matmul_backward(dinp32.data(), dw32.data(), db32.data(), dout.data(), inp.data(), w.data(), N, C, OC);
@@ -163,7 +156,7 @@ TEST_P(Bf16Kernels, MatmulLongReduction) { CheckMatmul(40, 300, 24, 4, true); } 
 
 // Attention against the fp32 kernel (forward: out, lse; backward: dqkv accumulated).
 void CheckAttention(int B, int T, int C, int NH, uint32_t seed) {
-  VecF qkv = RandomVec((size_t)B * T * 3 * C, seed), dout = RandomVec((size_t)B * T * C, seed + 1);
+  VecF qkv = RandomFloats((size_t)B * T * 3 * C, seed), dout = RandomFloats((size_t)B * T * C, seed + 1);
   VecF out((size_t)B * T * C, NAN), lse((size_t)B * NH * T, NAN), out32(out.size()), lse32(lse.size());
   attention_forward_bf16(out.data(), lse.data(), qkv.data(), B, T, C, NH);
   attention_forward(out32.data(), lse32.data(), qkv.data(), B, T, C, NH);
@@ -171,7 +164,7 @@ void CheckAttention(int B, int T, int C, int NH, uint32_t seed) {
   ExpectWithin(out, VecD(out32.begin(), out32.end()), zeros_out, 0, 1e-2, "attention out vs fp32");
   ExpectWithin(lse, VecD(lse32.begin(), lse32.end()), zeros_lse, 0, 1e-2, "attention lse vs fp32");
   EXPECT_GT(MaxAbsDiff(out, out32), 1e-5) << "attention out: bf16 inputs must change the result";
-  VecF dqkv0 = RandomVec(qkv.size(), seed + 2), dqkv = dqkv0, dqkv32 = dqkv0;
+  VecF dqkv0 = RandomFloats(qkv.size(), seed + 2), dqkv = dqkv0, dqkv32 = dqkv0;
   attention_backward_bf16(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
   attention_backward(dqkv32.data(), dout.data(), qkv.data(), out32.data(), lse32.data(), B, T, C, NH);
   ExpectWithin(dqkv, VecD(dqkv32.begin(), dqkv32.end()), VecD(qkv.size(), 0.0), 0, 2e-2, "dqkv vs fp32");
@@ -210,7 +203,7 @@ TEST_P(Bf16Kernels, CpuDeviceDispatchesByPrecision) {
   auto device = NewCpuDevice(false);
   Kernels& k = device->kernels();
   const int N = 33, C = 16, OC = 40;
-  VecF inp = RandomVec((size_t)N * C, 8), w = RandomVec((size_t)OC * C, 9);
+  VecF inp = RandomFloats((size_t)N * C, 8), w = RandomFloats((size_t)OC * C, 9);
   VecF a((size_t)N * OC), b((size_t)N * OC), c((size_t)N * OC), d((size_t)N * OC);
   k.set_matmul_precision(MatmulPrecision::kBf16);
   k.matmul_forward(a.data(), inp.data(), w.data(), nullptr, N, C, OC);
@@ -229,7 +222,7 @@ TEST(Bf16Engines, OnednnAgreesWithEmulation) {
   if (!OnednnBf16Supported()) GTEST_SKIP() << "oneDNN cannot run bf16 matmuls on this CPU (it needs AVX-512)";
   const Bf16Gemm saved = CurrentBf16Gemm();
   const int N = 96, C = 64, OC = 160, B = 2, T = 70, AC = 32, NH = 2;
-  VecF inp = RandomVec((size_t)N * C, 10), w = RandomVec((size_t)OC * C, 11), qkv = RandomVec((size_t)B * T * 3 * AC, 12);
+  VecF inp = RandomFloats((size_t)N * C, 10), w = RandomFloats((size_t)OC * C, 11), qkv = RandomFloats((size_t)B * T * 3 * AC, 12);
   VecF out[2], att[2], lse[2];
   for (int e = 0; e < 2; e++) {
     ASSERT_TRUE(SetBf16Gemm(e == 0 ? Bf16Gemm::kOnednn : Bf16Gemm::kEmulated));

@@ -7,6 +7,7 @@
 // the kernel's 64-row blocks. Plus: accumulate semantics, padded vocabulary columns, bitwise
 // determinism for a fixed thread count.
 #include "model/kernels_cpu.h"
+#include "tests/common/random_data.h"
 
 #include <cblas.h>
 #include <gtest/gtest.h>
@@ -23,22 +24,6 @@ namespace {
 
 using VecF = std::vector<float>;
 using VecD = std::vector<double>;
-
-VecF RandomVec(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  VecF v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
-
-std::vector<int32_t> RandomTokens(size_t n, int V, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> u(0, V - 1);
-  std::vector<int32_t> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
 
 VecD ToD(const VecF& v) { return VecD(v.begin(), v.end()); }
 
@@ -242,13 +227,13 @@ TEST_F(KernelsThreads, SetComputeThreadsSizesOpenMPAndKeepsOpenBLASSingleThreade
 TEST_F(KernelsThreads, KernelsRestoreOpenBLASThreadsSetElsewhere) {
   openblas_set_num_threads(2);  // someone else's choice: kernels must leave it as they found it
   const int B = 1, T = 4, C = 8, NH = 2;
-  VecF qkv = RandomVec((size_t)B * T * 3 * C, 1), out((size_t)B * T * C), lse((size_t)B * NH * T);
+  VecF qkv = RandomFloats((size_t)B * T * 3 * C, 1), out((size_t)B * T * C), lse((size_t)B * NH * T);
   attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
   EXPECT_EQ(openblas_get_num_threads(), 2);
   VecF dqkv(qkv.size(), 0.0f);
   attention_backward(dqkv.data(), out.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
   EXPECT_EQ(openblas_get_num_threads(), 2);
-  VecF w = RandomVec(8 * 8, 2), mo((size_t)B * T * 8), dw(8 * 8, 0.0f);
+  VecF w = RandomFloats(8 * 8, 2), mo((size_t)B * T * 8), dw(8 * 8, 0.0f);
   matmul_forward(mo.data(), out.data(), w.data(), nullptr, B * T, C, 8);
   EXPECT_EQ(openblas_get_num_threads(), 2);
   matmul_backward(nullptr, dw.data(), nullptr, mo.data(), out.data(), w.data(), B * T, C, 8);
@@ -263,7 +248,7 @@ using KernelsEncoder = KernelsTest;
 TEST_F(KernelsEncoder, ForwardMatchesReference) {
   const int B = 2, T = 5, C = 40, V = 7;
   auto tok = RandomTokens(B * T, V, 1);
-  VecF wte = RandomVec((size_t)V * C, 2), wpe = RandomVec((size_t)T * C, 3), out((size_t)B * T * C, NAN);
+  VecF wte = RandomFloats((size_t)V * C, 2), wpe = RandomFloats((size_t)T * C, 3), out((size_t)B * T * C, NAN);
   encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
   ExpectClose(out, RefEncoder(tok, ToD(wte), ToD(wpe), B, T, C), 0, 1e-6, "out");
 }
@@ -271,8 +256,8 @@ TEST_F(KernelsEncoder, ForwardMatchesReference) {
 TEST_F(KernelsEncoder, BackwardMatchesNumericAndAccumulates) {
   const int B = 2, T = 5, C = 40, V = 4;  // few ids: many repeated tokens in the scatter
   auto tok = RandomTokens(B * T, V, 4);
-  VecF dout = RandomVec((size_t)B * T * C, 5);
-  VecD wte = ToD(RandomVec((size_t)V * C, 6)), wpe = ToD(RandomVec((size_t)T * C, 7));
+  VecF dout = RandomFloats((size_t)B * T * C, 5);
+  VecD wte = ToD(RandomFloats((size_t)V * C, 6)), wpe = ToD(RandomFloats((size_t)T * C, 7));
   auto loss = [&] { return Dot(RefEncoder(tok, wte, wpe, B, T, C), dout); };
   const VecD g_wte = NumGrad(wte, loss), g_wpe = NumGrad(wpe, loss);
   VecF dwte((size_t)V * C, 0.0f), dwpe((size_t)T * C, 0.0f);
@@ -291,7 +276,7 @@ using KernelsLayernorm = KernelsTest;
 
 TEST_F(KernelsLayernorm, ForwardMatchesReference) {
   const int N = 7, C = 48;
-  VecF x = RandomVec((size_t)N * C, 1, -2, 3), w = RandomVec(C, 2), b = RandomVec(C, 3);
+  VecF x = RandomFloats((size_t)N * C, 1, -2, 3), w = RandomFloats(C, 2), b = RandomFloats(C, 3);
   VecF out((size_t)N * C), mean(N), rstd(N);
   layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
   VecD rm, rr;
@@ -311,15 +296,15 @@ TEST_F(KernelsLayernorm, EpsAndBiasedVariance) {
 
 TEST_F(KernelsLayernorm, BackwardMatchesNumericAndAccumulates) {
   const int N = 6, C = 40;
-  VecF xf = RandomVec((size_t)N * C, 1, -2, 2), wf = RandomVec(C, 2), bf = RandomVec(C, 3);
-  VecF dout = RandomVec((size_t)N * C, 4);
+  VecF xf = RandomFloats((size_t)N * C, 1, -2, 2), wf = RandomFloats(C, 2), bf = RandomFloats(C, 3);
+  VecF dout = RandomFloats((size_t)N * C, 4);
   VecD x = ToD(xf), w = ToD(wf), b = ToD(bf);
   auto loss = [&] { return Dot(RefLayernorm(x, w, b, N, C), dout); };
   VecD gx = NumGrad(x, loss), gw = NumGrad(w, loss), gb = NumGrad(b, loss);
 
   VecF out((size_t)N * C), mean(N), rstd(N);
   layernorm_forward(out.data(), mean.data(), rstd.data(), xf.data(), wf.data(), bf.data(), N, C);
-  VecF dinp = RandomVec((size_t)N * C, 9), dinp0 = dinp;  // accumulates onto existing content
+  VecF dinp = RandomFloats((size_t)N * C, 9), dinp0 = dinp;  // accumulates onto existing content
   VecF dw(C, 0.0f), db(C, 0.0f);
   layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), xf.data(), wf.data(), mean.data(), rstd.data(),
                      N, C);
@@ -343,7 +328,7 @@ using KernelsMatmul = KernelsTest;
 
 TEST_F(KernelsMatmul, ForwardMatchesReference) {
   const int N = 6, C = 8, OC = 5;
-  VecF inp = RandomVec((size_t)N * C, 1), w = RandomVec((size_t)OC * C, 2), bias = RandomVec(OC, 3);
+  VecF inp = RandomFloats((size_t)N * C, 1), w = RandomFloats((size_t)OC * C, 2), bias = RandomFloats(OC, 3);
   VecF out((size_t)N * OC, NAN);  // must be overwritten, not accumulated into
   VecD binp = ToD(bias);
   matmul_forward(out.data(), inp.data(), w.data(), bias.data(), N, C, OC);
@@ -355,8 +340,8 @@ TEST_F(KernelsMatmul, ForwardMatchesReference) {
 
 TEST_F(KernelsMatmul, BackwardMatchesNumericAndAccumulates) {
   const int N = 6, C = 8, OC = 5;
-  VecF inpf = RandomVec((size_t)N * C, 1), wf = RandomVec((size_t)OC * C, 2), bf = RandomVec(OC, 3);
-  VecF dout = RandomVec((size_t)N * OC, 4);
+  VecF inpf = RandomFloats((size_t)N * C, 1), wf = RandomFloats((size_t)OC * C, 2), bf = RandomFloats(OC, 3);
+  VecF dout = RandomFloats((size_t)N * OC, 4);
   VecD inp = ToD(inpf), w = ToD(wf), b = ToD(bf);
   auto loss = [&] { return Dot(RefMatmul(inp, w, &b, N, C, OC), dout); };
   const VecD gi = NumGrad(inp, loss), gw = NumGrad(w, loss), gb = NumGrad(b, loss);
@@ -384,12 +369,12 @@ TEST_F(KernelsMatmul, BackwardMatchesNumericAndAccumulates) {
 // Shapes where the kernel splits rows (N >= OC) or columns (N < OC) between the threads, with
 // ragged slices; closed-form double references: dinp = dout w, dw = dout^T inp, dbias = colsum.
 void CheckMatmulShape(int N, int C, int OC, uint32_t seed) {
-  VecF inp = RandomVec((size_t)N * C, seed), w = RandomVec((size_t)OC * C, seed + 1), bias = RandomVec(OC, seed + 2);
-  VecF dout = RandomVec((size_t)N * OC, seed + 3), out((size_t)N * OC, NAN);
+  VecF inp = RandomFloats((size_t)N * C, seed), w = RandomFloats((size_t)OC * C, seed + 1), bias = RandomFloats(OC, seed + 2);
+  VecF dout = RandomFloats((size_t)N * OC, seed + 3), out((size_t)N * OC, NAN);
   VecD bd = ToD(bias);
   matmul_forward(out.data(), inp.data(), w.data(), bias.data(), N, C, OC);
   ExpectClose(out, RefMatmul(ToD(inp), ToD(w), &bd, N, C, OC), 1e-5, 1e-5, "out");
-  VecF dinp = RandomVec((size_t)N * C, seed + 4), dw = RandomVec((size_t)OC * C, seed + 5), db = RandomVec(OC, seed + 6);
+  VecF dinp = RandomFloats((size_t)N * C, seed + 4), dw = RandomFloats((size_t)OC * C, seed + 5), db = RandomFloats(OC, seed + 6);
   VecD want_di(dinp.begin(), dinp.end()), want_dw(dw.begin(), dw.end()), want_db(db.begin(), db.end());
   for (int n = 0; n < N; n++)
     for (int o = 0; o < OC; o++) {
@@ -413,7 +398,7 @@ TEST_F(KernelsMatmul, SingleRow) { CheckMatmulShape(1, 9, 40, 3); }
 TEST_F(KernelsMatmul, BiasGradientOverManyColumnSlices) {
   // OC spans several of the kernel's column slices (and a ragged last one).
   const int N = 3, C = 2, OC = 1100;
-  VecF inp = RandomVec((size_t)N * C, 1), w = RandomVec((size_t)OC * C, 2), dout = RandomVec((size_t)N * OC, 3);
+  VecF inp = RandomFloats((size_t)N * C, 1), w = RandomFloats((size_t)OC * C, 2), dout = RandomFloats((size_t)N * OC, 3);
   VecF dinp((size_t)N * C, 0.0f), dw((size_t)OC * C, 0.0f), db(OC, 1.0f);
   matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, C, OC);
   VecD want(OC);
@@ -426,7 +411,7 @@ TEST_F(KernelsMatmul, BiasGradientOverManyColumnSlices) {
 using KernelsAttention = KernelsTest;
 
 void CheckAttentionForward(int B, int T, int C, int NH, uint32_t seed, float range) {
-  VecF qkv = RandomVec((size_t)B * T * 3 * C, seed, -range, range);
+  VecF qkv = RandomFloats((size_t)B * T * 3 * C, seed, -range, range);
   VecF out((size_t)B * T * C, NAN), lse((size_t)B * NH * T, NAN);
   attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
   VecD ref_lse;
@@ -446,7 +431,7 @@ TEST_F(KernelsAttention, ForwardMatchesReferenceAcrossBlocks) {
 
 TEST_F(KernelsAttention, FirstRowAttendsOnlyToItself) {
   const int B = 1, T = 3, C = 4, NH = 1;
-  VecF qkv = RandomVec((size_t)T * 3 * C, 3), out((size_t)T * C), lse(T);
+  VecF qkv = RandomFloats((size_t)T * 3 * C, 3), out((size_t)T * C), lse(T);
   attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
   for (int i = 0; i < C; i++) EXPECT_FLOAT_EQ(out[i], qkv[2 * C + i]);  // o_0 = v_0
   double s00 = 0;
@@ -457,19 +442,19 @@ TEST_F(KernelsAttention, FirstRowAttendsOnlyToItself) {
 TEST_F(KernelsAttention, ReferenceBackwardMatchesNumeric) {
   // Validates the double analytic reference used by the larger test below.
   const int B = 2, T = 5, C = 8, NH = 2;
-  VecD qkv = ToD(RandomVec((size_t)B * T * 3 * C, 4));
-  VecF doutf = RandomVec((size_t)B * T * C, 5);
+  VecD qkv = ToD(RandomFloats((size_t)B * T * 3 * C, 4));
+  VecF doutf = RandomFloats((size_t)B * T * C, 5);
   auto loss = [&] { return Dot(RefAttention(qkv, B, T, C, NH), doutf); };
   const VecD g = NumGrad(qkv, loss);
   ExpectClose(RefAttentionBackward(qkv, ToD(doutf), B, T, C, NH), g, 1e-6, 1e-7, "ref dqkv");
 }
 
 void CheckAttentionBackward(int B, int T, int C, int NH, uint32_t seed, float range, bool numeric) {
-  VecF qkv = RandomVec((size_t)B * T * 3 * C, seed, -range, range);
-  VecF dout = RandomVec((size_t)B * T * C, seed + 1);
+  VecF qkv = RandomFloats((size_t)B * T * 3 * C, seed, -range, range);
+  VecF dout = RandomFloats((size_t)B * T * C, seed + 1);
   VecF out((size_t)B * T * C), lse((size_t)B * NH * T);
   attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
-  VecF dqkv = RandomVec(qkv.size(), seed + 2), dqkv0 = dqkv;  // accumulates onto existing content
+  VecF dqkv = RandomFloats(qkv.size(), seed + 2), dqkv0 = dqkv;  // accumulates onto existing content
   attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
   VecD want;
   if (numeric) {
@@ -491,7 +476,7 @@ TEST_F(KernelsAttention, BackwardMatchesReferenceAcrossBlocks) {
 
 TEST_F(KernelsAttention, BackwardAccumulates) {
   const int B = 1, T = 70, C = 16, NH = 2;
-  VecF qkv = RandomVec((size_t)B * T * 3 * C, 8), dout = RandomVec((size_t)B * T * C, 9);
+  VecF qkv = RandomFloats((size_t)B * T * 3 * C, 8), dout = RandomFloats((size_t)B * T * C, 9);
   VecF out((size_t)B * T * C), lse((size_t)B * NH * T);
   attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
   VecF once(qkv.size(), 0.0f), twice(qkv.size(), 0.0f);
@@ -508,7 +493,7 @@ TEST_F(KernelsAttention, BackwardAccumulates) {
 using KernelsGelu = KernelsTest;
 
 TEST_F(KernelsGelu, ForwardMatchesReference) {
-  VecF x = RandomVec(40000, 1, -8, 8);  // several elementwise chunks; saturated tails included
+  VecF x = RandomFloats(40000, 1, -8, 8);  // several elementwise chunks; saturated tails included
   x[0] = 0.0f;
   x[1] = -30.0f;
   x[2] = 30.0f;
@@ -521,8 +506,8 @@ TEST_F(KernelsGelu, ForwardMatchesReference) {
 
 TEST_F(KernelsGelu, BackwardMatchesNumericAndAccumulates) {
   const size_t n = 33;
-  VecF x = RandomVec(n, 2, -5, 5), dout = RandomVec(n, 3);
-  VecF dinp = RandomVec(n, 4), dinp0 = dinp;
+  VecF x = RandomFloats(n, 2, -5, 5), dout = RandomFloats(n, 3);
+  VecF dinp = RandomFloats(n, 4), dinp0 = dinp;
   gelu_backward(dinp.data(), x.data(), dout.data(), n);
   VecD want(n);
   for (size_t i = 0; i < n; i++) {
@@ -538,7 +523,7 @@ using KernelsResidual = KernelsTest;
 
 TEST_F(KernelsResidual, ForwardAndBackward) {
   const size_t n = 20001;
-  VecF a = RandomVec(n, 1), b = RandomVec(n, 2), out(n, NAN), dout = RandomVec(n, 3);
+  VecF a = RandomFloats(n, 1), b = RandomFloats(n, 2), out(n, NAN), dout = RandomFloats(n, 3);
   residual_forward(out.data(), a.data(), b.data(), n);
   for (size_t i = 0; i < n; i++) ASSERT_EQ(out[i], a[i] + b[i]) << i;
   VecF da = a, db = b;  // accumulate onto existing content
@@ -555,7 +540,7 @@ using KernelsCrossEntropy = KernelsTest;
 
 TEST_F(KernelsCrossEntropy, LossMatchesReference) {
   const int N = 6, V = 1000, Vp = 1024;
-  VecF logits = RandomVec((size_t)N * Vp, 1, -10, 10);
+  VecF logits = RandomFloats((size_t)N * Vp, 1, -10, 10);
   auto tgt = RandomTokens(N, V, 2);
   VecF copy = logits, losses(N, NAN);
   const double total = crossentropy_softmax(copy.data(), losses.data(), tgt.data(), N, V, Vp, 0.0f);
@@ -570,7 +555,7 @@ TEST_F(KernelsCrossEntropy, LossMatchesReference) {
 TEST_F(KernelsCrossEntropy, GradientMatchesNumeric) {
   const int N = 6, V = 10, Vp = 16;
   const float scale = 1.0f / N;
-  VecF lf = RandomVec((size_t)N * Vp, 3, -3, 3);
+  VecF lf = RandomFloats((size_t)N * Vp, 3, -3, 3);
   auto tgt = RandomTokens(N, V, 4);
   VecD l = ToD(lf);
   auto loss = [&] {
@@ -589,7 +574,7 @@ TEST_F(KernelsCrossEntropy, GradientMatchesNumeric) {
 
 TEST_F(KernelsCrossEntropy, PaddedColumnsIgnored) {
   const int N = 5, V = 10, Vp = 16;
-  VecF logits = RandomVec((size_t)N * Vp, 5, -2, 2);
+  VecF logits = RandomFloats((size_t)N * Vp, 5, -2, 2);
   auto tgt = RandomTokens(N, V, 6);
   VecF huge = logits;
   for (int n = 0; n < N; n++)
@@ -613,7 +598,7 @@ TEST_F(KernelsCrossEntropy, PaddedColumnsIgnored) {
 
 TEST_F(KernelsCrossEntropy, ExtremeLogitsStayFinite) {
   const int N = 2, V = 300, Vp = 384;
-  VecF logits = RandomVec((size_t)N * Vp, 7, -1, 1);
+  VecF logits = RandomFloats((size_t)N * Vp, 7, -1, 1);
   logits[5] = 500.0f;           // row 0: one dominant logit (target elsewhere)
   logits[Vp + 7] = -500.0f;     // row 1: target far below the rest
   std::vector<int32_t> tgt = {9, 7};
@@ -638,29 +623,29 @@ TEST_F(KernelsDeterminism, AllKernelsBitwiseReproducibleWithTwoThreads) {
   auto run = [&] {
     std::vector<VecF> r;
     auto tok = RandomTokens(N, 50, 1);
-    VecF wte = RandomVec((size_t)50 * C, 2), wpe = RandomVec((size_t)T * C, 3), x((size_t)N * C);
+    VecF wte = RandomFloats((size_t)50 * C, 2), wpe = RandomFloats((size_t)T * C, 3), x((size_t)N * C);
     encoder_forward(x.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
     VecF dwte((size_t)50 * C, 0.0f), dwpe((size_t)T * C, 0.0f);
-    VecF dx = RandomVec((size_t)N * C, 4);
+    VecF dx = RandomFloats((size_t)N * C, 4);
     encoder_backward(dwte.data(), dwpe.data(), dx.data(), tok.data(), B, T, C);
     r.push_back(dwte);
     r.push_back(dwpe);
 
-    VecF w = RandomVec(C, 5), b = RandomVec(C, 6), ln((size_t)N * C), mean(N), rstd(N);
+    VecF w = RandomFloats(C, 5), b = RandomFloats(C, 6), ln((size_t)N * C), mean(N), rstd(N);
     layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
     VecF dln((size_t)N * C, 0.0f), dw(C, 0.0f), db(C, 0.0f);
     layernorm_backward(dln.data(), dw.data(), db.data(), dx.data(), x.data(), w.data(), mean.data(), rstd.data(), N,
                        C);
     r.insert(r.end(), {ln, dln, dw, db});
 
-    VecF mw = RandomVec((size_t)OC * C, 7), mb = RandomVec(OC, 8), mo((size_t)N * OC);
+    VecF mw = RandomFloats((size_t)OC * C, 7), mb = RandomFloats(OC, 8), mo((size_t)N * OC);
     matmul_forward(mo.data(), ln.data(), mw.data(), mb.data(), N, C, OC);
     VecF mdi((size_t)N * C, 0.0f), mdw((size_t)OC * C, 0.0f), mdb(OC, 0.0f);
-    VecF mdo = RandomVec((size_t)N * OC, 9);
+    VecF mdo = RandomFloats((size_t)N * OC, 9);
     matmul_backward(mdi.data(), mdw.data(), mdb.data(), mdo.data(), ln.data(), mw.data(), N, C, OC);
     r.insert(r.end(), {mo, mdi, mdw, mdb});
 
-    VecF qkv = RandomVec((size_t)N * 3 * C, 10, -2, 2), ao((size_t)N * C), lse((size_t)B * NH * T);
+    VecF qkv = RandomFloats((size_t)N * 3 * C, 10, -2, 2), ao((size_t)N * C), lse((size_t)B * NH * T);
     attention_forward(ao.data(), lse.data(), qkv.data(), B, T, C, NH);
     VecF dqkv(qkv.size(), 0.0f);
     attention_backward(dqkv.data(), dx.data(), qkv.data(), ao.data(), lse.data(), B, T, C, NH);
@@ -671,7 +656,7 @@ TEST_F(KernelsDeterminism, AllKernelsBitwiseReproducibleWithTwoThreads) {
     gelu_backward(dg.data(), qkv.data(), dx.data(), g.size());
     r.insert(r.end(), {g, dg});
 
-    VecF logits = RandomVec((size_t)64 * Vp, 11, -5, 5), losses(64);
+    VecF logits = RandomFloats((size_t)64 * Vp, 11, -5, 5), losses(64);
     auto tgt = RandomTokens(64, V, 12);
     const double total = crossentropy_softmax(logits.data(), losses.data(), tgt.data(), 64, V, Vp, 0.5f);
     r.insert(r.end(), {logits, losses, VecF{(float)total, (float)(total - (float)total)}});
@@ -685,7 +670,7 @@ TEST_F(KernelsDeterminism, AllKernelsBitwiseReproducibleWithTwoThreads) {
 
 TEST_F(KernelsDeterminism, ThreadCountChangesResultsOnlyByRounding) {
   const int N = 64, C = 384;
-  VecF x = RandomVec((size_t)N * C, 1), w = RandomVec(C, 2), dout = RandomVec((size_t)N * C, 3);
+  VecF x = RandomFloats((size_t)N * C, 1), w = RandomFloats(C, 2), dout = RandomFloats((size_t)N * C, 3);
   VecF mean(N), rstd(N), out((size_t)N * C);
   layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), w.data(), N, C);
   VecF dw1(C, 0.0f), db1(C, 0.0f), dw2(C, 0.0f), db2(C, 0.0f), di((size_t)N * C, 0.0f);
