@@ -466,6 +466,20 @@ void CudaKernels::residual_forward(float* out, const float* a, const float* b, s
   SHARDGPT_CUDA_CHECK_LAUNCH("residual_forward_kernel");
 }
 
+namespace {
+// The n values at dev (device memory), copied to the host through `host` and added there in
+// double in index order: the CPU twins' order, so these sums are deterministic and comparable.
+template <typename T>
+double SumOnHost(const T* dev, size_t n, std::vector<T>& host, cudaStream_t stream) {
+  host.resize(n);
+  SHARDGPT_CUDA_CHECK(cudaMemcpyAsync(host.data(), dev, sizeof(T) * n, cudaMemcpyDeviceToHost, stream));
+  SHARDGPT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  double total = 0.0;
+  for (size_t i = 0; i < n; i++) total += host[i];
+  return total;
+}
+}  // namespace
+
 // Losses come to the host and are summed there in double, in row order (the CPU twin's order).
 double CudaKernels::crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                                          float dloss_scale) const {
@@ -473,13 +487,7 @@ double CudaKernels::crossentropy_softmax(float* logits, float* losses, const int
   Bind();
   crossentropy_softmax_kernel<<<N, kThreads, 0, stream_>>>(logits, losses, targets, V, Vp, dloss_scale);
   SHARDGPT_CUDA_CHECK_LAUNCH("crossentropy_softmax_kernel");
-  host_floats_.resize(N);
-  SHARDGPT_CUDA_CHECK(
-      cudaMemcpyAsync(host_floats_.data(), losses, sizeof(float) * N, cudaMemcpyDeviceToHost, stream_));
-  SHARDGPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  double total = 0.0;
-  for (int n = 0; n < N; n++) total += host_floats_[n];
-  return total;
+  return SumOnHost(losses, N, host_floats_, stream_);
 }
 
 // ==============================================================================================
@@ -531,13 +539,7 @@ double CudaKernels::sum_squares(const void* x, DType dtype, size_t n) const {
     sum_squares_kernel<<<blocks, kThreads, 0, stream_>>>(partial, static_cast<const uint16_t*>(x), n);
   }
   SHARDGPT_CUDA_CHECK_LAUNCH("sum_squares_kernel");
-  host_doubles_.resize(blocks);
-  SHARDGPT_CUDA_CHECK(
-      cudaMemcpyAsync(host_doubles_.data(), partial, sizeof(double) * blocks, cudaMemcpyDeviceToHost, stream_));
-  SHARDGPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  double total = 0.0;
-  for (unsigned b = 0; b < blocks; b++) total += host_doubles_[b];
-  return total;
+  return SumOnHost(partial, blocks, host_doubles_, stream_);
 }
 
 void CudaKernels::adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
