@@ -36,7 +36,8 @@ inline float exp_fast(float x) {
   x = x < -87.0f ? -87.0f : x;
   x = x > 88.0f ? 88.0f : x;
   const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to the nearest integer
-  float n = (x * 1.44269504088896341f + magic) - magic;
+  const float t = x * 1.44269504088896341f + magic;  // bits: 0x4B400000 + round(x / ln 2)
+  float n = t - magic;
   float r = x - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -46,7 +47,9 @@ inline float exp_fast(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   float y = p * r * r + r + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
+  // 2^n from t's bits, not from a float -> int conversion: a NaN input (a diverged run) must
+  // give NaN, and converting NaN to int is undefined behaviour.
+  const uint32_t bits = (__builtin_bit_cast(uint32_t, t) - 0x4B400000u + 127u) << 23;
   return y * __builtin_bit_cast(float, bits);
 }
 
