@@ -126,7 +126,7 @@ std::unique_ptr<Engine> NewEngine(Communicator& comm, const EngineOptions& eo) {
   return std::move(e.value());
 }
 
-Trajectory Run(Communicator& comm, EngineOptions eo, int A, std::vector<StepReport>* reports) {
+Trajectory RunEngine(Communicator& comm, EngineOptions eo, int A, std::vector<StepReport>* reports) {
   auto engine = NewEngine(comm, eo);
   Trajectory tr;
   if (!engine) return tr;
@@ -176,7 +176,7 @@ TEST_P(HsdpMatrix, MatchesSingleProcessOnTheSameGlobalBatch) {
   EngineOptions eo;
   eo.zero_stage = stage;
   eo.shard_group_size = world->world_size() / 2;
-  Trajectory got = Run(*world, eo, A, nullptr);
+  Trajectory got = RunEngine(*world, eo, A, nullptr);
   ASSERT_EQ(got.losses.size(), static_cast<size_t>(kSteps));
   for (int s = 0; s < kSteps; s++) {
     EXPECT_NEAR(got.losses[s], ref.losses[s], 2e-5) << "step " << s;
@@ -205,7 +205,7 @@ TEST_P(HsdpLedger, InsideAndAcrossGroupsMatchFormulas) {
   eo.shard_group_size = G;
   eo.dtype = eo.reduce_dtype = bf16 ? DType::kBF16 : DType::kF32;
   std::vector<StepReport> reports;
-  Run(*world, eo, A, &reports);
+  RunEngine(*world, eo, A, &reports);
   ParamLayout layout(kConfig);
   ShardPlan plan(layout, G);
   const CommLedger inside = ExpectedStepTraffic(layout, plan, eo, A);
@@ -250,7 +250,7 @@ TEST(HsdpPolicies, LastMicroNoReshardAndBf16) {
     eo.shard_group_size = G;
     eo.reduce_every_micro = false;
     eo.reshard_after_forward = stage != 3;
-    Trajectory got = Run(*world, eo, 4, nullptr);
+    Trajectory got = RunEngine(*world, eo, 4, nullptr);
     for (int s = 0; s < kSteps; s++) EXPECT_NEAR(got.losses[s], ref.losses[s], 2e-5) << "stage " << stage;
     ExpectUpdateMatches(got.params, ref.params);
   }
@@ -261,7 +261,7 @@ TEST(HsdpPolicies, LastMicroNoReshardAndBf16) {
       eo.shard_group_size = G;
       eo.dtype = DType::kBF16;
       eo.reduce_dtype = reduce;
-      Trajectory got = Run(*world, eo, 2, nullptr);
+      Trajectory got = RunEngine(*world, eo, 2, nullptr);
       for (int s = 0; s < kSteps; s++)
         EXPECT_NEAR(got.losses[s], ref.losses[s], 2e-2) << "stage " << stage << " reduce " << DTypeName(reduce);
       ExpectReplicasBitwiseEqual(*world, got.params);
