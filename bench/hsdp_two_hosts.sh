@@ -64,8 +64,8 @@ echo "cluster up in $((SECONDS - t0)) s: h1, h2 (2 ranks each); links shaped: $(
 for i in $(seq 1 400); do echo "In the beginning God created the heaven and the earth. And the earth was without form."; done > "$T/text.txt"
 "$BIN" prepare --input "$T/text.txt" --output "$T/data" >/dev/null || fail prepare
 # one sequence per rank per step (4 ranks): a communication-bound step
-FLAGS="--data $T/data/train.bin --seq-len $SEQ --n-layer $LAYERS --n-embd $EMBD --n-head 4 --steps $STEPS --lr 1e-3
- --seed 5 --micro-batch 1 --batch-tokens $((4 * SEQ)) --dtype $DTYPE --compute-dtype fp32 --zero-stage 3 --threads 1 --quiet"
+FLAGS="--data $T/data/train.bin --seq-len $SEQ --n-layer $LAYERS --n-embd $EMBD --n-head 4 --steps $STEPS --lr 1e-3"
+FLAGS="$FLAGS --seed 5 --micro-batch 1 --batch-tokens $((4 * SEQ)) --dtype $DTYPE --compute-dtype fp32 --zero-stage 3 --threads 1 --quiet"
 link=/sys/class/net/$P-v1/statistics
 bytes() { echo $(( $(cat "$link/rx_bytes") + $(cat "$link/tx_bytes") )); }
 
