@@ -105,7 +105,8 @@ Status RunPlan(const PlanOptions& o) {
                 stage == o.engine.zero_stage ? "*" : " ", stage, s.params / GiB, s.grads / GiB, s.optimizer / GiB,
                 s.total() / GiB, Formula::ModelStateBytes(psi, n, e) / GiB, need / GiB,
                 traffic.Total().bytes_sent / GiB);
-    if (R > 1) std::printf(" %9.3f G", across.Total().bytes_sent / GiB);
+    if (R > 1 && stage == 0) std::printf(" %11s", "(all ranks)");  // DDP: one all-reduce over N
+    else if (R > 1) std::printf(" %9.3f G", across.Total().bytes_sent / GiB);
     std::printf("%s\n", o.mem_gib <= 0 ? "" : need <= o.mem_gib * GiB ? "  yes" : "  no");
   }
   std::printf("(* = --zero-stage; bytes per rank; 'formula' is the seed's 2/2/k Psi split for this precision; "
