@@ -15,8 +15,8 @@ void PrintStartupReport(Engine& engine, const ParamLayout& layout, int A, const 
   const double psi = static_cast<double>(layout.total_numel());
   const StateSizes f = Formula::ModelStateByKind(psi, N, o);
   MemoryLedger& m = engine.memory();
-  std::printf("model state per rank (measured allocations | seed formula, Psi=%.0f, N=%d, stage %d, %s):\n", psi, N,
-              o.zero_stage, DTypeName(o.dtype));
+  std::printf("model state per rank (measured allocations | seed formula, Psi=%.0f, %s=%d, stage %d, %s):\n", psi,
+              engine.num_groups() > 1 ? "G" : "N", N, o.zero_stage, DTypeName(o.dtype));
   std::printf("  params     %10.3f MiB | %10.3f MiB\n", MiB(m.current(MemKind::kParams)), MiB(f.params));
   std::printf("  grads      %10.3f MiB | %10.3f MiB\n", MiB(m.current(MemKind::kGrads)), MiB(f.grads));
   std::printf("  optimizer  %10.3f MiB | %10.3f MiB\n", MiB(m.current(MemKind::kOptimizer)), MiB(f.optimizer));
