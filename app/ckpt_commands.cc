@@ -30,7 +30,7 @@ Status RunCkptVerify(const std::string& path) {
   const double s = Now() - t0;
   std::printf("ok: %s: step %lld, model %s, saved by %d rank(s) at stage %d; %zu shard file(s), %.3f GB of state "
               "read and checked (CRC-32C and Fletcher32 per chunk, CRC-32C per dataset) in %.2f s\n",
-              idx.dir.c_str(), static_cast<long long>(idx.state.step), idx.config.ToString().c_str(), idx.world_size,
+              idx.dir.c_str(), static_cast<long long>(idx.state.step), idx.config.ToString().c_str(), idx.ranks,
               idx.zero_stage, idx.files.size(), bytes / 1e9, s);
   return Status::OK();
 }
@@ -45,8 +45,11 @@ Status RunCkptInspect(const std::string& path) {
   std::printf("  format version   %d (id %016llx)\n", idx.format_version,
               static_cast<unsigned long long>(idx.checkpoint_id));
   std::printf("  model            %s (padded vocab %d)\n", idx.config.ToString().c_str(), idx.config.padded_vocab());
-  std::printf("  saved by         %d rank(s), zero stage %d, dtype %s\n", idx.world_size, idx.zero_stage,
+  std::printf("  saved by         %d rank(s), zero stage %d, dtype %s\n", idx.ranks, idx.zero_stage,
               idx.dtype.c_str());
+  if (idx.shard_group_size < idx.ranks)
+    std::printf("  HSDP             shard groups of %d rank(s), %d group(s); group 0 wrote the %d file(s) (the other "
+                "groups held the same shards)\n", idx.shard_group_size, idx.ranks / idx.shard_group_size, idx.world_size);
   std::printf("  step             %lld (LR schedule position and AdamW t)\n", static_cast<long long>(idx.state.step));
   std::printf("  tokens           %lld\n", static_cast<long long>(idx.state.tokens));
   std::printf("  loader position  %llu\n", static_cast<unsigned long long>(idx.state.loader_position));

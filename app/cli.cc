@@ -25,6 +25,7 @@ namespace shardgpt {
 
 namespace {
 
+constexpr int kAutoGroup = -1;  // --shard-group-size auto, resolved per run from the nodes
 const std::map<std::string, DType> kDTypes{{"fp32", DType::kF32}, {"bf16", DType::kBF16}};
 
 // Numbers that must be finite and above (or at least) a bound: NaN and inf are refused too,
@@ -80,6 +81,7 @@ struct EngineFlags {
   std::string dtype = "fp32", reduce_dtype, reduce_grads = "every-micro";
   double bucket_mb = 25.0;
   bool reshard_after_forward = true;
+  std::string shard_group_size;  // empty: all ranks
   void Add(CLI::App* app) {
     app->add_option("--zero-stage", zero_stage, "0 = DDP, 1 = shard optimizer state, 2 = + gradients, 3 = + parameters")
         ->check(CLI::Range(0, 3))->capture_default_str();
@@ -95,6 +97,18 @@ struct EngineFlags {
                     "stages 2/3 with --grad-accum > 1: every-micro (sharded memory, traffic x A) or last-micro "
                     "(traffic x 1, full-gradient memory)")
         ->check(CLI::IsMember({"every-micro", "last-micro"}))->capture_default_str();
+    app->add_option("--shard-group-size", shard_group_size,
+                    "HSDP (stages 1-3): shard within groups of G consecutive ranks (one node) and replicate "
+                    "across the N/G groups: a number dividing the ranks, or auto (the ranks of a node); "
+                    "default: all ranks (plain ZeRO)")
+        ->check(CLI::Validator(
+            [](std::string& v) -> std::string {
+              if (v == "auto") return "";
+              std::string why = StrictNumber("INT", &v);
+              if (why.empty() && std::stol(v) < 1) why = "expected a rank count >= 1 or auto, got " + v;
+              return why;
+            },
+            "G|auto"));
   }
   EngineOptions Resolve() const {
     EngineOptions e;
@@ -104,6 +118,7 @@ struct EngineFlags {
     e.bucket_mb = bucket_mb;
     e.reshard_after_forward = reshard_after_forward;
     e.reduce_every_micro = reduce_grads == "every-micro";
+    e.shard_group_size = shard_group_size.empty() ? 0 : shard_group_size == "auto" ? kAutoGroup : std::stoi(shard_group_size);
     return e;
   }
 };
@@ -116,6 +131,28 @@ void NodeLocalRank(int* local_rank, int* local_size) {
   MPI_Comm_rank(local, local_rank);
   MPI_Comm_size(local, local_size);
   MPI_Comm_free(&local);
+}
+
+// --shard-group-size auto: the ranks of one node (MPI's shared-memory split), which must be as
+// many on every node and consecutive in rank order (the engine groups consecutive ranks).
+// Collective over MPI_COMM_WORLD: every rank gets the same G or the same error.
+StatusOr<int> AutoShardGroupSize(int rank, int local_rank, int local_size) {
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+  int first = rank;
+  MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, local);
+  MPI_Comm_free(&local);
+  int v[3] = {local_size, -local_size, (first == rank - local_rank && first % local_size == 0) ? 1 : 0};
+  MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &v[2], 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
+  if (v[0] != -v[1])
+    return Status::InvalidArgument("--shard-group-size auto: the nodes run different numbers of ranks (" +
+                                   std::to_string(v[0]) + " to " + std::to_string(-v[1]) +
+                                   "); start as many on each node or give --shard-group-size G");
+  if (!v[2])
+    return Status::InvalidArgument("--shard-group-size auto: the ranks of a node are not consecutive (map ranks by "
+                                   "slot/node, e.g. mpirun --map-by slot) or give --shard-group-size G");
+  return local_size;
 }
 
 // Rank 0 prints every rank's topology line, in rank order (gathered over the control plane).
@@ -295,10 +332,15 @@ int Main(int argc, char** argv) {
       if (st.ok()) {
         t.model = cfg.value();
         t.engine = [&] { EngineOptions e = engine_flags.Resolve(); e.adamw = t.engine.adamw; return e; }();
+        if (t.engine.shard_group_size == kAutoGroup) {
+          auto g = AutoShardGroupSize(rank, local_rank, local_size);
+          if (g.ok()) t.engine.shard_group_size = g.value();
+          else st = g.status();
+        }
         t.shuffle = !no_shuffle;
         t.schedule.kind = LrSchedule::ParseKind(schedule).value();
         if (t.threads <= 0) t.threads = default_threads;
-        try {
+        if (st.ok()) try {
           st = RunTrain(t, *comm, *dev.value(), &rc);
         } catch (const DeviceOutOfMemory& e) {
           // Mid-step: the other ranks wait inside a collective and cannot agree; end them all.
@@ -330,7 +372,9 @@ int Main(int argc, char** argv) {
     else {
       p.model = cfg.value();
       p.engine = plan_engine.Resolve();
-      if (rank == 0) st = RunPlan(p);
+      if (p.engine.shard_group_size == kAutoGroup)
+        st = Status::InvalidArgument("plan --shard-group-size auto: plan runs on no nodes; give the ranks per node as a number");
+      else if (rank == 0) st = RunPlan(p);
     }
   }
   if (!st.ok()) {

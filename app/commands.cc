@@ -68,36 +68,54 @@ Status RunSample(const SampleOptions& o, int threads) {
 Status RunPlan(const PlanOptions& o) {
   SHARDGPT_RETURN_IF_ERROR(o.engine.Validate());
   if (o.ranks < 1) return Status::InvalidArgument("--ranks must be >= 1");
+  // HSDP: stages 1-3 shard over G ranks and replicate across R = N/G groups; stage 0 over all N.
+  EngineOptions sharded = o.engine;
+  if (sharded.zero_stage == 0) sharded.zero_stage = 1;  // G is checked as a sharding stage would use it
+  auto group = sharded.ShardGroupSize(o.ranks);
+  if (!group.ok()) return group.status();
+  const int G = group.value(), R = o.ranks / G;
   ParamLayout layout(o.model);
-  ShardPlan plan(layout, o.ranks);
+  ShardPlan plan_all(layout, o.ranks), plan_group(layout, G);
   const double psi = static_cast<double>(layout.total_numel()), GiB = 1024.0 * 1024 * 1024;
   const double act = static_cast<double>(GPT::ActivationBytes(o.model, o.micro_batch, o.seq_len));
   std::printf("model %s: %.1fM parameters; %d ranks, micro-batch %d x %d tokens, grad-accum %d, %s (reduce %s)\n",
               o.model.ToString().c_str(), psi / 1e6, o.ranks, o.micro_batch, o.seq_len, o.grad_accum,
               DTypeName(o.engine.dtype), DTypeName(o.engine.reduce_dtype));
+  if (R > 1)
+    std::printf("HSDP: stages 1-3 shard within %d group(s) of G=%d ranks and replicate across them (memory formulas "
+                "with G for N); stage 0 all-reduces over all %d\n", R, G, o.ranks);
   std::printf("activations (fp32, all layers saved, attention O(T)): %.3f GiB per rank\n", act / GiB);
-  std::printf("%-6s %11s %11s %11s %11s %12s %13s %13s%s\n", "stage", "params", "grads", "optimizer", "states",
-              "formula", "+activations", "traffic/step", o.mem_gib > 0 ? "  fits?" : "");
+  std::printf("%-6s %11s %11s %11s %11s %12s %13s %13s%s%s\n", "stage", "params", "grads", "optimizer", "states",
+              "formula", "+activations", "traffic/step", R > 1 ? " across/step" : "", o.mem_gib > 0 ? "  fits?" : "");
   for (int stage = 0; stage <= 3; stage++) {
     EngineOptions e = o.engine;
     e.zero_stage = stage;
     if (stage < 2) e.reduce_every_micro = true;
+    const ShardPlan& plan = stage == 0 ? plan_all : plan_group;
+    const int n = plan.world_size(), groups = stage == 0 ? 1 : R;
     const StateSizes s = PersistentStateSizes(plan, e);
     const CommLedger traffic = ExpectedStepTraffic(layout, plan, e, o.grad_accum);
+    const CommLedger across = ExpectedCrossGroupTraffic(plan, e, groups);
     // stage 3 also holds the gathered parameters of the running and the prefetched unit
     double gathered = 0;
     if (stage == 3)
       for (int u = 0; u < plan.num_units(); u++) gathered = std::max(gathered, 2.0 * plan.unit(u).padded * DTypeSize(e.dtype));
     const double need = s.total() + act + gathered;
-    std::printf("%s%-5d %9.3f G %9.3f G %9.3f G %9.3f G %10.3f G %11.3f G %11.3f G%s\n",
+    std::printf("%s%-5d %9.3f G %9.3f G %9.3f G %9.3f G %10.3f G %11.3f G %11.3f G",
                 stage == o.engine.zero_stage ? "*" : " ", stage, s.params / GiB, s.grads / GiB, s.optimizer / GiB,
-                s.total() / GiB, Formula::ModelStateBytes(psi, o.ranks, e) / GiB, need / GiB,
-                traffic.Total().bytes_sent / GiB,
-                o.mem_gib <= 0 ? "" : need <= o.mem_gib * GiB ? "  yes" : "  no");
+                s.total() / GiB, Formula::ModelStateBytes(psi, n, e) / GiB, need / GiB,
+                traffic.Total().bytes_sent / GiB);
+    if (R > 1 && stage == 0) std::printf(" %11s", "(all ranks)");  // DDP: one all-reduce over N
+    else if (R > 1) std::printf(" %9.3f G", across.Total().bytes_sent / GiB);
+    std::printf("%s\n", o.mem_gib <= 0 ? "" : need <= o.mem_gib * GiB ? "  yes" : "  no");
   }
   std::printf("(* = --zero-stage; bytes per rank; 'formula' is the seed's 2/2/k Psi split for this precision; "
               "traffic counts bytes sent per rank, ring model)\n");
   std::printf("(+activations includes, for stage 3, two gathered units: the running one and the prefetched one)\n");
+  if (R > 1)
+    std::printf("(traffic/step: inside a group, 4Psi(G-1)/G or 6Psi(G-1)/G at stage 3 (bytes per element: the "
+                "dtypes); across/step: across groups, 2 x (rPsi/G) x (R-1)/R, r = reduce dtype bytes: the only "
+                "bytes on the inter-node links)\n");
   return Status::OK();
 }
 

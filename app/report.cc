@@ -15,8 +15,8 @@ void PrintStartupReport(Engine& engine, const ParamLayout& layout, int A, const 
   const double psi = static_cast<double>(layout.total_numel());
   const StateSizes f = Formula::ModelStateByKind(psi, N, o);
   MemoryLedger& m = engine.memory();
-  std::printf("model state per rank (measured allocations | seed formula, Psi=%.0f, N=%d, stage %d, %s):\n", psi, N,
-              o.zero_stage, DTypeName(o.dtype));
+  std::printf("model state per rank (measured allocations | seed formula, Psi=%.0f, %s=%d, stage %d, %s):\n", psi,
+              engine.num_groups() > 1 ? "G" : "N", N, o.zero_stage, DTypeName(o.dtype));
   std::printf("  params     %10.3f MiB | %10.3f MiB\n", MiB(m.current(MemKind::kParams)), MiB(f.params));
   std::printf("  grads      %10.3f MiB | %10.3f MiB\n", MiB(m.current(MemKind::kGrads)), MiB(f.grads));
   std::printf("  optimizer  %10.3f MiB | %10.3f MiB\n", MiB(m.current(MemKind::kOptimizer)), MiB(f.optimizer));
@@ -25,8 +25,18 @@ void PrintStartupReport(Engine& engine, const ParamLayout& layout, int A, const 
   std::printf("  every rank (measured):");
   for (uint64_t b : per_rank) std::printf(" %.3f", MiB(static_cast<double>(b)));
   std::printf(" MiB\n");
-  std::printf("traffic per rank per step (seed formula, ring model, x(N-1)/N): %.3f MiB\n",
-              MiB(Formula::TrafficBytes(psi, N, o, A)));
+  const int R = engine.num_groups();
+  if (R > 1) {
+    std::printf("HSDP: %d group(s) of G=%d rank(s), sharded inside a group, replicated across groups; this rank: "
+                "group %d, index %d\n", R, N, engine.group_index(), engine.shard_comm().rank());
+    std::printf("traffic per rank per step inside the group (seed formula with G, x(G-1)/G): %.3f MiB; across groups "
+                "(2 x (%dPsi/G) x (R-1)/R): %.3f MiB\n",
+                MiB(Formula::TrafficBytes(psi, N, o, A)), static_cast<int>(DTypeSize(o.reduce_dtype)),
+                MiB(Formula::CrossGroupTrafficBytes(psi, N, R, o)));
+  } else {
+    std::printf("traffic per rank per step (seed formula, ring model, x(N-1)/N): %.3f MiB\n",
+                MiB(Formula::TrafficBytes(psi, N, o, A)));
+  }
   if (o.zero_stage >= 2 && A > 1)
     std::printf("gradient accumulation (A=%d): %s\n", A,
                 o.reduce_every_micro
@@ -45,8 +55,19 @@ nlohmann::json StepJson(const StepReport& r, const Engine& engine, const ParamLa
     comm[CollKindName(static_cast<CollKind>(k))] = r.comm.kinds[k].bytes_sent;
   comm["total"] = r.comm.Total().bytes_sent;
   nlohmann::json j;
-  j["comm_bytes"] = comm;
+  j["comm_bytes"] = comm;  // inside the shard group (every rank without HSDP)
   j["comm_bytes_formula"] = Formula::TrafficBytes(psi, N, o, A);
+  const int R = engine.num_groups();
+  if (R > 1) {  // HSDP: the same, across groups (N = G ranks per group here)
+    nlohmann::json across;
+    for (size_t k = 0; k < kNumCollKinds; k++)
+      across[CollKindName(static_cast<CollKind>(k))] = r.comm_across.kinds[k].bytes_sent;
+    across["total"] = r.comm_across.Total().bytes_sent;
+    j["shard_group_size"] = N;
+    j["groups"] = R;
+    j["comm_bytes_across_groups"] = across;
+    j["comm_bytes_across_groups_formula"] = Formula::CrossGroupTrafficBytes(psi, N, R, o);
+  }
   j["model_state_bytes"] = r.model_state_bytes;
   j["model_state_bytes_by_kind"] = {{"params", r.params_bytes}, {"grads", r.grads_bytes}, {"optimizer", r.optimizer_bytes}};
   j["model_state_bytes_formula"] = Formula::ModelStateBytes(psi, N, o);

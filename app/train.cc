@@ -288,7 +288,11 @@ class Trainer {
         std::printf("resumed from %s at step %lld (%lld tokens seen) on %d rank(s), zero stage %d", resume_path_.c_str(),
                     static_cast<long long>(state_.step), static_cast<long long>(state_.tokens), comm_.world_size(),
                     o_.engine.zero_stage);
-        if (index.ok()) std::printf(" (saved by %d rank(s), zero stage %d)", index->world_size, index->zero_stage);
+        if (index.ok()) {
+          std::printf(" (saved by %d rank(s), zero stage %d", index->ranks, index->zero_stage);
+          if (index->shard_group_size < index->ranks) std::printf(", shard groups of %d", index->shard_group_size);
+          std::printf(")");
+        }
         std::printf("\n");
         std::fflush(stdout);
       }
@@ -421,7 +425,9 @@ class Trainer {
     // Per-rank ledgers only for the JSONL (o_.log_file is the same flag on every rank), in one
     // small control gather: no collective is added to steps that are not logged to a file.
     std::vector<uint64_t> per_rank;
-    if (!o_.log_file.empty()) per_rank = AllGatherU64(comm_, {report.comm.Total().bytes_sent, report.model_state_bytes});
+    if (!o_.log_file.empty())
+      per_rank = AllGatherU64(comm_, {report.comm.Total().bytes_sent + report.comm_across.Total().bytes_sent,
+                                      report.model_state_bytes, report.comm_across.Total().bytes_sent});
     if (!lead_) return;
     const double tps = tokens_per_step() / r.seconds;
     if (!o_.quiet) {
@@ -439,10 +445,12 @@ class Trainer {
     j["tokens"] = state_.tokens;
     j["tokens_per_s"] = tps;
     j["ms"] = r.seconds * 1e3;
-    std::vector<uint64_t> comm_bytes, state_bytes;
-    for (size_t r = 0; r + 1 < per_rank.size(); r += 2) comm_bytes.push_back(per_rank[r]), state_bytes.push_back(per_rank[r + 1]);
-    j["comm_bytes_per_rank"] = comm_bytes;
+    std::vector<uint64_t> comm_bytes, state_bytes, across_bytes;
+    for (size_t r = 0; r + 2 < per_rank.size(); r += 3)
+      comm_bytes.push_back(per_rank[r]), state_bytes.push_back(per_rank[r + 1]), across_bytes.push_back(per_rank[r + 2]);
+    j["comm_bytes_per_rank"] = comm_bytes;  // inside + across groups
     j["model_state_bytes_per_rank"] = state_bytes;
+    if (engine_->num_groups() > 1) j["comm_bytes_across_groups_per_rank"] = across_bytes;
     if (eval_now) j["val_loss"] = last_val_;
     log_ << j.dump() << "\n";
     log_.flush();

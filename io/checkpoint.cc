@@ -287,7 +287,12 @@ Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& e
                       Communicator& comm, int keep_last, bool quiet) {
   h5::InitH5();
   const double t_start = Now();
-  const int rank = comm.rank(), world = comm.world_size();
+  // HSDP: the replicas of a shard (one per group) hold bitwise-equal state (the cross-group
+  // all-reduce gives each the same averaged gradient, and AdamW is deterministic), so only
+  // group 0 (ranks 0..G-1, which includes rank 0, the index writer) writes: G files, file f
+  // from world rank f = its index in the group. Without HSDP, G = N and every rank writes.
+  const int rank = comm.rank(), ranks = comm.world_size(), world = engine.shard_group_size();
+  const bool writer = engine.group_index() == 0;
   const std::string name = StepDirName(state.step);
   const std::string tmp = dir + "/.tmp." + name, final_dir = dir + "/" + name;
 
@@ -301,8 +306,9 @@ Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& e
   uint64_t elements = 0;
   for (const SavedPiece& p : pieces)
     if (p.file == rank) elements = std::max(elements, p.file_offset + (p.end - p.begin));
-  SHARDGPT_RETURN_IF_ERROR(AgreeAll(comm, WriteShardFile(shard_path, rank, world, id[0], state.step, elements,
-                                                         EngineFill(engine, pieces, rank), &res)));
+  SHARDGPT_RETURN_IF_ERROR(AgreeAll(comm, !writer ? Status::OK()
+                                                   : WriteShardFile(shard_path, rank, world, id[0], state.step, elements,
+                                                                    EngineFill(engine, pieces, rank), &res)));
   uint64_t secs_bits;
   std::memcpy(&secs_bits, &res.seconds, sizeof(double));
   const std::vector<uint64_t> all = AllGatherU64(
@@ -329,6 +335,8 @@ Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& e
     idx.tensors = layout.tensors();
     idx.units = layout.units();
     idx.world_size = world;
+    idx.ranks = ranks;
+    idx.shard_group_size = world;
     idx.zero_stage = engine.options().zero_stage;
     idx.dtype = DTypeName(engine.options().dtype);
     idx.state = state;
@@ -361,8 +369,8 @@ Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& e
       total += b;
       per_rank += " " + Gbps(b, s);
     }
-    std::printf("checkpoint: saved %s (%d file(s), %.3f GB of fp32 state) in %.3f s: %s GB/s total; per rank GB/s:%s\n",
-                final_dir.c_str(), world, total / 1e9, wall, Gbps(total, wall).c_str(), per_rank.c_str());
+    std::printf("checkpoint: saved %s (%d file(s)%s, %.3f GB of fp32 state) in %.3f s: %s GB/s total; per rank GB/s:%s\n",
+                final_dir.c_str(), world, world < ranks ? ", written by group 0 of the HSDP groups" : "", total / 1e9, wall, Gbps(total, wall).c_str(), per_rank.c_str());
     std::fflush(stdout);
   }
   return Status::OK();
@@ -451,10 +459,10 @@ StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& 
       total += static_cast<double>(all[2 * r]);
       per_rank += " " + Gbps(static_cast<double>(all[2 * r]), s);
     }
-    std::printf("checkpoint: loaded %s (saved by %d rank(s), stage %d; step %lld) on %d rank(s), stage %d: %.3f GB "
-                "read in %.3f s: %s GB/s total; per rank GB/s:%s\n",
-                idx.dir.c_str(), idx.world_size, idx.zero_stage, static_cast<long long>(idx.state.step),
-                comm.world_size(), engine.options().zero_stage, total / 1e9, wall, Gbps(total, wall).c_str(),
+    std::printf("checkpoint: loaded %s (saved by %d rank(s), shard groups of %d, stage %d; step %lld) on %d rank(s), "
+                "shard groups of %d, stage %d: %.3f GB read in %.3f s: %s GB/s total; per rank GB/s:%s\n",
+                idx.dir.c_str(), idx.ranks, idx.shard_group_size, idx.zero_stage, static_cast<long long>(idx.state.step),
+                comm.world_size(), engine.shard_group_size(), engine.options().zero_stage, total / 1e9, wall, Gbps(total, wall).c_str(),
                 per_rank.c_str());
     std::fflush(stdout);
   }

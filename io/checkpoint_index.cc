@@ -272,6 +272,18 @@ Status FromJson(const json& root, const std::string& path, CheckpointIndex* idx)
     return Status::Corruption(path + ": zero_stage " + std::to_string(stage) + " (expected 0 to 3)");
   idx->world_size = static_cast<int>(world);
   idx->zero_stage = static_cast<int>(stage);
+  // HSDP fields (absent in indexes written before HSDP: one group of all ranks)
+  int64_t ranks = world, group = world;
+  if ((m = Member(root, "ranks")) && !AsI64(*m, &ranks)) return r.Bad("ranks", "an integer");
+  if ((m = Member(root, "shard_group_size")) && !AsI64(*m, &group)) return r.Bad("shard_group_size", "an integer");
+  if (group != world)
+    return Status::Corruption(path + ": shard_group_size " + std::to_string(group) + " (expected world_size " +
+                              std::to_string(world) + ": one file per rank of a group)");
+  if (ranks < world || ranks > kMaxWorld * 64 || ranks % world != 0)
+    return Status::Corruption(path + ": ranks " + std::to_string(ranks) + " (expected a multiple of world_size " +
+                              std::to_string(world) + ")");
+  idx->ranks = static_cast<int>(ranks);
+  idx->shard_group_size = static_cast<int>(group);
 
   const json* config = Member(root, "config");
   int64_t v[6];
@@ -400,6 +412,8 @@ json ToJson(const CheckpointIndex& idx) {
           {"format_version", kCheckpointFormatVersion},
           {"checkpoint_id", idx.checkpoint_id},
           {"world_size", idx.world_size},
+          {"ranks", idx.ranks > 0 ? idx.ranks : idx.world_size},
+          {"shard_group_size", idx.world_size},
           {"zero_stage", idx.zero_stage},
           {"dtype", idx.dtype},
           {"step", idx.state.step},
@@ -448,6 +462,12 @@ Status ValidateCheckpointIndex(const CheckpointIndex& idx, const std::string& wh
     return bad("world_size " + std::to_string(idx.world_size) + " (expected 1 to 2^24 ranks)");
   if (idx.zero_stage < 0 || idx.zero_stage > 3)
     return bad("zero_stage " + std::to_string(idx.zero_stage) + " (expected 0 to 3)");
+  if (idx.ranks != 0 && (idx.ranks < idx.world_size || idx.ranks % idx.world_size != 0))
+    return bad("ranks " + std::to_string(idx.ranks) + " (expected a multiple of world_size " +
+               std::to_string(idx.world_size) + ")");
+  if (idx.shard_group_size != 0 && idx.shard_group_size != idx.world_size)
+    return bad("shard_group_size " + std::to_string(idx.shard_group_size) + " (expected world_size " +
+               std::to_string(idx.world_size) + ")");
   if (idx.dtype != "f32" && idx.dtype != "bf16") return bad("dtype '" + idx.dtype + "' (expected f32 or bf16)");
   if (idx.state.step < 0 || idx.state.step > kMaxStep)
     return bad("step " + std::to_string(idx.state.step) + " (expected 0 to 2^31-1)");
@@ -584,6 +604,8 @@ Status WriteHdf5(const std::string& path, const CheckpointIndex& idx, uint64_t u
             h5::WriteAttrI64(f, "format_version", kCheckpointFormatVersion) &&
             h5::WriteAttrU64(f, "checkpoint_id", idx.checkpoint_id) &&
             h5::WriteAttrI64(f, "world_size", idx.world_size) && h5::WriteAttrI64(f, "zero_stage", idx.zero_stage) &&
+            h5::WriteAttrI64(f, "ranks", idx.ranks > 0 ? idx.ranks : idx.world_size) &&
+            h5::WriteAttrI64(f, "shard_group_size", idx.world_size) &&
             h5::WriteAttrStr(f, "dtype", idx.dtype) && h5::WriteAttrI64(f, "step", idx.state.step) &&
             h5::WriteAttrI64(f, "tokens", idx.state.tokens) &&
             h5::WriteAttrI64(f, "lr_schedule_position", idx.state.step) &&

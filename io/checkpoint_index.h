@@ -73,7 +73,9 @@ struct CheckpointIndex {
   GPTConfig config;
   std::vector<TensorInfo> tensors;  // name, shape, unit, offset, numel (dtype is always f32)
   std::vector<UnitInfo> units;      // name, global offset, numel
-  int world_size = 0;               // saving run's rank count
+  int world_size = 0;               // shard files = ranks of one shard group (G; N without HSDP)
+  int ranks = 0;                    // saving run's rank count N (optional in the file: world_size)
+  int shard_group_size = 0;         // saving run's G (HSDP), = world_size (optional in the file)
   int zero_stage = 0;
   std::string dtype;                // saving run's parameter dtype ("f32", "bf16"); state is fp32
   TrainState state;

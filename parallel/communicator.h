@@ -235,6 +235,15 @@ class Communicator {
   virtual Status ControlAllGather(const void* send, void* recv, size_t bytes) = 0;
   virtual Status ControlBroadcast(void* buf, size_t bytes, int root) = 0;
 
+  // Blocking, collective: a new communicator of the ranks that passed the same color, ordered
+  // by key (MPI_Comm_split; ncclCommSplit on NCCL), with its own FIFO, ledger and control
+  // plane; this one stays usable. HSDP splits the world once into shard groups and replica
+  // groups (parallel/engine.h). Backends that cannot split return Unimplemented.
+  virtual StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) {
+    (void)color, (void)key;
+    return Status::Unimplemented("this communicator cannot be split into groups");
+  }
+
   // This rank's traffic counters. Reset it whenever a measurement starts.
   virtual CommLedger& ledger() = 0;
   // Wall time spent executing collectives since creation (to measure how much of it was

@@ -8,11 +8,28 @@ namespace shardgpt {
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const ParamLayout& layout, Communicator* comm,
                                                  const EngineOptions& options, Device& device) {
   SHARDGPT_RETURN_IF_ERROR(options.Validate());
-  return std::unique_ptr<Engine>(new Engine(layout, comm, options, device));
+  auto G = options.ShardGroupSize(comm->world_size());
+  if (!G.ok()) return G.status();
+  std::unique_ptr<Communicator> shard, replica;
+  if (G.value() < comm->world_size()) {
+    // consecutive ranks form a group (one node under the usual by-slot placement); the
+    // replica group of a rank is the ranks with its index in the other groups
+    const int g = G.value(), r = comm->rank();
+    auto s = comm->Split(r / g, r);
+    if (!s.ok()) return s.status();
+    auto x = comm->Split(r % g, r);
+    if (!x.ok()) return x.status();
+    shard = std::move(s.value()), replica = std::move(x.value());
+  }
+  return std::unique_ptr<Engine>(new Engine(layout, comm, std::move(shard), std::move(replica), options, device));
 }
 
-Engine::Engine(const ParamLayout& layout, Communicator* comm, const EngineOptions& options, Device& device)
-    : ctx_(layout, comm, &device, options),
+Engine::Engine(const ParamLayout& layout, Communicator* world, std::unique_ptr<Communicator> shard,
+               std::unique_ptr<Communicator> replica, const EngineOptions& options, Device& device)
+    : world_(world),
+      own_shard_(std::move(shard)),
+      own_replica_(std::move(replica)),
+      ctx_(layout, own_shard_ ? own_shard_.get() : world, &device, options, own_replica_.get()),
       params_(ParamStore::Create(&ctx_)),
       grads_(GradReducer::Create(&ctx_)),
       adamw_(&ctx_) {}
@@ -52,9 +69,10 @@ void Engine::BeginStep() {
   ctx_.queue.WaitAll();
   grads_->BeginStep();
   ctx_.comm->ledger().Reset();
+  if (ctx_.replica) ctx_.replica->ledger().Reset();
   ctx_.memory.ResetPeaks();
   ctx_.queue.ResetCounters();
-  busy_at_step_begin_ = ctx_.comm->busy_seconds();
+  busy_at_step_begin_ = CommBusySeconds();
 }
 
 void Engine::BeginMicroBatch(int micro, int num_micro) {
@@ -85,6 +103,7 @@ float Engine::Step(float lr, float grad_clip) {
 
   const MemoryLedger& m = ctx_.memory;
   report_.comm = ctx_.comm->ledger();
+  report_.comm_across = ctx_.replica ? ctx_.replica->ledger() : CommLedger();
   report_.params_bytes = m.current(MemKind::kParams);
   report_.grads_bytes = m.current(MemKind::kGrads);
   report_.optimizer_bytes = m.current(MemKind::kOptimizer);
@@ -92,8 +111,12 @@ float Engine::Step(float lr, float grad_clip) {
   report_.peak_grads_bytes = m.peak(MemKind::kGrads);
   report_.peak_params_bytes = m.peak(MemKind::kParams);
   report_.exposed_comm_s = ctx_.queue.exposed_seconds();
-  report_.comm_busy_s = ctx_.comm->busy_seconds() - busy_at_step_begin_;
+  report_.comm_busy_s = CommBusySeconds() - busy_at_step_begin_;
   return norm;
+}
+
+double Engine::CommBusySeconds() const {
+  return ctx_.comm->busy_seconds() + (ctx_.replica ? ctx_.replica->busy_seconds() : 0.0);
 }
 
 // ---- whole-model parameters in host memory ----

@@ -20,6 +20,13 @@
 // GradReducer (bucketed all-reduce, or per-unit reduce-scatter every micro-batch or in the
 // last one) and a ShardedAdamW. All buffers live on one Device (CPU or CUDA).
 //
+// HSDP (options.shard_group_size = G < N, FSDP2's HSDP / ZeRO++'s hpZ): Create splits the
+// world once into N/G shard groups of G consecutive ranks (group g = ranks gG .. gG+G-1, meant
+// to be one node) and G replica groups (the ranks with the same index in their group). Stages
+// 1-3 shard within the group (plan = (layout, G)); each unit's gradient is reduce-scattered in
+// the group and the owned shard all-reduced across groups once per step; parameters are
+// gathered in the group only. Replica groups hold bitwise-equal shards after every step.
+//
 // Rank contract: every public method is collective (all ranks call it in the same order).
 // Thread contract: one training thread; communication runs on the communicator's thread.
 #pragma once
@@ -43,7 +50,9 @@ namespace shardgpt {
 
 // What one step sent and held, measured (ledgers).
 struct StepReport {
-  CommLedger comm;                 // bytes this rank sent, by collective kind
+  CommLedger comm;                 // bytes this rank sent inside its shard group, by kind (all of
+                                   // them without HSDP)
+  CommLedger comm_across;          // HSDP: bytes sent across groups (the replica all-reduces)
   uint64_t model_state_bytes = 0;  // persistent params + grads + optimizer state now
   uint64_t params_bytes = 0, grads_bytes = 0, optimizer_bytes = 0;
   uint64_t peak_grads_bytes = 0, peak_params_bytes = 0;
@@ -55,7 +64,8 @@ struct StepReport {
 
 class Engine : public UnitHooks {
  public:
-  // comm and device must outlive the engine. Throws DeviceOutOfMemory (persistent state).
+  // comm (the world) and device must outlive the engine. Throws DeviceOutOfMemory (persistent
+  // state). With HSDP, splits comm (collective) and owns the group communicators.
   static StatusOr<std::unique_ptr<Engine>> Create(const ParamLayout& layout, Communicator* comm,
                                                   const EngineOptions& options, Device& device = CpuDevice());
   ~Engine() override;
@@ -63,7 +73,15 @@ class Engine : public UnitHooks {
   const EngineOptions& options() const { return ctx_.opt; }
   const ShardPlan& plan() const { return ctx_.plan; }
   MemoryLedger& memory() { return ctx_.memory; }
-  Communicator& comm() { return *ctx_.comm; }
+  // The world communicator given to Create (control plane: loss, agreement, checkpoints).
+  Communicator& comm() { return *world_; }
+  // HSDP: the shard group (the world without HSDP) and the replica group (null without HSDP).
+  Communicator& shard_comm() { return *ctx_.comm; }
+  Communicator* replica_comm() { return ctx_.replica; }
+  int shard_group_size() const { return ctx_.world; }
+  int num_groups() const { return ctx_.replicas(); }
+  // Which group this rank is in (0 .. N/G-1): group 0 writes checkpoints.
+  int group_index() const { return ctx_.replica ? ctx_.replica->rank() : 0; }
   Device& device() { return *ctx_.device; }
 
   // Sets parameters from a full unpadded flat buffer in host memory (layout order), the same on
@@ -104,8 +122,13 @@ class Engine : public UnitHooks {
   void SyncParamsFromMaster();
 
  private:
-  Engine(const ParamLayout& layout, Communicator* comm, const EngineOptions& options, Device& device);
+  Engine(const ParamLayout& layout, Communicator* world, std::unique_ptr<Communicator> shard,
+         std::unique_ptr<Communicator> replica, const EngineOptions& options, Device& device);
 
+  double CommBusySeconds() const;
+
+  Communicator* world_;
+  std::unique_ptr<Communicator> own_shard_, own_replica_;  // HSDP only; outlive ctx_
   EngineContext ctx_;
   std::unique_ptr<ParamStore> params_;
   std::unique_ptr<GradReducer> grads_;

@@ -1,6 +1,12 @@
 // EngineContext and CollectiveQueue: what the engine's parts (ParamStore, GradReducer,
-// ShardedAdamW) share: the layout and plan, the options, this rank's communicator, device and
+// ShardedAdamW) share: the layout and plan, the options, this rank's communicators, device and
 // memory ledger, and the queue of collectives in flight.
+//
+// HSDP (hybrid sharding): `comm` is the SHARD communicator, the G ranks of this rank's group,
+// over which everything is sharded (plan = (layout, G), rank = index in the group); `replica`
+// is null without HSDP, else the R = N/G ranks holding the same shard (one per group), over
+// which the reduced gradient shard is all-reduced once per step. Without HSDP comm is the
+// world and G = N: the parts need not know which.
 //
 // Thread contract: the training thread only (completion callbacks run on it, in RetireCompleted).
 #pragma once
@@ -80,14 +86,17 @@ struct EngineContext {
   const ParamLayout& layout;
   ShardPlan plan;
   EngineOptions opt;
-  Communicator* comm;
+  Communicator* comm;     // the shard group (the world without HSDP)
+  Communicator* replica;  // HSDP: the ranks holding the same shard; null otherwise
   Device* device;
   MemoryLedger memory;
   CollectiveQueue queue;
-  int rank, world;
+  int rank, world;  // in the shard group
 
-  EngineContext(const ParamLayout& l, Communicator* c, Device* d, const EngineOptions& o)
-      : layout(l), plan(l, c->world_size()), opt(o), comm(c), device(d), rank(c->rank()), world(c->world_size()) {}
+  EngineContext(const ParamLayout& l, Communicator* c, Device* d, const EngineOptions& o, Communicator* r = nullptr)
+      : layout(l), plan(l, c->world_size()), opt(o), comm(c), replica(r), device(d), rank(c->rank()),
+        world(c->world_size()) {}
+  int replicas() const { return replica ? replica->world_size() : 1; }
   Kernels& kernels() { return device->kernels(); }
   size_t elt() const { return DTypeSize(opt.dtype); }
   // The embed and final units: used first in backward, kept gathered from forward (FSDP2's root).

@@ -1,10 +1,24 @@
 #include "parallel/grad_reducer.h"
 
+#include <functional>
 #include <vector>
 
 namespace shardgpt {
 
 namespace {
+
+// HSDP: the gradient shard this rank reduced inside its group is averaged ACROSS groups (the
+// R ranks that own the same shard), then `then` runs; without HSDP `then` runs at once. Only
+// launched once the in-group reduce-scatter has retired (a completion step), since the two
+// communicators have separate queues: each rank launches these in unit order, so the replica
+// communicator sees the same call order everywhere. buf holds count elements of dtype.
+void AverageAcrossGroups(EngineContext& ctx, void* buf, size_t count, DType dtype, std::function<void()> then) {
+  if (ctx.replica == nullptr) {
+    if (then) then();
+    return;
+  }
+  ctx.queue.Enqueue(ctx.replica->AllReduce(buf, count, dtype, ReduceOp::kAvg), std::move(then));
+}
 
 // Full (padded) gradients of every unit in dtype. fp32 backward accumulates straight into
 // them; bf16 gradients go through an fp32 scratch per unit, added once the unit is done.
@@ -37,10 +51,12 @@ class FullGradients : public GradReducer {
     const DType d = ctx_.opt.dtype, rd = ctx_.opt.reduce_dtype;
     const size_t own = ctx_.rank * shard;
     if (rd == d) {
-      ctx_.queue.Enqueue(all_reduce ? ctx_.comm->AllReduce(grads, count, d, ReduceOp::kAvg)
-                                    : ctx_.comm->ReduceScatter(grads, static_cast<uint8_t*>(grads) + own * ctx_.elt(),
-                                                               shard, d, ReduceOp::kAvg),
-                         nullptr);
+      void* mine = static_cast<uint8_t*>(grads) + own * ctx_.elt();
+      if (all_reduce)
+        ctx_.queue.Enqueue(ctx_.comm->AllReduce(grads, count, d, ReduceOp::kAvg), nullptr);
+      else
+        ctx_.queue.Enqueue(ctx_.comm->ReduceScatter(grads, mine, shard, d, ReduceOp::kAvg),
+                           [this, mine, shard, d]() { AverageAcrossGroups(ctx_, mine, shard, d, nullptr); });
       return;
     }
     auto tmp = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kGrads, count * DTypeSize(rd), "reduce buffer"));
@@ -51,8 +67,12 @@ class FullGradients : public GradReducer {
     std::shared_ptr<Work> work = all_reduce ? ctx_.comm->AllReduce(tmp->data(), count, rd, ReduceOp::kAvg)
                                             : ctx_.comm->ReduceScatter(tmp->data(), back, shard, rd, ReduceOp::kAvg);
     void* dst = static_cast<uint8_t*>(grads) + back_offset * ctx_.elt();
-    ctx_.queue.Enqueue(work, [this, tmp, back, dst, back_count, rd]() {
+    auto convert_back = [this, tmp, back, dst, back_count, rd]() {
       ctx_.kernels().convert(back, rd, dst, ctx_.opt.dtype, back_count);
+    };
+    if (all_reduce) return ctx_.queue.Enqueue(work, convert_back);
+    ctx_.queue.Enqueue(work, [this, back, back_count, rd, convert_back]() {
+      AverageAcrossGroups(ctx_, back, back_count, rd, convert_back);
     });
   }
 
@@ -109,7 +129,7 @@ class EveryMicroReduceScatter final : public GradReducer {
     shards_ = ctx_.NewBuffer(MemKind::kGrads, ctx_.plan.total_shard() * ctx_.elt(), "gradient shards");
   }
   void BeginStep() override { ctx_.device->Zero(shards_.data(), shards_.bytes()); }
-  void BeginMicroBatch(bool) override {}
+  void BeginMicroBatch(bool sync) override { sync_ = sync; }
   float* PreBackward(int u) override {
     scratch_[u] = ctx_.NewBuffer(MemKind::kGrads, ctx_.plan.unit(u).padded * sizeof(float), "fp32 gradient scratch");
     return scratch_[u].as<float>();
@@ -130,22 +150,38 @@ class EveryMicroReduceScatter final : public GradReducer {
     }
     // the reduced shard lands in this rank's own block of the send buffer (in place)
     void* recv = send->as<uint8_t>() + ctx_.rank * s.shard * DTypeSize(rd);
+    const bool last = sync_;
     ctx_.queue.Enqueue(ctx_.comm->ReduceScatter(send->data(), recv, s.shard, rd, ReduceOp::kAvg),
-                       [this, u, send, recv, rd, s]() mutable {
+                       [this, u, send, recv, rd, s, last]() mutable {
                          ctx_.kernels().accumulate(Shard(u), ctx_.opt.dtype, recv, rd, s.shard);
                          send.reset();
                          inflight_--;
+                         if (last) AcrossGroups(u);
                        });
   }
   const void* Owned(int u) override { return Shard(u); }
 
  private:
   static constexpr int kMaxInflight = 1;
+  // HSDP: the accumulated shard of unit u (every micro-batch's reduce-scatter done) averaged
+  // across groups once per step, in the reduce dtype.
+  void AcrossGroups(int u) {
+    if (ctx_.replica == nullptr) return;
+    const size_t n = ctx_.plan.unit(u).shard;
+    const DType d = ctx_.opt.dtype, rd = ctx_.opt.reduce_dtype;
+    if (rd == d) return AverageAcrossGroups(ctx_, Shard(u), n, d, nullptr);
+    auto tmp = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kGrads, n * DTypeSize(rd), "cross-group reduce buffer"));
+    ctx_.kernels().convert(Shard(u), d, tmp->data(), rd, n);
+    AverageAcrossGroups(ctx_, tmp->data(), n, rd, [this, tmp, u, n, d, rd]() {
+      ctx_.kernels().convert(tmp->data(), rd, Shard(u), d, n);
+    });
+  }
   void* Shard(int u) { return shards_.as<uint8_t>() + ctx_.plan.unit(u).shard_offset * ctx_.elt(); }
   EngineContext& ctx_;
   DeviceBuffer shards_;  // this rank's averaged gradient slice of every unit (dtype)
   std::vector<DeviceBuffer> scratch_;
   int inflight_ = 0;
+  bool sync_ = true;  // this micro-batch is the last of the step
 };
 
 }  // namespace

@@ -9,6 +9,9 @@
 //   EveryMicroReduceScatter stages 2/3: each unit's fp32 gradient of this micro-batch is
 //                          reduce-scattered right after its backward and freed once reduced;
 //                          only the owned shard persists (at most one unit waits).
+// HSDP (EngineContext::replica set): the reduce-scatters run inside the shard group; once a
+// unit's last reduce-scatter of the step has retired, its owned shard is all-reduced (average)
+// across groups on the replica communicator, launched from that completion step.
 //
 // Rank contract: every method is collective. Thread contract: the training thread.
 #pragma once

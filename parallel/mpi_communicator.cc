@@ -312,6 +312,19 @@ std::shared_ptr<Work> MpiCommunicator::Broadcast(void* buf, size_t count, DType 
   }, buf, bytes, buf, bytes);
 }
 
+StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Split(int color, int key) {
+  MPI_Comm part = MPI_COMM_NULL;
+  Status st = Enqueue([this, color, key, &part]() -> Status {
+                SHARDGPT_MPI_CALL(MPI_Comm_split(comm_, color, key, &part), "MPI_Comm_split");
+                return Status::OK();
+              })->status();
+  if (!st.ok()) return st;
+  auto made = Create(part, device_);  // duplicates `part`: ours to free
+  MPI_Comm_free(&part);
+  if (!made.ok()) return made.status();
+  return std::unique_ptr<Communicator>(std::move(made.value()));
+}
+
 Status MpiCommunicator::Barrier() {
   ledger_.AddControl(0);
   auto work = Enqueue([this]() -> Status {

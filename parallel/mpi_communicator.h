@@ -70,6 +70,9 @@ class MpiCommunicator final : public Communicator {
   double AllReduceScalar(double value, ReduceOp op) override;
   Status ControlAllGather(const void* send, void* recv, size_t bytes) override;
   Status ControlBroadcast(void* buf, size_t bytes, int root) override;
+  // MPI_Comm_split on this communicator's thread (after the work queued before it), then a new
+  // MpiCommunicator over the result, on the same device.
+  StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
 
   CommLedger& ledger() override { return ledger_; }
   double busy_seconds() const override { return busy_ns_.load() * 1e-9; }

@@ -17,6 +17,17 @@ Status EngineOptions::Validate() const {
   return Status::OK();
 }
 
+StatusOr<int> EngineOptions::ShardGroupSize(int world) const {
+  const int G = shard_group_size == 0 ? world : shard_group_size;
+  if (G < 1 || world % G != 0)
+    return Status::InvalidArgument("--shard-group-size " + std::to_string(G) + " must divide the number of ranks " +
+                                   std::to_string(world));
+  if (G != world && zero_stage == 0)
+    return Status::InvalidArgument("--shard-group-size " + std::to_string(G) +
+                                   " needs --zero-stage 1, 2 or 3 (stage 0 shards nothing: every rank replicates)");
+  return G;
+}
+
 StateSizes Formula::ModelStateByKind(double psi, int world, const EngineOptions& o) {
   const double p = DTypeSize(o.dtype), k = o.optimizer_bytes_per_param(), N = world;
   StateSizes s;
@@ -35,6 +46,12 @@ double Formula::TrafficBytes(double psi, int world, const EngineOptions& o, int 
     case 2: return rs_times * r * psi * f + p * psi * f;    // reduce-scatter grads, all-gather params
     default: return rs_times * r * psi * f + 2 * accum * p * psi * f;  // + gather in forward and backward
   }
+}
+
+double Formula::CrossGroupTrafficBytes(double psi, int group, int groups, const EngineOptions& o) {
+  if (groups <= 1) return 0;
+  const double r = DTypeSize(o.reduce_dtype), R = groups;
+  return 2 * (r * psi / group) * (R - 1) / R;
 }
 
 StateSizes PersistentStateSizes(const ShardPlan& plan, const EngineOptions& o) {
@@ -88,6 +105,14 @@ CommLedger ExpectedStepTraffic(const ParamLayout& layout, const ShardPlan& plan,
     add(CollKind::kReduceScatter, shard, o.reduce_dtype, rs_times);
     if (!o.shards_params()) add(CollKind::kAllGather, shard, o.dtype, 1);
   }
+  return l;
+}
+
+CommLedger ExpectedCrossGroupTraffic(const ShardPlan& plan, const EngineOptions& o, int groups) {
+  CommLedger l;
+  if (groups <= 1) return l;
+  for (int u = 0; u < plan.num_units(); u++)
+    l.Add(CollKind::kAllReduce, CommLedger::RingBytes(CollKind::kAllReduce, plan.unit(u).shard, o.reduce_dtype, groups));
   return l;
 }
 

@@ -22,6 +22,7 @@ struct EngineOptions {
   double bucket_mb = 25.0;            // stage 0 bucket size (DDP's default)
   bool reshard_after_forward = true;  // stage 3: free block parameters after forward
   bool reduce_every_micro = true;     // stages 2/3: reduce-scatter every micro-batch
+  int shard_group_size = 0;           // HSDP: shard within groups of G ranks (0 = all ranks)
   AdamWConfig adamw;
 
   bool shards_optimizer() const { return zero_stage >= 1; }
@@ -34,6 +35,9 @@ struct EngineOptions {
 
   // One line naming the first impossible setting, or OK.
   Status Validate() const;
+  // G for a world of `world` ranks (shard_group_size, or world when 0); checks that G divides
+  // the world and that stage 0 (nothing sharded) is not given groups.
+  StatusOr<int> ShardGroupSize(int world) const;
 };
 
 // Bytes of model state one rank holds, by kind.
@@ -50,8 +54,13 @@ struct Formula {
   static double ModelStateBytes(double psi, int world, const EngineOptions& o) {
     return ModelStateByKind(psi, world, o).total();
   }
-  // Bytes sent per rank per step (ring model, (N-1)/N included), A micro-batches.
+  // Bytes sent per rank per step (ring model, (N-1)/N included), A micro-batches. With HSDP
+  // `world` is the shard group size G and this is the traffic inside the group.
   static double TrafficBytes(double psi, int world, const EngineOptions& o, int accum);
+  // HSDP: bytes sent per rank per step ACROSS groups: the all-reduce of the owned gradient
+  // shard (Psi/G elements, reduce dtype r bytes) among the R = N/G ranks holding the same
+  // shard, once per step: 2 * (r*Psi/G) * (R-1)/R (0 when R = 1).
+  static double CrossGroupTrafficBytes(double psi, int group, int groups, const EngineOptions& o);
 };
 
 // Exact persistent allocations of one rank (padding included), from the plan.
@@ -61,5 +70,8 @@ std::vector<std::vector<int>> PlanBuckets(const ShardPlan& plan, const EngineOpt
 // Bytes one rank sends in one step of A micro-batches, per collective kind (ring model),
 // derived from the plan; control traffic (loss, norm) excluded.
 CommLedger ExpectedStepTraffic(const ParamLayout& layout, const ShardPlan& plan, const EngineOptions& o, int accum);
+// HSDP: bytes one rank sends across groups in one step (one all-reduce of each unit's owned
+// gradient shard among the `groups` replicas of it), from the plan of the group (size G).
+CommLedger ExpectedCrossGroupTraffic(const ShardPlan& plan, const EngineOptions& o, int groups);
 
 }  // namespace shardgpt

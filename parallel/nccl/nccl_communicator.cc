@@ -136,6 +136,44 @@ class NcclCommunicator final : public Communicator {
   }
   CommLedger& ledger() override { return ledger_; }
 
+  // HSDP: the control plane split with MPI_Comm_split, the data plane with ncclCommSplit (it
+  // shares the parent's bootstrap: no new unique id), on a communication stream of its own.
+  StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override {
+    Drain();
+    auto ctl = control_->Split(color, key);
+    if (!ctl.ok()) return ctl.status();
+    // MpiCommunicator::Split makes an MpiCommunicator
+    std::unique_ptr<MpiCommunicator> control(static_cast<MpiCommunicator*>(ctl.value().release()));
+    cudaSetDevice(device_);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // as the parent: a stuck split is timed out and aborted
+    ncclComm_t part = nullptr;
+    ncclResult_t r = ncclCommSplit(nccl_, color, key, &part, &config);
+    const double t0 = Now();
+    while (r == ncclInProgress && part != nullptr) {
+      if (Now() - t0 > timeout_s_) {
+        ncclCommAbort(part);
+        part = nullptr;
+        r = ncclSystemError;
+        break;
+      }
+      usleep(1000);
+      ncclCommGetAsyncError(part, &r);
+    }
+    Status st = r == ncclSuccess && part != nullptr
+                    ? Status::OK()
+                    : Status::Internal("NCCL: ncclCommSplit failed on rank " + std::to_string(rank_) + ": " +
+                                       NcclText(r) + (Now() - t0 > timeout_s_ ? " (timed out after --comm-timeout)" : ""));
+    if (!control->AllTrue(st.ok())) {
+      if (part) ncclCommAbort(part);
+      return st.ok() ? Status::Internal("") : st;
+    }
+    cudaStream_t stream = nullptr;
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    return std::unique_ptr<Communicator>(
+        new NcclCommunicator(std::move(control), part, device_, compute_, stream, timeout_s_));
+  }
+
  private:
   // Waits (host) for the communication stream; the watchdog guards against a hang.
   void Drain() {

@@ -17,6 +17,9 @@
 // with one line "shardgpt: error: rank R: NCCL: ..." and status 1, so every surviving rank of a
 // job whose GPU or rank died exits within the timeout.
 //
+// Split (HSDP's shard and replica groups): MPI_Comm_split for the control plane and
+// ncclCommSplit for the data plane (no new unique id), each part on its own stream.
+//
 // Built only with the CUDA backend and NCCL (SHARDGPT_HAVE_NCCL). Thread contract: one caller
 // thread, as every Communicator; the watchdog thread only reads the event queue under a mutex.
 #pragma once

@@ -13,6 +13,8 @@
 #   slurm_start_slurmd DIR NAME [WRAP]  slurmd for node NAME, started through WRAP (e.g. a
 #                                       command entering a network namespace)
 #   slurm_wait_idle DIR N SECONDS       until N nodes are idle
+#   netns_hosts_up / netns_hosts_down / netns_exec: hosts as network namespaces (below);
+#   netns_shape PREFIX I RATE           shape host I's link with tc tbf (bench/hsdp_two_hosts.sh)
 #   slurm_stop DIR                      cancel jobs, stop every daemon started here by pid, and
 #                                       any job step daemon left with this SLURM_CONF
 #   job_field ID FIELD                  one field of `scontrol show job`
@@ -267,6 +269,16 @@ netns_hosts_down() {
   ip link del "$p-br" 2>/dev/null
   return 0
 }
+# netns_shape PREFIX I RATE: a token bucket filter (tc tbf, RATE e.g. 1gbit) on both directions
+# of host I's link: the egress of its eth0 (host -> bridge) and of its veth end here (bridge ->
+# host). Only the rate: this kernel has no netem qdisc ("Specified qdisc kind is unknown"), so
+# no delay can be added.
+netns_shape() {
+  local p=$1 i=$2 rate=$3
+  tc qdisc replace dev "$p-v$i" root tbf rate "$rate" burst 256kb latency 100ms || return 1
+  ip netns exec "$p-h$i" tc qdisc replace dev eth0 root tbf rate "$rate" burst 256kb latency 100ms
+}
+
 # netns_exec PREFIX I TMP CMD...: CMD inside host I: its network namespace, a UTS namespace
 # whose hostname is hI, and a mount namespace where the directory TMP is its /tmp (hosts do not
 # share /tmp: Slurm's PMIx plugin makes /tmp/spmix_appdir_<uid>_<job>.<step> on every node of
