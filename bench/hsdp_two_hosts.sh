@@ -33,21 +33,9 @@ chmod 755 "$T"
 cp "$BIN" "$T/shardgpt" && BIN=$T/shardgpt
 C=$T/cluster
 mkdir -p "$C"
-for _ in $(seq 1 20); do
-  P=sg$((RANDOM % 900 + 100)); NET=10.$((RANDOM % 50 + 200)).$((RANDOM % 250))
-  [ ! -e "/run/netns/$P-h1" ] && ! ip link show "$P-br" >/dev/null 2>&1 && ! ip -4 -o addr | grep -q " $NET\." && break
-done
-( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep 840 & s=$!; wait $s && kill -TERM $$ ) </dev/null >/dev/null 2>&1 &
-WATCHDOG=$!
-cleanup() {
-  kill "$WATCHDOG" 2>/dev/null
-  slurm_stop "$C"
-  netns_hosts_down "$P" 2
-  if [ -n "${KEEP_SLURM_TEST:-}" ]; then echo "kept $T"; else rm -rf "$T"; fi
-}
-trap cleanup EXIT
-trap 'echo "FAIL: interrupted (signal, or the 14-minute watchdog)"; exit 1' INT TERM
-fail() { echo "FAIL: $*"; exit 1; }
+netns_pick_prefix
+extra_cleanup() { netns_hosts_down "$P" 2; }
+slurm_test_scaffold "$T" "$C" 840
 
 t0=$SECONDS
 netns_hosts_up "$P" "$NET" 2 || fail "cannot make network namespaces"

@@ -245,6 +245,14 @@ wait_rows() {
 stop_step() { sed -n 's/.*stop signal received.*checkpointing at step \([0-9]*\) .*/\1/p' "$1" | tail -1; }
 
 # ---- hosts made of network namespaces ----
+# netns_pick_prefix: sets P (a name prefix) and NET (a /24) that no namespace, bridge or
+# interface here uses yet.
+netns_pick_prefix() {
+  for _ in $(seq 1 20); do
+    P=sg$((RANDOM % 900 + 100)); NET=10.$((RANDOM % 50 + 200)).$((RANDOM % 250))
+    [ ! -e "/run/netns/$P-h1" ] && ! ip link show "$P-br" >/dev/null 2>&1 && ! ip -4 -o addr | grep -q " $NET\." && break
+  done
+}
 # netns_hosts_up PREFIX SUBNET N: a bridge PREFIX-br with SUBNET.1/24 in this (the root)
 # namespace, and N network namespaces PREFIX-h1..hN, each joined to the bridge by a veth pair,
 # with its own loopback and eth0 = SUBNET.(10+i)/24. What runs inside sees only its own

@@ -30,10 +30,7 @@ cp "$BIN" "$T/shardgpt" && BIN=$T/shardgpt
 C=$T/cluster
 mkdir -p "$C"
 # a name prefix and a /24 no interface here uses yet
-for _ in $(seq 1 20); do
-  P=sg$((RANDOM % 900 + 100)); NET=10.$((RANDOM % 50 + 200)).$((RANDOM % 250))
-  [ ! -e "/run/netns/$P-h1" ] && ! ip link show "$P-br" >/dev/null 2>&1 && ! ip -4 -o addr | grep -q " $NET\." && break
-done
+netns_pick_prefix
 extra_cleanup() { netns_hosts_down "$P" 2; }
 slurm_test_scaffold "$T" "$C" 840
 
