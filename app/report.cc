@@ -20,7 +20,7 @@ void PrintStartupReport(Engine& engine, const ParamLayout& layout, int A, const 
   std::printf("  params     %10.3f MiB | %10.3f MiB\n", MiB(m.current(MemKind::kParams)), MiB(f.params));
   std::printf("  grads      %10.3f MiB | %10.3f MiB\n", MiB(m.current(MemKind::kGrads)), MiB(f.grads));
   std::printf("  optimizer  %10.3f MiB | %10.3f MiB\n", MiB(m.current(MemKind::kOptimizer)), MiB(f.optimizer));
-  std::printf("  total      %10.3f MiB | %10.3f MiB (padding: %zu elements per full copy)\n", MiB(m.Total()),
+  std::printf("  total      %10.3f MiB | %10.3f MiB (padding: %zu elements per full copy)\n", MiB(m.StateTotal()),
               MiB(f.params + f.grads + f.optimizer), engine.plan().total_padding());
   std::printf("  every rank (measured):");
   for (uint64_t b : per_rank) std::printf(" %.3f", MiB(static_cast<double>(b)));

@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
     if (device.is_cuda()) {
       std::printf(" | %.1f TFLOP/s", tflops / comm.world_size());
       if (peak_tflops > 0) std::printf(" | MFU %.1f%% of %.0f TFLOP/s bf16 peak", 100 * tflops / comm.world_size() / peak_tflops, peak_tflops);
-      std::printf(" | model state %.3f GiB/rank (formula %.3f GiB)", engine.memory().Total() / 1073741824.0,
+      std::printf(" | model state %.3f GiB/rank (formula %.3f GiB)", engine.memory().StateTotal() / 1073741824.0,
                   Formula::ModelStateBytes(N, comm.world_size(), eo) / 1073741824.0);
     }
     if (!hidden.empty() && comm.world_size() > 1) std::printf(" | comm hidden behind backward %.0f%%", 100 * hidden[hidden.size() / 2]);

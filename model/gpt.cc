@@ -10,7 +10,7 @@
 
 namespace shardgpt {
 
-GPT::GPT(const GPTConfig& config, int B, int T, Device& device)
+GPT::GPT(const GPTConfig& config, int B, int T, Device& device, MemoryLedger* ledger)
     : config_(config), layout_(config), device_(device), k_(device.kernels()), maxB_(B), maxT_(T) {
   assert(T <= config.max_seq_len);
   const size_t N = static_cast<size_t>(B) * T, C = config.n_embd, NH = config.n_head;
@@ -32,16 +32,14 @@ GPT::GPT(const GPTConfig& config, int B, int T, Device& device)
   take(&dfch_, N * 4 * C), take(&dfch_gelu_, N * 4 * C);
   for (size_t n : sizes) act_floats_ += n;
   // token ids and targets (int32) after the floats
-  acts_ = DeviceBuffer(&device_, nullptr, MemKind::kParams, (act_floats_ + 2 * N) * sizeof(float), "activations");
+  acts_ = DeviceBuffer(&device_, ledger, MemKind::kActivations, (act_floats_ + 2 * N) * sizeof(float), "activations");
   float* base = acts_.as<float>();
   for (size_t i = 0, off = 0; i < slots.size(); off += sizes[i], i++) *slots[i] = base + off;
   inputs_ = reinterpret_cast<int32_t*>(base + act_floats_);
   targets_ = inputs_ + N;
 }
 
-size_t GPT::activation_bytes() const {
-  return act_floats_ * sizeof(float) + static_cast<size_t>(maxB_) * maxT_ * sizeof(int32_t);
-}
+size_t GPT::activation_bytes() const { return acts_.bytes(); }
 
 std::vector<float> GPT::LogitsRow(int n) const {
   const size_t Vp = config_.padded_vocab();
@@ -56,7 +54,7 @@ size_t GPT::ActivationBytes(const GPTConfig& c, int B, int T) {
   const size_t top = N * C * 6 + N * 2 + N * Vp + N + N * 3 * C + N * 8 * C;
   // per layer: ln1, atty, res2, ln2, res3: NC; qkv 3NC; fch, fch_gelu 4NC; 4 stats of N; lse N*NH
   const size_t layer = N * C * 5 + N * 3 * C + N * 8 * C + N * 4 + N * NH;
-  return (top + layer * c.n_layer) * sizeof(float) + N * sizeof(int32_t);
+  return (top + layer * c.n_layer) * sizeof(float) + 2 * N * sizeof(int32_t);  // + inputs, targets
 }
 
 // One transformer block, pre-LayerNorm:

@@ -47,8 +47,9 @@ class UnitHooks {
 class GPT {
  public:
   // Allocates activations on `device` for micro-batches of up to B sequences of up to T
-  // tokens. The device must outlive the model. Throws DeviceOutOfMemory.
-  GPT(const GPTConfig& config, int B, int T, Device& device = CpuDevice());
+  // tokens, counted in `ledger` (the engine's, for the peak `plan` predicts) when given. The
+  // device and the ledger must outlive the model. Throws DeviceOutOfMemory.
+  GPT(const GPTConfig& config, int B, int T, Device& device = CpuDevice(), MemoryLedger* ledger = nullptr);
   GPT(const GPT&) = delete;
   GPT& operator=(const GPT&) = delete;
 

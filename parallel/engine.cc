@@ -88,7 +88,9 @@ float Engine::Step(float lr, float grad_clip) {
   report_.params_bytes = m.current(MemKind::kParams);
   report_.grads_bytes = m.current(MemKind::kGrads);
   report_.optimizer_bytes = m.current(MemKind::kOptimizer);
-  report_.model_state_bytes = m.Total();
+  report_.model_state_bytes = m.StateTotal();
+  report_.activation_bytes = m.current(MemKind::kActivations);
+  report_.peak_bytes = m.PeakTotal();
   report_.peak_grads_bytes = m.peak(MemKind::kGrads);
   report_.peak_params_bytes = m.peak(MemKind::kParams);
   report_.exposed_comm_s = ctx_.queue.exposed_seconds();

@@ -47,6 +47,8 @@ struct StepReport {
   uint64_t model_state_bytes = 0;  // persistent params + grads + optimizer state now
   uint64_t params_bytes = 0, grads_bytes = 0, optimizer_bytes = 0;
   uint64_t peak_grads_bytes = 0, peak_params_bytes = 0;
+  uint64_t activation_bytes = 0;  // the model's activations (tracked when the GPT was given the ledger)
+  uint64_t peak_bytes = 0;        // peak of every tracked allocation this step (what `plan` predicts)
   double exposed_comm_s = 0;  // time the training thread waited for communication
   double backward_exposed_s = 0;  // of which waiting for gradient reductions after backward
   double comm_busy_s = 0;         // time the communicator spent in collectives this step

@@ -43,7 +43,7 @@ class FullGradients : public GradReducer {
                          nullptr);
       return;
     }
-    auto tmp = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kGrads, count * DTypeSize(rd), "reduce buffer"));
+    auto tmp = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kComm, count * DTypeSize(rd), "reduce buffer"));
     ctx_.kernels().convert(grads, d, tmp->data(), rd, count);
     // all-reduce: the whole buffer comes back; reduce-scatter: the owned block of it
     const size_t back_offset = all_reduce ? 0 : own, back_count = all_reduce ? count : shard;
@@ -111,6 +111,11 @@ class EveryMicroReduceScatter final : public GradReducer {
   void BeginStep() override { ctx_.device->Zero(shards_.data(), shards_.bytes()); }
   void BeginMicroBatch(bool) override {}
   float* PreBackward(int u) override {
+    // The embed unit starts each backward: the previous micro-batch's last reduce-scatter (the
+    // embed unit's own, long done by now) is retired first, so two full embedding gradients
+    // never coexist (the bound `plan` predicts, parallel/memory_model.h).
+    if (u == ParamLayout::kEmbedUnit)
+      while (inflight_ > 0) ctx_.queue.WaitOldest();
     scratch_[u] = ctx_.NewBuffer(MemKind::kGrads, ctx_.plan.unit(u).padded * sizeof(float), "fp32 gradient scratch");
     return scratch_[u].as<float>();
   }
@@ -124,7 +129,7 @@ class EveryMicroReduceScatter final : public GradReducer {
     inflight_++;
     auto send = std::make_shared<DeviceBuffer>(std::move(scratch_[u]));
     if (rd == DType::kBF16) {  // convert now and free the fp32 scratch at once
-      auto bf = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kGrads, s.padded * 2, "bf16 gradient"));
+      auto bf = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kComm, s.padded * 2, "bf16 gradient"));
       ctx_.kernels().convert(send->data(), DType::kF32, bf->data(), DType::kBF16, s.padded);
       send = bf;
     }

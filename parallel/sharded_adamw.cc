@@ -18,7 +18,7 @@ ShardedAdamW::ShardedAdamW(EngineContext* ctx) : ctx_(*ctx) {
   if (ctx_.opt.dtype == DType::kBF16) {
     size_t largest = 0;
     for (int u = 0; u < ctx_.plan.num_units(); u++) largest = std::max(largest, ctx_.plan.unit(u).padded);
-    grad32_ = DeviceBuffer(ctx_.device, nullptr, MemKind::kGrads, largest * sizeof(float), "fp32 gradient slice");
+    grad32_ = ctx_.NewBuffer(MemKind::kWorkspace, largest * sizeof(float), "fp32 gradient slice");
   }
 }
 
