@@ -58,8 +58,9 @@ class Timeline {
 
 double OptimizerWorkspaceBytes(const ShardPlan& plan, const EngineOptions& o) {
   if (o.dtype != DType::kBF16) return 0;
-  size_t largest = 0;
-  for (int u = 0; u < plan.num_units(); u++) largest = std::max(largest, plan.unit(u).padded);
+  size_t largest = 0;  // the largest slice AdamW updates at once: a shard, or a whole unit (stage 0)
+  for (int u = 0; u < plan.num_units(); u++)
+    largest = std::max(largest, o.shards_optimizer() ? plan.unit(u).shard : plan.unit(u).padded);
   return 4.0 * largest;
 }
 

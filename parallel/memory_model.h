@@ -49,7 +49,7 @@ struct MemoryPrediction {
 };
 
 // Bytes of the optimizer's persistent workspace on one rank (AdamW with bf16 storage: an fp32
-// copy of the largest gradient slice it updates at once).
+// copy of the largest gradient slice it updates at once). The engine allocates exactly this.
 double OptimizerWorkspaceBytes(const ShardPlan& plan, const EngineOptions& o);
 
 // The peak for micro-batches of B x T tokens and `accum` micro-batches per step.
