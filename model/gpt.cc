@@ -121,6 +121,7 @@ float GPT::Forward(UnitHooks& hooks, const int32_t* inputs, const int32_t* targe
   k_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, pf, pf + C, N, C);
   // LM head tied to wte: logits[N,Vp] = lnf @ wte^T
   k_.matmul_forward(logits_, lnf_, pe + layout_.wte_offset(), nullptr, N, C, config_.padded_vocab());
+  head_w_ = pe + layout_.wte_offset();  // the hooks keep E's parameters until PostBackward(E)
   hooks.PostForward(F);
   hooks.PostForward(E);
 
@@ -139,12 +140,13 @@ void GPT::Backward(UnitHooks& hooks) {
   have_grad_ = false;
   const int B = B_, T = T_, C = config_.n_embd, N = B * T, L = config_.n_layer;
   const int E = ParamLayout::kEmbedUnit, F = layout_.final_unit();
-  UnitBuffers e = hooks.PreBackward(E);
   UnitBuffers f = hooks.PreBackward(F);
-  // LM head: logits = lnf @ wte^T  (logits_ now holds dlogits)
+  // LM head: logits = lnf @ wte^T  (logits_ now holds dlogits). Only dlnf now; the head's wte
+  // gradient is computed at the end, next to the encoder's, from the same saved dlogits and
+  // lnf (same result, same order of accumulation), so the embed unit's full-size gradient
+  // buffer is not held through every block's backward.
   Zero(dln_, static_cast<size_t>(N) * C);
-  k_.matmul_backward(dln_, e.grads + layout_.wte_offset(), nullptr, logits_, lnf_,
-                  e.params + layout_.wte_offset(), N, C, config_.padded_vocab());
+  k_.matmul_backward(dln_, nullptr, nullptr, logits_, lnf_, head_w_, N, C, config_.padded_vocab());
   // lnf = layernorm(x_L)
   const float* xL = L > 0 ? layers_[L - 1].res3 : encoded_;
   Zero(dres_, static_cast<size_t>(N) * C);
@@ -158,6 +160,9 @@ void GPT::Backward(UnitHooks& hooks) {
     BlockBackward(b.params, b.grads, dres_, x, layers_[l], B, T);
     hooks.PostBackward(u);
   }
+  UnitBuffers e = hooks.PreBackward(E);
+  k_.matmul_backward(nullptr, e.grads + layout_.wte_offset(), nullptr, logits_, lnf_, e.params + layout_.wte_offset(),
+                     N, C, config_.padded_vocab());
   k_.encoder_backward(e.grads + layout_.wte_offset(), e.grads + layout_.wpe_offset(), dres_, inputs_, B,
                    T, C);
   hooks.PostBackward(E);

@@ -111,11 +111,6 @@ class EveryMicroReduceScatter final : public GradReducer {
   void BeginStep() override { ctx_.device->Zero(shards_.data(), shards_.bytes()); }
   void BeginMicroBatch(bool) override {}
   float* PreBackward(int u) override {
-    // The embed unit starts each backward: the previous micro-batch's last reduce-scatter (the
-    // embed unit's own, long done by now) is retired first, so two full embedding gradients
-    // never coexist (the bound `plan` predicts, parallel/memory_model.h).
-    if (u == ParamLayout::kEmbedUnit)
-      while (inflight_ > 0) ctx_.queue.WaitOldest();
     scratch_[u] = ctx_.NewBuffer(MemKind::kGrads, ctx_.plan.unit(u).padded * sizeof(float), "fp32 gradient scratch");
     return scratch_[u].as<float>();
   }

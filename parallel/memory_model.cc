@@ -116,7 +116,8 @@ MemoryPrediction PredictPeakMemory(const ParamLayout& layout, const ShardPlan& p
     pre_forward(E);
     for (int u = 1; u < F; u++) pre_forward(u), post_forward(u);
     pre_forward(F), post_forward(F), post_forward(E);
-    // ---- backward: PreBackward(E), PreBackward(F), PostBackward(F), blocks L..1, PostBackward(E)
+    // ---- backward: PreBackward(F), PostBackward(F), blocks L..1, PreBackward(E), PostBackward(E)
+    // (the previous micro-batch's last reduce-scatter counts as in flight until the first wait)
     auto pre_backward = [&](int u) {
       const std::string where = "backward of " + name(u) + mb;
       if (stage3) {
@@ -124,7 +125,6 @@ MemoryPrediction PredictPeakMemory(const ParamLayout& layout, const ShardPlan& p
         if (u - 1 >= 1) gather(u - 1, where);  // prefetch (the embed unit is still gathered)
       }
       compute_view(u, where);
-      if (every_micro && u == E && in_flight >= 0) tl.Free(key("send", in_flight)), in_flight = -1;
       if (every_micro || bf16) tl.Alloc(key("s", u), Timeline::kScratch, padded(u) * 4, where);
     };
     auto post_backward = [&](int u) {
@@ -159,10 +159,9 @@ MemoryPrediction PredictPeakMemory(const ParamLayout& layout, const ShardPlan& p
       if (stage3) release(u);
       else tl.Free(key("c", u));
     };
-    pre_backward(E);
     pre_backward(F), post_backward(F);
     for (int u = F - 1; u >= 1; u--) pre_backward(u), post_backward(u);
-    post_backward(E);
+    pre_backward(E), post_backward(E);
   }
   // Step: every reduction is waited for; the optimizer's workspace is persistent
   const Timeline::Snapshot& pk = tl.peak();
