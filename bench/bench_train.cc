@@ -1,6 +1,8 @@
 // End-to-end training throughput: trains a config for a fixed number of steps on synthetic
 // tokens and prints tokens/s (median step), model GFLOP/s (6N + 6LCT FLOPs per token) and,
-// with several ranks, how much of the communication was hidden behind backward.
+// with several ranks, the scaling efficiency measured side by side in the same run (the same
+// per-rank work on one rank alone, on every rank alone at once, then on N ranks) and where the
+// training thread waited for communication (forward, backward, after backward).
 //
 //   bench_train [--config tiny|small|gpt2|d12] [--steps 20] [--zero-stage S] [--dtype fp32|bf16]
 //               [--compute-dtype fp32|bf16] (default: what `shardgpt train` picks, see --compute-dtype)
@@ -20,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/passive_wait.h"
@@ -44,6 +47,76 @@ double PeakBf16Tflops(const std::string& name) {
   for (const Row& r : table)
     if (name.find(r.key) != std::string::npos) return r.tflops;
   return 0;
+}
+
+// Blocks until every rank arrives, without spinning a core (the idle ranks must not slow the
+// one measuring alone on a shared machine).
+void PassiveBarrier(MPI_Comm comm) {
+  MPI_Request req;
+  MPI_Ibarrier(comm, &req);
+  int done = 0;
+  while (!done) {
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// Medians over the measured steps (after 2 warm-up steps); step times averaged over ranks.
+struct RunResult {
+  double median_s = 0, measured_s = 0;
+  int measured_steps = 0;
+  double forward_wait_s = 0, backward_wait_s = 0, after_backward_wait_s = 0;  // medians
+  double state_bytes = 0;
+};
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+RunResult RunSteps(Communicator& comm, const ParamLayout& layout, const EngineOptions& eo, Device& device, int B,
+                   int T, int accum, int steps, ProfilingDevice* profiler) {
+  const GPTConfig& c = layout.config();
+  auto engine_or = Engine::Create(layout, &comm, eo, device);
+  if (!engine_or.ok()) { std::fprintf(stderr, "%s\n", engine_or.status().message().c_str()); std::exit(1); }
+  Engine& engine = *engine_or.value();
+  engine.InitOwned(1);
+  GPT model(c, B, T, device, &engine.memory());
+  Rng rng(42, comm.rank());
+  std::vector<int32_t> x(B * T), y(B * T);
+  std::vector<double> times, fwd, bwd, after;
+  RunResult res;
+  for (int s = 0; s < steps; s++) {
+    for (auto& t : x) t = static_cast<int32_t>(rng.Next() % c.vocab_size);
+    for (auto& t : y) t = static_cast<int32_t>(rng.Next() % c.vocab_size);
+    comm.Barrier();
+    auto t0 = std::chrono::steady_clock::now();
+    engine.BeginStep();
+    for (int m = 0; m < accum; m++) {
+      engine.BeginMicroBatch(m, accum);
+      model.Forward(engine, x.data(), y.data(), B, T, 1.0f / accum);
+      model.Backward(engine);
+    }
+    engine.Step(1e-4f, 1.0f);
+    device.Synchronize();
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    dt = comm.AllReduceScalar(dt, ReduceOp::kAvg);
+    const StepReport& r = engine.last_report();
+    if (profiler && s == 1) profiler->profile().Reset();  // profile the measured steps only
+    if (s >= 2) {  // skip warm-up
+      times.push_back(dt);
+      res.measured_s += dt;
+      fwd.push_back(comm.AllReduceScalar(r.forward_wait_s, ReduceOp::kAvg));
+      bwd.push_back(comm.AllReduceScalar(r.backward_wait_s, ReduceOp::kAvg));
+      after.push_back(comm.AllReduceScalar(r.after_backward_wait_s, ReduceOp::kAvg));
+    }
+  }
+  res.measured_steps = static_cast<int>(times.size());
+  res.median_s = Median(times);
+  res.forward_wait_s = Median(fwd), res.backward_wait_s = Median(bwd), res.after_backward_wait_s = Median(after);
+  res.state_bytes = static_cast<double>(engine.memory().StateTotal());
+  return res;
 }
 }  // namespace
 
@@ -112,51 +185,28 @@ int main(int argc, char** argv) {
   eo.zero_stage = stage;
   eo.bucket_mb = bucket_mb;
   eo.dtype = eo.reduce_dtype = dtype == "bf16" ? DType::kBF16 : DType::kF32;
-  auto engine_or = Engine::Create(layout, &comm, eo, device);
-  if (!engine_or.ok()) { std::fprintf(stderr, "%s\n", engine_or.status().message().c_str()); return 1; }
-  Engine& engine = *engine_or.value();
-  std::vector<float> full(layout.total_numel());
-  InitParameters(layout, 1, full.data());
-  engine.LoadFullParams(full.data());
-  full.clear(), full.shrink_to_fit();
-  GPT model(c, B, T, device);
-  Rng rng(42, comm.rank());
-  std::vector<int32_t> x(B * T), y(B * T);
-  std::vector<double> times, hidden;
-  double measured_seconds = 0;
-  for (int s = 0; s < steps; s++) {
-    for (auto& t : x) t = static_cast<int32_t>(rng.Next() % c.vocab_size);
-    for (auto& t : y) t = static_cast<int32_t>(rng.Next() % c.vocab_size);
-    comm.Barrier();
-    auto t0 = std::chrono::steady_clock::now();
-    engine.BeginStep();
-    for (int m = 0; m < accum; m++) {
-      engine.BeginMicroBatch(m, accum);
-      model.Forward(engine, x.data(), y.data(), B, T, 1.0f / accum);
-      model.Backward(engine);
-    }
-    engine.Step(1e-4f, 1.0f);
-    device.Synchronize();
-    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    dt = comm.AllReduceScalar(dt, ReduceOp::kAvg);
-    const StepReport& r = engine.last_report();
-    if (profiler && s == 1) profiler->profile().Reset();  // profile the measured steps only
-    if (s >= 2) {  // skip warm-up
-      times.push_back(dt);
-      measured_seconds += dt;
-      // share of this step's communication time that the training thread did not wait for
-      // after backward, averaged over ranks
-      double h = r.comm_busy_s > 0 ? std::max(0.0, 1.0 - r.backward_exposed_s / r.comm_busy_s) : 0.0;
-      hidden.push_back(comm.AllReduceScalar(h, ReduceOp::kAvg));
-    }
+  const bool lead = comm.rank() == 0, multi = comm.world_size() > 1;
+  // Scaling efficiency, measured side by side in this run: the same per-rank work (B, T, A,
+  // threads) first on one rank alone (rank 0; the others wait without spinning), then with
+  // every rank training alone at once (the same contention for cores and memory, no
+  // communication), then on all N ranks. Efficiency = step(1 rank alone) / step(N ranks).
+  RunResult alone, concurrent;
+  if (multi) {
+    CommOptions self_options = comm_options;
+    auto self_or = CreateCommunicator(self_options, MPI_COMM_SELF, device, 1, VisibleGpuCount());
+    if (!self_or.ok()) { std::fprintf(stderr, "%s\n", self_or.status().message().c_str()); return 1; }
+    if (lead) alone = RunSteps(*self_or.value(), layout, eo, device, B, T, accum, steps, nullptr);
+    PassiveBarrier(MPI_COMM_WORLD);
+    concurrent = RunSteps(*self_or.value(), layout, eo, device, B, T, accum, steps, nullptr);
+    PassiveBarrier(MPI_COMM_WORLD);
   }
-  std::sort(times.begin(), times.end());
-  std::sort(hidden.begin(), hidden.end());
-  const double med = times[times.size() / 2];
+  if (profiler) profiler->profile().Reset();
+  const RunResult run = RunSteps(comm, layout, eo, device, B, T, accum, steps, profiler.get());
+  const double med = run.median_s;
   const double tokens = static_cast<double>(B) * T * accum * comm.world_size();
   const double N = static_cast<double>(layout.total_numel());
   const double flops_per_token = 6 * N + 6.0 * c.n_layer * c.n_embd * T;
-  if (comm.rank() == 0) {
+  if (lead) {
     const double tflops = tokens * flops_per_token / med / 1e12;
     std::printf("config=%s device=%s ranks=%d stage=%d dtype=%s compute=%s threads/rank=%d B=%d T=%d A=%d params=%.2fM | "
                 "median step %.1f ms | %.0f tokens/s | %.1f GFLOP/s",
@@ -166,15 +216,31 @@ int main(int argc, char** argv) {
     if (device.is_cuda()) {
       std::printf(" | %.1f TFLOP/s", tflops / comm.world_size());
       if (peak_tflops > 0) std::printf(" | MFU %.1f%% of %.0f TFLOP/s bf16 peak", 100 * tflops / comm.world_size() / peak_tflops, peak_tflops);
-      std::printf(" | model state %.3f GiB/rank (formula %.3f GiB)", engine.memory().StateTotal() / 1073741824.0,
+      std::printf(" | model state %.3f GiB/rank (formula %.3f GiB)", run.state_bytes / 1073741824.0,
                   Formula::ModelStateBytes(N, comm.world_size(), eo) / 1073741824.0);
     }
-    if (!hidden.empty() && comm.world_size() > 1) std::printf(" | comm hidden behind backward %.0f%%", 100 * hidden[hidden.size() / 2]);
     std::printf("\n");
+    if (multi) {
+      std::printf("scaling: 1 rank alone %.1f ms/step, every rank alone at once %.1f ms, %d ranks %.1f ms | "
+                  "scaling efficiency %.0f%% (1 rank alone / %d ranks; %.0f%% against every rank alone at once)\n",
+                  alone.median_s * 1e3, concurrent.median_s * 1e3, comm.world_size(), med * 1e3,
+                  100 * alone.median_s / med, comm.world_size(), 100 * concurrent.median_s / med);
+      std::printf("training thread waiting for communication (median step, mean over ranks): forward %.1f ms, "
+                  "backward %.1f ms, after backward %.1f ms",
+                  run.forward_wait_s * 1e3, run.backward_wait_s * 1e3, run.after_backward_wait_s * 1e3);
+      if (stage == 0) {
+        const auto buckets = PlanBuckets(ShardPlan(layout, comm.world_size()), eo);
+        ShardPlan plan(layout, comm.world_size());
+        double first = 0;
+        for (int u : buckets.front()) first += plan.unit(u).padded * DTypeSize(eo.reduce_dtype);
+        std::printf(" | %zu buckets, the first %.2f MiB", buckets.size(), first / 1048576.0);
+      }
+      std::printf("\n");
+    }
     if (profiler) {
-      std::printf("per-kernel time (rank 0, mean of %zu steps of %.1f ms):\n", times.size(),
-                  1e3 * measured_seconds / times.size());
-      PrintProfile(profiler->profile(), static_cast<int>(times.size()), measured_seconds / times.size());
+      std::printf("per-kernel time (rank 0, mean of %d steps of %.1f ms):\n", run.measured_steps,
+                  1e3 * run.measured_s / run.measured_steps);
+      PrintProfile(profiler->profile(), run.measured_steps, run.measured_s / run.measured_steps);
     }
   }
   }
