@@ -109,6 +109,16 @@ Status RunPlan(const PlanOptions& o) {
               "traffic counts bytes sent per rank, ring model)\n");
   std::printf("(peak: the largest total of tracked device allocations in a step = states + optimizer workspace + "
               "activations + transient buffers, replayed in the engine's order, parallel/memory_model.h)\n");
+  {
+    EngineOptions e = o.engine;
+    e.zero_stage = 0;
+    const auto buckets = PlanBuckets(plan, e);
+    double first = 0;
+    for (int u : buckets.front()) first += plan.unit(u).padded * DTypeSize(e.reduce_dtype);
+    std::printf("stage 0: %zu gradient buckets of whole units (--bucket-mb %g); the first holds %.2f MiB (whole units "
+                "in backward order until 1 MiB)\n",
+                buckets.size(), e.bucket_mb, first / 1048576.0);
+  }
   std::printf("stage %d peak %.3f %s at %s: states %.3f + optimizer workspace %.3f + activations %.3f + "
               "gathered units and fp32 compute copies %.3f + fp32 gradient scratch %.3f + communication "
               "buffers %.3f\n",
