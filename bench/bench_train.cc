@@ -8,6 +8,7 @@
 //               [--compute-dtype fp32|bf16] (default: what `shardgpt train` picks, see --compute-dtype)
 //               [--threads N] [--grad-accum A] [--bucket-mb MiB] [--device cpu|cuda]
 //               [--micro-batch B] [--seq-len T] [--peak-tflops P] [--comm auto|mpi|nccl] [--profile 1]
+//               [--scaling 0|1] (1: with several ranks, also the single-rank references)
 // --profile 1 adds a per-kernel table: where the step's time goes (bench/kernel_profile.h).
 // With --device cuda it also prints model TFLOP/s and MFU against the GPU's dense bf16 peak
 // (a table by GPU name below, or --peak-tflops).
@@ -75,49 +76,64 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-RunResult RunSteps(Communicator& comm, const ParamLayout& layout, const EngineOptions& eo, Device& device, int B,
-                   int T, int accum, int steps, ProfilingDevice* profiler) {
-  const GPTConfig& c = layout.config();
-  auto engine_or = Engine::Create(layout, &comm, eo, device);
-  if (!engine_or.ok()) { std::fprintf(stderr, "%s\n", engine_or.status().message().c_str()); std::exit(1); }
-  Engine& engine = *engine_or.value();
-  engine.InitOwned(1);
-  GPT model(c, B, T, device, &engine.memory());
-  Rng rng(42, comm.rank());
-  std::vector<int32_t> x(B * T), y(B * T);
-  std::vector<double> times, fwd, bwd, after;
-  RunResult res;
-  for (int s = 0; s < steps; s++) {
-    for (auto& t : x) t = static_cast<int32_t>(rng.Next() % c.vocab_size);
-    for (auto& t : y) t = static_cast<int32_t>(rng.Next() % c.vocab_size);
-    comm.Barrier();
+// One engine and model training on synthetic tokens, one step at a time, so that several
+// runs can be interleaved step by step (the machine's load then weighs on each alike).
+class Runner {
+ public:
+  Runner(Communicator& comm, const ParamLayout& layout, const EngineOptions& eo, Device& device, int B, int T,
+         int accum)
+      : comm_(comm), device_(device), B_(B), T_(T), accum_(accum), rng_(42, comm.rank()), x_(B * T), y_(B * T) {
+    auto engine_or = Engine::Create(layout, &comm, eo, device);
+    if (!engine_or.ok()) { std::fprintf(stderr, "%s\n", engine_or.status().message().c_str()); std::exit(1); }
+    engine_ = std::move(engine_or.value());
+    engine_->InitOwned(1);
+    model_ = std::make_unique<GPT>(layout.config(), B, T, device, &engine_->memory());
+  }
+  void Step(int s, ProfilingDevice* profiler) {
+    const int V = model_->config().vocab_size;
+    for (auto& t : x_) t = static_cast<int32_t>(rng_.Next() % V);
+    for (auto& t : y_) t = static_cast<int32_t>(rng_.Next() % V);
+    comm_.Barrier();
     auto t0 = std::chrono::steady_clock::now();
-    engine.BeginStep();
-    for (int m = 0; m < accum; m++) {
-      engine.BeginMicroBatch(m, accum);
-      model.Forward(engine, x.data(), y.data(), B, T, 1.0f / accum);
-      model.Backward(engine);
+    engine_->BeginStep();
+    for (int m = 0; m < accum_; m++) {
+      engine_->BeginMicroBatch(m, accum_);
+      model_->Forward(*engine_, x_.data(), y_.data(), B_, T_, 1.0f / accum_);
+      model_->Backward(*engine_);
     }
-    engine.Step(1e-4f, 1.0f);
-    device.Synchronize();
+    engine_->Step(1e-4f, 1.0f);
+    device_.Synchronize();
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    dt = comm.AllReduceScalar(dt, ReduceOp::kAvg);
-    const StepReport& r = engine.last_report();
+    dt = comm_.AllReduceScalar(dt, ReduceOp::kAvg);
+    const StepReport& r = engine_->last_report();
     if (profiler && s == 1) profiler->profile().Reset();  // profile the measured steps only
     if (s >= 2) {  // skip warm-up
-      times.push_back(dt);
-      res.measured_s += dt;
-      fwd.push_back(comm.AllReduceScalar(r.forward_wait_s, ReduceOp::kAvg));
-      bwd.push_back(comm.AllReduceScalar(r.backward_wait_s, ReduceOp::kAvg));
-      after.push_back(comm.AllReduceScalar(r.after_backward_wait_s, ReduceOp::kAvg));
+      times_.push_back(dt);
+      res_.measured_s += dt;
+      fwd_.push_back(comm_.AllReduceScalar(r.forward_wait_s, ReduceOp::kAvg));
+      bwd_.push_back(comm_.AllReduceScalar(r.backward_wait_s, ReduceOp::kAvg));
+      after_.push_back(comm_.AllReduceScalar(r.after_backward_wait_s, ReduceOp::kAvg));
     }
   }
-  res.measured_steps = static_cast<int>(times.size());
-  res.median_s = Median(times);
-  res.forward_wait_s = Median(fwd), res.backward_wait_s = Median(bwd), res.after_backward_wait_s = Median(after);
-  res.state_bytes = static_cast<double>(engine.memory().StateTotal());
-  return res;
-}
+  RunResult Result() {
+    res_.measured_steps = static_cast<int>(times_.size());
+    res_.median_s = Median(times_);
+    res_.forward_wait_s = Median(fwd_), res_.backward_wait_s = Median(bwd_), res_.after_backward_wait_s = Median(after_);
+    res_.state_bytes = static_cast<double>(engine_->memory().StateTotal());
+    return res_;
+  }
+
+ private:
+  Communicator& comm_;
+  Device& device_;
+  int B_, T_, accum_;
+  Rng rng_;
+  std::vector<int32_t> x_, y_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<GPT> model_;
+  std::vector<double> times_, fwd_, bwd_, after_;
+  RunResult res_;
+};
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -125,7 +141,7 @@ int main(int argc, char** argv) {
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   std::string config = "tiny", dtype = "fp32", device_kind = "cpu", comm_kind = "auto", compute_dtype;
-  int steps = 20, stage = 0, threads = 2, accum = 1, micro_batch = 0, seq_len = 0, profile = 0;
+  int steps = 20, stage = 0, threads = 2, accum = 1, micro_batch = 0, seq_len = 0, profile = 0, scaling = 1;
   double bucket_mb = 25.0, peak_tflops = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
@@ -143,6 +159,7 @@ int main(int argc, char** argv) {
     else if (k == "--peak-tflops") peak_tflops = std::stod(v);
     else if (k == "--comm") comm_kind = v;
     else if (k == "--profile") profile = std::stoi(v);
+    else if (k == "--scaling") scaling = std::stoi(v);
   }
   GPTConfig c;
   int B = 8, T = 256;
@@ -187,21 +204,37 @@ int main(int argc, char** argv) {
   eo.dtype = eo.reduce_dtype = dtype == "bf16" ? DType::kBF16 : DType::kF32;
   const bool lead = comm.rank() == 0, multi = comm.world_size() > 1;
   // Scaling efficiency, measured side by side in this run: the same per-rank work (B, T, A,
-  // threads) first on one rank alone (rank 0; the others wait without spinning), then with
-  // every rank training alone at once (the same contention for cores and memory, no
-  // communication), then on all N ranks. Efficiency = step(1 rank alone) / step(N ranks).
-  RunResult alone, concurrent;
-  if (multi) {
-    CommOptions self_options = comm_options;
-    auto self_or = CreateCommunicator(self_options, MPI_COMM_SELF, device, 1, VisibleGpuCount());
+  // threads) on one rank alone (rank 0; the others wait without spinning), with every rank
+  // training alone at once (the same contention for cores and memory, no communication), and
+  // on all N ranks, interleaved step by step. Efficiency = step(1 rank alone) / step(N ranks).
+  // --scaling 0 skips the references (they hold two more model copies); --profile times the
+  // N-rank run only.
+  if (profile) scaling = 0;
+  std::unique_ptr<Communicator> self;
+  std::unique_ptr<Runner> alone, concurrent;
+  if (multi && scaling) {
+    auto self_or = CreateCommunicator(comm_options, MPI_COMM_SELF, device, 1, VisibleGpuCount());
     if (!self_or.ok()) { std::fprintf(stderr, "%s\n", self_or.status().message().c_str()); return 1; }
-    if (lead) alone = RunSteps(*self_or.value(), layout, eo, device, B, T, accum, steps, nullptr);
-    PassiveBarrier(MPI_COMM_WORLD);
-    concurrent = RunSteps(*self_or.value(), layout, eo, device, B, T, accum, steps, nullptr);
-    PassiveBarrier(MPI_COMM_WORLD);
+    self = std::move(self_or.value());
+    if (lead) alone = std::make_unique<Runner>(*self, layout, eo, device, B, T, accum);
+    concurrent = std::make_unique<Runner>(*self, layout, eo, device, B, T, accum);
   }
+  Runner main_run(comm, layout, eo, device, B, T, accum);
   if (profiler) profiler->profile().Reset();
-  const RunResult run = RunSteps(comm, layout, eo, device, B, T, accum, steps, profiler.get());
+  for (int s = 0; s < steps; s++) {  // interleaved step by step: alone, all alone at once, N ranks
+    if (concurrent) {
+      if (alone) alone->Step(s, nullptr);
+      PassiveBarrier(MPI_COMM_WORLD);
+      concurrent->Step(s, nullptr);
+      PassiveBarrier(MPI_COMM_WORLD);
+      if (profiler && s == 1) profiler->profile().Reset();
+    }
+    main_run.Step(s, profiler.get());
+  }
+  const RunResult run = main_run.Result();
+  RunResult alone_r, concurrent_r;
+  if (alone) alone_r = alone->Result();
+  if (concurrent) concurrent_r = concurrent->Result();
   const double med = run.median_s;
   const double tokens = static_cast<double>(B) * T * accum * comm.world_size();
   const double N = static_cast<double>(layout.total_numel());
@@ -220,11 +253,13 @@ int main(int argc, char** argv) {
                   Formula::ModelStateBytes(N, comm.world_size(), eo) / 1073741824.0);
     }
     std::printf("\n");
-    if (multi) {
+    if (concurrent) {
       std::printf("scaling: 1 rank alone %.1f ms/step, every rank alone at once %.1f ms, %d ranks %.1f ms | "
                   "scaling efficiency %.0f%% (1 rank alone / %d ranks; %.0f%% against every rank alone at once)\n",
-                  alone.median_s * 1e3, concurrent.median_s * 1e3, comm.world_size(), med * 1e3,
-                  100 * alone.median_s / med, comm.world_size(), 100 * concurrent.median_s / med);
+                  alone_r.median_s * 1e3, concurrent_r.median_s * 1e3, comm.world_size(), med * 1e3,
+                  100 * alone_r.median_s / med, comm.world_size(), 100 * concurrent_r.median_s / med);
+    }
+    if (multi) {
       std::printf("training thread waiting for communication (median step, mean over ranks): forward %.1f ms, "
                   "backward %.1f ms, after backward %.1f ms",
                   run.forward_wait_s * 1e3, run.backward_wait_s * 1e3, run.after_backward_wait_s * 1e3);
