@@ -1,5 +1,6 @@
 #include "app/commands.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "io/checkpoint.h"
@@ -9,6 +10,7 @@
 #include "model/gpt.h"
 #include "model/kernels_cpu.h"
 #include "model/sampler.h"
+#include "parallel/memory_model.h"
 
 namespace shardgpt {
 
@@ -76,46 +78,72 @@ Status RunPlan(const PlanOptions& o) {
   const int G = group.value(), R = o.ranks / G;
   ParamLayout layout(o.model);
   ShardPlan plan_all(layout, o.ranks), plan_group(layout, G);
-  const double psi = static_cast<double>(layout.total_numel()), GiB = 1024.0 * 1024 * 1024;
+  auto plan_for = [&](int stage) -> const ShardPlan& { return stage == 0 ? plan_all : plan_group; };
+  const double psi = static_cast<double>(layout.total_numel());
   const double act = static_cast<double>(GPT::ActivationBytes(o.model, o.micro_batch, o.seq_len));
+  // GiB, or MiB when every figure is below one GiB ("G" / "M" after each figure)
+  double largest = 0;
+  for (int stage = 0; stage <= 3; stage++) {
+    EngineOptions e = o.engine;
+    e.zero_stage = stage;
+    largest = std::max(largest, PredictPeakMemory(layout, plan_for(stage), e, o.micro_batch, o.seq_len, o.grad_accum).peak());
+  }
+  const bool mib = largest < 1024.0 * 1024 * 1024;
+  const double GiB = mib ? 1024.0 * 1024 : 1024.0 * 1024 * 1024;
+  const char* U = mib ? "M" : "G";
   std::printf("model %s: %.1fM parameters; %d ranks, micro-batch %d x %d tokens, grad-accum %d, %s (reduce %s)\n",
               o.model.ToString().c_str(), psi / 1e6, o.ranks, o.micro_batch, o.seq_len, o.grad_accum,
               DTypeName(o.engine.dtype), DTypeName(o.engine.reduce_dtype));
   if (R > 1)
     std::printf("HSDP: stages 1-3 shard within %d group(s) of G=%d ranks and replicate across them (memory formulas "
                 "with G for N); stage 0 all-reduces over all %d\n", R, G, o.ranks);
-  std::printf("activations (fp32, all layers saved, attention O(T)): %.3f GiB per rank\n", act / GiB);
+  std::printf("activations (fp32, all layers saved, attention O(T)): %.3f %siB per rank\n", act / GiB, U);
   std::printf("%-6s %11s %11s %11s %11s %12s %13s %13s%s%s\n", "stage", "params", "grads", "optimizer", "states",
-              "formula", "+activations", "traffic/step", R > 1 ? " across/step" : "", o.mem_gib > 0 ? "  fits?" : "");
+              "formula", "peak", "traffic/step", R > 1 ? " across/step" : "", o.mem_gib > 0 ? "  fits?" : "");
+  MemoryPrediction chosen;
   for (int stage = 0; stage <= 3; stage++) {
     EngineOptions e = o.engine;
     e.zero_stage = stage;
     if (stage < 2) e.reduce_every_micro = true;
-    const ShardPlan& plan = stage == 0 ? plan_all : plan_group;
+    const ShardPlan& plan = plan_for(stage);
     const int n = plan.world_size(), groups = stage == 0 ? 1 : R;
     const StateSizes s = PersistentStateSizes(plan, e);
     const CommLedger traffic = ExpectedStepTraffic(layout, plan, e, o.grad_accum);
     const CommLedger across = ExpectedCrossGroupTraffic(plan, e, groups);
-    // stage 3 also holds the gathered parameters of the running and the prefetched unit
-    double gathered = 0;
-    if (stage == 3)
-      for (int u = 0; u < plan.num_units(); u++) gathered = std::max(gathered, 2.0 * plan.unit(u).padded * DTypeSize(e.dtype));
-    const double need = s.total() + act + gathered;
-    std::printf("%s%-5d %9.3f G %9.3f G %9.3f G %9.3f G %10.3f G %11.3f G %11.3f G",
-                stage == o.engine.zero_stage ? "*" : " ", stage, s.params / GiB, s.grads / GiB, s.optimizer / GiB,
-                s.total() / GiB, Formula::ModelStateBytes(psi, n, e) / GiB, need / GiB,
-                traffic.Total().bytes_sent / GiB);
+    const MemoryPrediction m = PredictPeakMemory(layout, plan, e, o.micro_batch, o.seq_len, o.grad_accum);
+    if (stage == o.engine.zero_stage) chosen = m;
+    std::printf("%s%-5d %9.3f %s %9.3f %s %9.3f %s %9.3f %s %10.3f %s %11.3f %s %11.3f %s",
+                stage == o.engine.zero_stage ? "*" : " ", stage, s.params / GiB, U, s.grads / GiB, U, s.optimizer / GiB,
+                U, s.total() / GiB, U, Formula::ModelStateBytes(psi, n, e) / GiB, U, m.peak() / GiB, U,
+                traffic.Total().bytes_sent / GiB, U);
     if (R > 1 && stage == 0) std::printf(" %11s", "(all ranks)");  // DDP: one all-reduce over N
-    else if (R > 1) std::printf(" %9.3f G", across.Total().bytes_sent / GiB);
-    std::printf("%s\n", o.mem_gib <= 0 ? "" : need <= o.mem_gib * GiB ? "  yes" : "  no");
+    else if (R > 1) std::printf(" %9.3f %s", across.Total().bytes_sent / GiB, U);
+    std::printf("%s\n", o.mem_gib <= 0 ? "" : m.peak() <= o.mem_gib * 1024.0 * 1024 * 1024 ? "  yes" : "  no");
   }
   std::printf("(* = --zero-stage; bytes per rank; 'formula' is the seed's 2/2/k Psi split for this precision; "
               "traffic counts bytes sent per rank, ring model)\n");
-  std::printf("(+activations includes, for stage 3, two gathered units: the running one and the prefetched one)\n");
+  std::printf("(peak: the largest total of tracked device allocations in a step = states + optimizer workspace + "
+              "activations + transient buffers, replayed in the engine's order, parallel/memory_model.h)\n");
   if (R > 1)
     std::printf("(traffic/step: inside a group, 4Psi(G-1)/G or 6Psi(G-1)/G at stage 3 (bytes per element: the "
                 "dtypes); across/step: across groups, 2 x (rPsi/G) x (R-1)/R, r = reduce dtype bytes: the only "
                 "bytes on the inter-node links)\n");
+  {
+    EngineOptions e = o.engine;
+    e.zero_stage = 0;
+    const auto buckets = PlanBuckets(plan_all, e);
+    double first = 0;
+    for (int u : buckets.front()) first += plan_all.unit(u).padded * DTypeSize(e.reduce_dtype);
+    std::printf("stage 0: %zu gradient buckets of whole units (--bucket-mb %g); the first holds %.2f MiB (whole units "
+                "in backward order until 1 MiB)\n",
+                buckets.size(), e.bucket_mb, first / 1048576.0);
+  }
+  std::printf("stage %d peak %.3f %s at %s: states %.3f + optimizer workspace %.3f + activations %.3f + "
+              "gathered units and fp32 compute copies %.3f + fp32 gradient scratch %.3f + communication "
+              "buffers %.3f\n",
+              o.engine.zero_stage, chosen.peak() / GiB, U, chosen.where.c_str(),
+              (chosen.params + chosen.grads + chosen.optimizer) / GiB, chosen.workspace / GiB, chosen.activations / GiB,
+              chosen.gathered / GiB, chosen.grad_scratch / GiB, chosen.comm / GiB);
   return Status::OK();
 }
 

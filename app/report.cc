@@ -20,7 +20,7 @@ void PrintStartupReport(Engine& engine, const ParamLayout& layout, int A, const 
   std::printf("  params     %10.3f MiB | %10.3f MiB\n", MiB(m.current(MemKind::kParams)), MiB(f.params));
   std::printf("  grads      %10.3f MiB | %10.3f MiB\n", MiB(m.current(MemKind::kGrads)), MiB(f.grads));
   std::printf("  optimizer  %10.3f MiB | %10.3f MiB\n", MiB(m.current(MemKind::kOptimizer)), MiB(f.optimizer));
-  std::printf("  total      %10.3f MiB | %10.3f MiB (padding: %zu elements per full copy)\n", MiB(m.Total()),
+  std::printf("  total      %10.3f MiB | %10.3f MiB (padding: %zu elements per full copy)\n", MiB(m.StateTotal()),
               MiB(f.params + f.grads + f.optimizer), engine.plan().total_padding());
   std::printf("  every rank (measured):");
   for (uint64_t b : per_rank) std::printf(" %.3f", MiB(static_cast<double>(b)));
@@ -73,7 +73,14 @@ nlohmann::json StepJson(const StepReport& r, const Engine& engine, const ParamLa
   j["model_state_bytes_formula"] = Formula::ModelStateBytes(psi, N, o);
   j["peak_grads_bytes"] = r.peak_grads_bytes;
   j["peak_params_bytes"] = r.peak_params_bytes;
+  j["activation_bytes"] = r.activation_bytes;
+  j["peak_bytes"] = r.peak_bytes;  // every tracked allocation at this step's peak: what `plan` predicts
+  // time the training thread waited for communication: all, then by phase
   j["exposed_comm_ms"] = r.exposed_comm_s * 1e3;
+  j["exposed_forward_ms"] = r.forward_wait_s * 1e3;
+  j["exposed_backward_ms"] = r.backward_wait_s * 1e3;
+  j["exposed_after_backward_ms"] = r.after_backward_wait_s * 1e3;
+  // the communication thread inside collectives, waiting for the slower rank included
   j["comm_busy_ms"] = r.comm_busy_s * 1e3;
   return j;
 }

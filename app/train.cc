@@ -211,7 +211,7 @@ class Trainer {
       auto engine_or = Engine::Create(*layout_, &comm_, o_.engine, device_);
       if (!engine_or.ok()) return engine_or.status();
       engine_ = std::move(engine_or.value());
-      model_ = std::make_unique<GPT>(o_.model, o_.micro_batch, o_.seq_len, device_);
+      model_ = std::make_unique<GPT>(o_.model, o_.micro_batch, o_.seq_len, device_, &engine_->memory());
     } catch (const DeviceOutOfMemory& e) {
       return Status::Internal(std::string(e.what()));
     }
@@ -298,7 +298,7 @@ class Trainer {
       }
     }
     SHARDGPT_RETURN_IF_ERROR(OpenLog());
-    const std::vector<uint64_t> state_per_rank = GatherPerRank(comm_, engine_->memory().Total());
+    const std::vector<uint64_t> state_per_rank = GatherPerRank(comm_, engine_->memory().StateTotal());
     if (lead_ && !o_.quiet) {
       std::printf("shardgpt: model %s, %.2fM parameters, %d rank(s), zero stage %d, %s, B=%d T=%d grad-accum=%d "
                   "(%lld tokens/step), device %s, %d thread(s)/rank\n",

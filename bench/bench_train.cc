@@ -1,11 +1,14 @@
 // End-to-end training throughput: trains a config for a fixed number of steps on synthetic
 // tokens and prints tokens/s (median step), model GFLOP/s (6N + 6LCT FLOPs per token) and,
-// with several ranks, how much of the communication was hidden behind backward.
+// with several ranks, the scaling efficiency measured side by side in the same run (the same
+// per-rank work on one rank alone, on every rank alone at once, then on N ranks) and where the
+// training thread waited for communication (forward, backward, after backward).
 //
 //   bench_train [--config tiny|small|gpt2|d12] [--steps 20] [--zero-stage S] [--dtype fp32|bf16]
 //               [--compute-dtype fp32|bf16] (default: what `shardgpt train` picks, see --compute-dtype)
 //               [--threads N] [--grad-accum A] [--bucket-mb MiB] [--device cpu|cuda]
 //               [--micro-batch B] [--seq-len T] [--peak-tflops P] [--comm auto|mpi|nccl] [--profile 1]
+//               [--scaling 0|1] (1: with several ranks, also the single-rank references)
 // --profile 1 adds a per-kernel table: where the step's time goes (bench/kernel_profile.h).
 // With --device cuda it also prints model TFLOP/s and MFU against the GPU's dense bf16 peak
 // (a table by GPU name below, or --peak-tflops).
@@ -20,6 +23,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/passive_wait.h"
@@ -45,6 +49,91 @@ double PeakBf16Tflops(const std::string& name) {
     if (name.find(r.key) != std::string::npos) return r.tflops;
   return 0;
 }
+
+// Blocks until every rank arrives, without spinning a core (the idle ranks must not slow the
+// one measuring alone on a shared machine).
+void PassiveBarrier(MPI_Comm comm) {
+  MPI_Request req;
+  MPI_Ibarrier(comm, &req);
+  int done = 0;
+  while (!done) {
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// Medians over the measured steps (after 2 warm-up steps); step times averaged over ranks.
+struct RunResult {
+  double median_s = 0, measured_s = 0;
+  int measured_steps = 0;
+  double forward_wait_s = 0, backward_wait_s = 0, after_backward_wait_s = 0;  // medians
+  double state_bytes = 0;
+};
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// One engine and model training on synthetic tokens, one step at a time, so that several
+// runs can be interleaved step by step (the machine's load then weighs on each alike).
+class Runner {
+ public:
+  Runner(Communicator& comm, const ParamLayout& layout, const EngineOptions& eo, Device& device, int B, int T,
+         int accum)
+      : comm_(comm), device_(device), B_(B), T_(T), accum_(accum), rng_(42, comm.rank()), x_(B * T), y_(B * T) {
+    auto engine_or = Engine::Create(layout, &comm, eo, device);
+    if (!engine_or.ok()) { std::fprintf(stderr, "%s\n", engine_or.status().message().c_str()); std::exit(1); }
+    engine_ = std::move(engine_or.value());
+    engine_->InitOwned(1);
+    model_ = std::make_unique<GPT>(layout.config(), B, T, device, &engine_->memory());
+  }
+  void Step(int s, ProfilingDevice* profiler) {
+    const int V = model_->config().vocab_size;
+    for (auto& t : x_) t = static_cast<int32_t>(rng_.Next() % V);
+    for (auto& t : y_) t = static_cast<int32_t>(rng_.Next() % V);
+    comm_.Barrier();
+    auto t0 = std::chrono::steady_clock::now();
+    engine_->BeginStep();
+    for (int m = 0; m < accum_; m++) {
+      engine_->BeginMicroBatch(m, accum_);
+      model_->Forward(*engine_, x_.data(), y_.data(), B_, T_, 1.0f / accum_);
+      model_->Backward(*engine_);
+    }
+    engine_->Step(1e-4f, 1.0f);
+    device_.Synchronize();
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    dt = comm_.AllReduceScalar(dt, ReduceOp::kAvg);
+    const StepReport& r = engine_->last_report();
+    if (profiler && s == 1) profiler->profile().Reset();  // profile the measured steps only
+    if (s >= 2) {  // skip warm-up
+      times_.push_back(dt);
+      res_.measured_s += dt;
+      fwd_.push_back(comm_.AllReduceScalar(r.forward_wait_s, ReduceOp::kAvg));
+      bwd_.push_back(comm_.AllReduceScalar(r.backward_wait_s, ReduceOp::kAvg));
+      after_.push_back(comm_.AllReduceScalar(r.after_backward_wait_s, ReduceOp::kAvg));
+    }
+  }
+  RunResult Result() {
+    res_.measured_steps = static_cast<int>(times_.size());
+    res_.median_s = Median(times_);
+    res_.forward_wait_s = Median(fwd_), res_.backward_wait_s = Median(bwd_), res_.after_backward_wait_s = Median(after_);
+    res_.state_bytes = static_cast<double>(engine_->memory().StateTotal());
+    return res_;
+  }
+
+ private:
+  Communicator& comm_;
+  Device& device_;
+  int B_, T_, accum_;
+  Rng rng_;
+  std::vector<int32_t> x_, y_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<GPT> model_;
+  std::vector<double> times_, fwd_, bwd_, after_;
+  RunResult res_;
+};
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -52,7 +141,7 @@ int main(int argc, char** argv) {
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   std::string config = "tiny", dtype = "fp32", device_kind = "cpu", comm_kind = "auto", compute_dtype;
-  int steps = 20, stage = 0, threads = 2, accum = 1, micro_batch = 0, seq_len = 0, profile = 0;
+  int steps = 20, stage = 0, threads = 2, accum = 1, micro_batch = 0, seq_len = 0, profile = 0, scaling = 1;
   double bucket_mb = 25.0, peak_tflops = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
@@ -70,6 +159,7 @@ int main(int argc, char** argv) {
     else if (k == "--peak-tflops") peak_tflops = std::stod(v);
     else if (k == "--comm") comm_kind = v;
     else if (k == "--profile") profile = std::stoi(v);
+    else if (k == "--scaling") scaling = std::stoi(v);
   }
   GPTConfig c;
   int B = 8, T = 256;
@@ -112,51 +202,44 @@ int main(int argc, char** argv) {
   eo.zero_stage = stage;
   eo.bucket_mb = bucket_mb;
   eo.dtype = eo.reduce_dtype = dtype == "bf16" ? DType::kBF16 : DType::kF32;
-  auto engine_or = Engine::Create(layout, &comm, eo, device);
-  if (!engine_or.ok()) { std::fprintf(stderr, "%s\n", engine_or.status().message().c_str()); return 1; }
-  Engine& engine = *engine_or.value();
-  std::vector<float> full(layout.total_numel());
-  InitParameters(layout, 1, full.data());
-  engine.LoadFullParams(full.data());
-  full.clear(), full.shrink_to_fit();
-  GPT model(c, B, T, device);
-  Rng rng(42, comm.rank());
-  std::vector<int32_t> x(B * T), y(B * T);
-  std::vector<double> times, hidden;
-  double measured_seconds = 0;
-  for (int s = 0; s < steps; s++) {
-    for (auto& t : x) t = static_cast<int32_t>(rng.Next() % c.vocab_size);
-    for (auto& t : y) t = static_cast<int32_t>(rng.Next() % c.vocab_size);
-    comm.Barrier();
-    auto t0 = std::chrono::steady_clock::now();
-    engine.BeginStep();
-    for (int m = 0; m < accum; m++) {
-      engine.BeginMicroBatch(m, accum);
-      model.Forward(engine, x.data(), y.data(), B, T, 1.0f / accum);
-      model.Backward(engine);
-    }
-    engine.Step(1e-4f, 1.0f);
-    device.Synchronize();
-    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    dt = comm.AllReduceScalar(dt, ReduceOp::kAvg);
-    const StepReport& r = engine.last_report();
-    if (profiler && s == 1) profiler->profile().Reset();  // profile the measured steps only
-    if (s >= 2) {  // skip warm-up
-      times.push_back(dt);
-      measured_seconds += dt;
-      // share of this step's communication time that the training thread did not wait for
-      // after backward, averaged over ranks
-      double h = r.comm_busy_s > 0 ? std::max(0.0, 1.0 - r.backward_exposed_s / r.comm_busy_s) : 0.0;
-      hidden.push_back(comm.AllReduceScalar(h, ReduceOp::kAvg));
-    }
+  const bool lead = comm.rank() == 0, multi = comm.world_size() > 1;
+  // Scaling efficiency, measured side by side in this run: the same per-rank work (B, T, A,
+  // threads) on one rank alone (rank 0; the others wait without spinning), with every rank
+  // training alone at once (the same contention for cores and memory, no communication), and
+  // on all N ranks, interleaved step by step. Efficiency = step(1 rank alone) / step(N ranks).
+  // --scaling 0 skips the references (they hold two more model copies); --profile times the
+  // N-rank run only.
+  if (profile) scaling = 0;
+  std::unique_ptr<Communicator> self;
+  std::unique_ptr<Runner> alone, concurrent;
+  if (multi && scaling) {
+    auto self_or = CreateCommunicator(comm_options, MPI_COMM_SELF, device, 1, VisibleGpuCount());
+    if (!self_or.ok()) { std::fprintf(stderr, "%s\n", self_or.status().message().c_str()); return 1; }
+    self = std::move(self_or.value());
+    if (lead) alone = std::make_unique<Runner>(*self, layout, eo, device, B, T, accum);
+    concurrent = std::make_unique<Runner>(*self, layout, eo, device, B, T, accum);
   }
-  std::sort(times.begin(), times.end());
-  std::sort(hidden.begin(), hidden.end());
-  const double med = times[times.size() / 2];
+  Runner main_run(comm, layout, eo, device, B, T, accum);
+  if (profiler) profiler->profile().Reset();
+  for (int s = 0; s < steps; s++) {  // interleaved step by step: alone, all alone at once, N ranks
+    if (concurrent) {
+      if (alone) alone->Step(s, nullptr);
+      PassiveBarrier(MPI_COMM_WORLD);
+      concurrent->Step(s, nullptr);
+      PassiveBarrier(MPI_COMM_WORLD);
+      if (profiler && s == 1) profiler->profile().Reset();
+    }
+    main_run.Step(s, profiler.get());
+  }
+  const RunResult run = main_run.Result();
+  RunResult alone_r, concurrent_r;
+  if (alone) alone_r = alone->Result();
+  if (concurrent) concurrent_r = concurrent->Result();
+  const double med = run.median_s;
   const double tokens = static_cast<double>(B) * T * accum * comm.world_size();
   const double N = static_cast<double>(layout.total_numel());
   const double flops_per_token = 6 * N + 6.0 * c.n_layer * c.n_embd * T;
-  if (comm.rank() == 0) {
+  if (lead) {
     const double tflops = tokens * flops_per_token / med / 1e12;
     std::printf("config=%s device=%s ranks=%d stage=%d dtype=%s compute=%s threads/rank=%d B=%d T=%d A=%d params=%.2fM | "
                 "median step %.1f ms | %.0f tokens/s | %.1f GFLOP/s",
@@ -166,15 +249,33 @@ int main(int argc, char** argv) {
     if (device.is_cuda()) {
       std::printf(" | %.1f TFLOP/s", tflops / comm.world_size());
       if (peak_tflops > 0) std::printf(" | MFU %.1f%% of %.0f TFLOP/s bf16 peak", 100 * tflops / comm.world_size() / peak_tflops, peak_tflops);
-      std::printf(" | model state %.3f GiB/rank (formula %.3f GiB)", engine.memory().Total() / 1073741824.0,
+      std::printf(" | model state %.3f GiB/rank (formula %.3f GiB)", run.state_bytes / 1073741824.0,
                   Formula::ModelStateBytes(N, comm.world_size(), eo) / 1073741824.0);
     }
-    if (!hidden.empty() && comm.world_size() > 1) std::printf(" | comm hidden behind backward %.0f%%", 100 * hidden[hidden.size() / 2]);
     std::printf("\n");
+    if (concurrent) {
+      std::printf("scaling: 1 rank alone %.1f ms/step, every rank alone at once %.1f ms, %d ranks %.1f ms | "
+                  "scaling efficiency %.0f%% (1 rank alone / %d ranks; %.0f%% against every rank alone at once)\n",
+                  alone_r.median_s * 1e3, concurrent_r.median_s * 1e3, comm.world_size(), med * 1e3,
+                  100 * alone_r.median_s / med, comm.world_size(), 100 * concurrent_r.median_s / med);
+    }
+    if (multi) {
+      std::printf("training thread waiting for communication (median step, mean over ranks): forward %.1f ms, "
+                  "backward %.1f ms, after backward %.1f ms",
+                  run.forward_wait_s * 1e3, run.backward_wait_s * 1e3, run.after_backward_wait_s * 1e3);
+      if (stage == 0) {
+        const auto buckets = PlanBuckets(ShardPlan(layout, comm.world_size()), eo);
+        ShardPlan plan(layout, comm.world_size());
+        double first = 0;
+        for (int u : buckets.front()) first += plan.unit(u).padded * DTypeSize(eo.reduce_dtype);
+        std::printf(" | %zu buckets, the first %.2f MiB", buckets.size(), first / 1048576.0);
+      }
+      std::printf("\n");
+    }
     if (profiler) {
-      std::printf("per-kernel time (rank 0, mean of %zu steps of %.1f ms):\n", times.size(),
-                  1e3 * measured_seconds / times.size());
-      PrintProfile(profiler->profile(), static_cast<int>(times.size()), measured_seconds / times.size());
+      std::printf("per-kernel time (rank 0, mean of %d steps of %.1f ms):\n", run.measured_steps,
+                  1e3 * run.measured_s / run.measured_steps);
+      PrintProfile(profiler->profile(), run.measured_steps, run.measured_s / run.measured_steps);
     }
   }
   }

@@ -10,7 +10,7 @@
 
 namespace shardgpt {
 
-GPT::GPT(const GPTConfig& config, int B, int T, Device& device)
+GPT::GPT(const GPTConfig& config, int B, int T, Device& device, MemoryLedger* ledger)
     : config_(config), layout_(config), device_(device), k_(device.kernels()), maxB_(B), maxT_(T) {
   assert(T <= config.max_seq_len);
   const size_t N = static_cast<size_t>(B) * T, C = config.n_embd, NH = config.n_head;
@@ -32,16 +32,14 @@ GPT::GPT(const GPTConfig& config, int B, int T, Device& device)
   take(&dfch_, N * 4 * C), take(&dfch_gelu_, N * 4 * C);
   for (size_t n : sizes) act_floats_ += n;
   // token ids and targets (int32) after the floats
-  acts_ = DeviceBuffer(&device_, nullptr, MemKind::kParams, (act_floats_ + 2 * N) * sizeof(float), "activations");
+  acts_ = DeviceBuffer(&device_, ledger, MemKind::kActivations, (act_floats_ + 2 * N) * sizeof(float), "activations");
   float* base = acts_.as<float>();
   for (size_t i = 0, off = 0; i < slots.size(); off += sizes[i], i++) *slots[i] = base + off;
   inputs_ = reinterpret_cast<int32_t*>(base + act_floats_);
   targets_ = inputs_ + N;
 }
 
-size_t GPT::activation_bytes() const {
-  return act_floats_ * sizeof(float) + static_cast<size_t>(maxB_) * maxT_ * sizeof(int32_t);
-}
+size_t GPT::activation_bytes() const { return acts_.bytes(); }
 
 std::vector<float> GPT::LogitsRow(int n) const {
   const size_t Vp = config_.padded_vocab();
@@ -56,7 +54,7 @@ size_t GPT::ActivationBytes(const GPTConfig& c, int B, int T) {
   const size_t top = N * C * 6 + N * 2 + N * Vp + N + N * 3 * C + N * 8 * C;
   // per layer: ln1, atty, res2, ln2, res3: NC; qkv 3NC; fch, fch_gelu 4NC; 4 stats of N; lse N*NH
   const size_t layer = N * C * 5 + N * 3 * C + N * 8 * C + N * 4 + N * NH;
-  return (top + layer * c.n_layer) * sizeof(float) + N * sizeof(int32_t);
+  return (top + layer * c.n_layer) * sizeof(float) + 2 * N * sizeof(int32_t);  // + inputs, targets
 }
 
 // One transformer block, pre-LayerNorm:
@@ -123,6 +121,7 @@ float GPT::Forward(UnitHooks& hooks, const int32_t* inputs, const int32_t* targe
   k_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, pf, pf + C, N, C);
   // LM head tied to wte: logits[N,Vp] = lnf @ wte^T
   k_.matmul_forward(logits_, lnf_, pe + layout_.wte_offset(), nullptr, N, C, config_.padded_vocab());
+  head_w_ = pe + layout_.wte_offset();  // the hooks keep E's parameters until PostBackward(E)
   hooks.PostForward(F);
   hooks.PostForward(E);
 
@@ -141,12 +140,13 @@ void GPT::Backward(UnitHooks& hooks) {
   have_grad_ = false;
   const int B = B_, T = T_, C = config_.n_embd, N = B * T, L = config_.n_layer;
   const int E = ParamLayout::kEmbedUnit, F = layout_.final_unit();
-  UnitBuffers e = hooks.PreBackward(E);
   UnitBuffers f = hooks.PreBackward(F);
-  // LM head: logits = lnf @ wte^T  (logits_ now holds dlogits)
+  // LM head: logits = lnf @ wte^T  (logits_ now holds dlogits). Only dlnf now; the head's wte
+  // gradient is computed at the end, next to the encoder's, from the same saved dlogits and
+  // lnf (same result, same order of accumulation), so the embed unit's full-size gradient
+  // buffer is not held through every block's backward.
   Zero(dln_, static_cast<size_t>(N) * C);
-  k_.matmul_backward(dln_, e.grads + layout_.wte_offset(), nullptr, logits_, lnf_,
-                  e.params + layout_.wte_offset(), N, C, config_.padded_vocab());
+  k_.matmul_backward(dln_, nullptr, nullptr, logits_, lnf_, head_w_, N, C, config_.padded_vocab());
   // lnf = layernorm(x_L)
   const float* xL = L > 0 ? layers_[L - 1].res3 : encoded_;
   Zero(dres_, static_cast<size_t>(N) * C);
@@ -160,6 +160,9 @@ void GPT::Backward(UnitHooks& hooks) {
     BlockBackward(b.params, b.grads, dres_, x, layers_[l], B, T);
     hooks.PostBackward(u);
   }
+  UnitBuffers e = hooks.PreBackward(E);
+  k_.matmul_backward(nullptr, e.grads + layout_.wte_offset(), nullptr, logits_, lnf_, e.params + layout_.wte_offset(),
+                     N, C, config_.padded_vocab());
   k_.encoder_backward(e.grads + layout_.wte_offset(), e.grads + layout_.wpe_offset(), dres_, inputs_, B,
                    T, C);
   hooks.PostBackward(E);

@@ -10,9 +10,14 @@
 // Hook order for one micro-batch (E = embed unit, F = final unit, blocks 1..L):
 //   forward:  PreForward(E)  encoder  [PreForward(l) block l PostForward(l)]  PreForward(F) ln_f
 //             LM head (uses E's wte)  PostForward(F)  PostForward(E)
-//   backward: PreBackward(E) PreBackward(F)  LM head  ln_f  PostBackward(F)
-//             [PreBackward(l) block l PostBackward(l)] for l = L..1   encoder  PostBackward(E)
-// E stays in use through the whole forward because the LM head is tied to wte.
+//   backward: PreBackward(F)  LM head (dlnf)  ln_f  PostBackward(F)
+//             [PreBackward(l) block l PostBackward(l)] for l = L..1
+//             PreBackward(E)  LM head (dwte)  encoder  PostBackward(E)
+// E stays in use through the whole forward because the LM head is tied to wte, and E's
+// parameters as PreForward(E) returned them must stay valid until PostBackward(E): the head's
+// input gradient needs wte at the start of backward, but E's gradient buffer is asked for only
+// at the end, so it is not held through every block's backward (a V x C buffer: 88% of the
+// model for V 50257, C 128).
 #pragma once
 
 #include <cstdint>
@@ -47,8 +52,9 @@ class UnitHooks {
 class GPT {
  public:
   // Allocates activations on `device` for micro-batches of up to B sequences of up to T
-  // tokens. The device must outlive the model. Throws DeviceOutOfMemory.
-  GPT(const GPTConfig& config, int B, int T, Device& device = CpuDevice());
+  // tokens, counted in `ledger` (the engine's, for the peak `plan` predicts) when given. The
+  // device and the ledger must outlive the model. Throws DeviceOutOfMemory.
+  GPT(const GPTConfig& config, int B, int T, Device& device = CpuDevice(), MemoryLedger* ledger = nullptr);
   GPT(const GPT&) = delete;
   GPT& operator=(const GPT&) = delete;
 
@@ -86,6 +92,7 @@ class GPT {
   int maxB_, maxT_;
   int B_ = 0, T_ = 0;
   bool have_grad_ = false;
+  const float* head_w_ = nullptr;  // wte as PreForward(E) returned it (the LM head's weight)
   DeviceBuffer acts_;  // every activation below, one allocation
   size_t act_floats_ = 0;
   int32_t *inputs_ = nullptr, *targets_ = nullptr;

@@ -42,6 +42,8 @@ class Kernels {
                                   const float* w, const float* mean, const float* rstd, int N, int C) const = 0;
   virtual void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C,
                               int OC) const = 0;
+  // dinp, dw and dbias may each be null (not computed): the tied LM head computes dinp at the
+  // start of backward and dw at its end.
   virtual void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                                const float* w, int N, int C, int OC) const = 0;
   virtual void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) const = 0;

@@ -198,7 +198,7 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
 }
 
 // dinp[N,C] += dout[N,OC] @ w[OC,C];  dw[OC,C] += dout^T @ inp[N,C];  dbias[OC] += sum_n dout[n,:]
-// Each thread: rows [n0,n1) of dinp, rows [o0,o1) of dw and dbias (no cross-thread reduction).
+// (each output may be null: skipped). Each thread: rows [n0,n1) of dinp, rows [o0,o1) of dw and dbias (no cross-thread reduction).
 void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                      int N, int C, int OC) {
   BlasSingleThread single;
@@ -211,8 +211,9 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n1 - n0, C, OC, 1.0f, dout + (int64_t)n0 * OC, OC, w, C,
                   1.0f, dinp + (int64_t)n0 * C, C);
     if (o1 > o0) {
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, N, 1.0f, dout + o0, OC, inp, C, 1.0f,
-                  dw + (int64_t)o0 * C, C);
+      if (dw)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, N, 1.0f, dout + o0, OC, inp, C, 1.0f,
+                    dw + (int64_t)o0 * C, C);
       if (dbias)
         for (int n = 0; n < N; n++) {
           const float* d = dout + (int64_t)n * OC;

@@ -268,7 +268,7 @@ void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dou
     const uint16_t* d16 = ToBf16(dout, NOC, t_c16);
     if (dinp) OnednnMatmul(N, C, OC, d16, false, ToBf16(w, OCC, t_b16), false, nullptr, true, dinp);
     // dout[N,OC] is the [OC,N] operand stored transposed
-    OnednnMatmul(OC, C, N, d16, true, ToBf16(inp, NC, t_a16), false, nullptr, true, dw);
+    if (dw) OnednnMatmul(OC, C, N, d16, true, ToBf16(inp, NC, t_a16), false, nullptr, true, dw);
   }
   if (dbias) BiasBackward(dbias, dout, N, OC);
 }

@@ -47,6 +47,11 @@ void Engine::PostForward(int u) { params_->PostForward(u); }
 
 UnitBuffers Engine::PreBackward(int u) {
   ctx_.queue.RetireCompleted();
+  if (!in_backward_) {  // the forward of this micro-batch ended
+    in_backward_ = true;
+    report_.forward_wait_s += ctx_.queue.exposed_seconds() - phase_mark_s_;
+    phase_mark_s_ = ctx_.queue.exposed_seconds();
+  }
   UnitBuffers b;
   b.params = params_->PreBackward(u);
   b.grads = grads_->PreBackward(u);
@@ -57,8 +62,12 @@ void Engine::PostBackward(int u) {
   grads_->PostBackward(u);
   params_->PostBackward(u);
   ctx_.queue.RetireCompleted();
-  if (u == ParamLayout::kEmbedUnit && sync_micro_)  // the end of the last backward
-    report_.buckets_done_during_backward = ctx_.queue.CompletedCount();
+  if (u == ParamLayout::kEmbedUnit) {  // the end of this micro-batch's backward
+    in_backward_ = false;
+    report_.backward_wait_s += ctx_.queue.exposed_seconds() - phase_mark_s_;
+    phase_mark_s_ = ctx_.queue.exposed_seconds();
+    if (sync_micro_) report_.buckets_done_during_backward = ctx_.queue.CompletedCount();
+  }
 }
 
 // ---- step ----
@@ -73,16 +82,19 @@ void Engine::BeginStep() {
   ctx_.memory.ResetPeaks();
   ctx_.queue.ResetCounters();
   busy_at_step_begin_ = CommBusySeconds();
+  report_.forward_wait_s = report_.backward_wait_s = report_.after_backward_wait_s = 0;
+  in_backward_ = false, phase_mark_s_ = 0;
 }
 
 void Engine::BeginMicroBatch(int micro, int num_micro) {
   sync_micro_ = micro == num_micro - 1;
+  in_backward_ = false, phase_mark_s_ = ctx_.queue.exposed_seconds();
   grads_->BeginMicroBatch(sync_micro_);
 }
 
 float Engine::Step(float lr, float grad_clip) {
+  const double at_step = ctx_.queue.exposed_seconds();
   ctx_.queue.WaitAll();
-  report_.backward_exposed_s = ctx_.queue.exposed_seconds();
   // Global gradient norm: every element counted once. Stage 0 holds the whole averaged
   // gradient on every rank; stages >= 1 sum their owned slices' squares over ranks.
   double ss = 0;
@@ -107,10 +119,13 @@ float Engine::Step(float lr, float grad_clip) {
   report_.params_bytes = m.current(MemKind::kParams);
   report_.grads_bytes = m.current(MemKind::kGrads);
   report_.optimizer_bytes = m.current(MemKind::kOptimizer);
-  report_.model_state_bytes = m.Total();
+  report_.model_state_bytes = m.StateTotal();
+  report_.activation_bytes = m.current(MemKind::kActivations);
+  report_.peak_bytes = m.PeakTotal();
   report_.peak_grads_bytes = m.peak(MemKind::kGrads);
   report_.peak_params_bytes = m.peak(MemKind::kParams);
   report_.exposed_comm_s = ctx_.queue.exposed_seconds();
+  report_.after_backward_wait_s = report_.exposed_comm_s - at_step;
   report_.comm_busy_s = CommBusySeconds() - busy_at_step_begin_;
   return norm;
 }

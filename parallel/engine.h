@@ -56,9 +56,18 @@ struct StepReport {
   uint64_t model_state_bytes = 0;  // persistent params + grads + optimizer state now
   uint64_t params_bytes = 0, grads_bytes = 0, optimizer_bytes = 0;
   uint64_t peak_grads_bytes = 0, peak_params_bytes = 0;
-  double exposed_comm_s = 0;  // time the training thread waited for communication
-  double backward_exposed_s = 0;  // of which waiting for gradient reductions after backward
-  double comm_busy_s = 0;         // time the communicator spent in collectives this step
+  uint64_t activation_bytes = 0;  // the model's activations (tracked when the GPT was given the ledger)
+  uint64_t peak_bytes = 0;        // peak of every tracked allocation this step (what `plan` predicts)
+  // Time the training thread waited for communication this step, and where it waited:
+  double exposed_comm_s = 0;        // all of it (= the three below)
+  double forward_wait_s = 0;        // in forward: stage 3 parameter all-gathers not yet done
+  double backward_wait_s = 0;       // in backward: stage 3 gathers, the one-unit reduce-scatter limit
+  double after_backward_wait_s = 0; // in Step: reductions still running when backward ended,
+                                    // and stages 1/2's parameter all-gathers after the update
+  // Time the communication thread spent inside collectives this step: includes waiting for
+  // the slower rank to arrive, so it is not "communication work" (no overlap ratio is made
+  // from it; bench_train reports scaling efficiency instead).
+  double comm_busy_s = 0;
   int buckets_done_during_backward = 0;  // reductions already complete when backward ended
 };
 
@@ -136,6 +145,8 @@ class Engine : public UnitHooks {
   bool sync_micro_ = true;  // this micro-batch reduces gradients
   int64_t t_ = 0;
   StepReport report_;
+  bool in_backward_ = false;  // between a micro-batch's first PreBackward and PostBackward(embed)
+  double phase_mark_s_ = 0;   // exposed seconds when the current phase began
   double busy_at_step_begin_ = 0;
 };
 

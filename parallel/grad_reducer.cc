@@ -59,7 +59,7 @@ class FullGradients : public GradReducer {
                            [this, mine, shard, d]() { AverageAcrossGroups(ctx_, mine, shard, d, nullptr); });
       return;
     }
-    auto tmp = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kGrads, count * DTypeSize(rd), "reduce buffer"));
+    auto tmp = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kComm, count * DTypeSize(rd), "reduce buffer"));
     ctx_.kernels().convert(grads, d, tmp->data(), rd, count);
     // all-reduce: the whole buffer comes back; reduce-scatter: the owned block of it
     const size_t back_offset = all_reduce ? 0 : own, back_count = all_reduce ? count : shard;
@@ -144,7 +144,7 @@ class EveryMicroReduceScatter final : public GradReducer {
     inflight_++;
     auto send = std::make_shared<DeviceBuffer>(std::move(scratch_[u]));
     if (rd == DType::kBF16) {  // convert now and free the fp32 scratch at once
-      auto bf = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kGrads, s.padded * 2, "bf16 gradient"));
+      auto bf = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kComm, s.padded * 2, "bf16 gradient"));
       ctx_.kernels().convert(send->data(), DType::kF32, bf->data(), DType::kBF16, s.padded);
       send = bf;
     }

@@ -11,7 +11,7 @@ class ReplicatedParams final : public ParamStore {
   }
   const float* PreForward(int u) override { return ComputeView(u, Full(u)); }
   void PostForward(int u) override {
-    if (!ctx_.is_root_unit(u)) ReleaseCompute(u);  // the root is used again at once by backward
+    if (!ctx_.is_root_unit(u)) ReleaseCompute(u);  // the root is used again by backward (gpt.h)
   }
   const float* PreBackward(int u) override { return ComputeView(u, Full(u)); }
   void PostBackward(int u) override { ReleaseCompute(u); }
@@ -53,8 +53,8 @@ class ShardedParams final : public ParamStore {
   }
   const float* PreBackward(int u) override {
     Gathered(u);
-    // backward order: final, blocks L..1, embed; embed is already gathered (its backward
-    // starts first, for the tied LM head)
+    // backward order: final, blocks L..1, embed; embed stays gathered from forward (the tied
+    // LM head reads it at the start of backward)
     const int next = u - 1;
     if (next >= 1 && gathered_[next].empty()) Gather(next);
     return ComputeView(u, gathered_[u].data());

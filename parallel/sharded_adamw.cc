@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "parallel/memory_model.h"
+
 namespace shardgpt {
 
 namespace {
@@ -15,11 +17,10 @@ ShardedAdamW::ShardedAdamW(EngineContext* ctx) : ctx_(*ctx) {
   if (ctx_.opt.dtype == DType::kBF16) master_ = ctx_.NewBuffer(MemKind::kOptimizer, n, "fp32 master weights");
   m_ = ctx_.NewBuffer(MemKind::kOptimizer, n, "AdamW first moments");
   v_ = ctx_.NewBuffer(MemKind::kOptimizer, n, "AdamW second moments");
-  if (ctx_.opt.dtype == DType::kBF16) {
-    size_t largest = 0;
-    for (int u = 0; u < ctx_.plan.num_units(); u++) largest = std::max(largest, ctx_.plan.unit(u).padded);
-    grad32_ = DeviceBuffer(ctx_.device, nullptr, MemKind::kGrads, largest * sizeof(float), "fp32 gradient slice");
-  }
+  // bf16: the fp32 widening of one unit's owned gradient slice at a time (a shard at stages
+  // >= 1, not a whole unit: for a tied 50257-row embedding that is the difference)
+  const size_t ws = static_cast<size_t>(OptimizerWorkspaceBytes(ctx_.plan, ctx_.opt));
+  if (ws > 0) grad32_ = ctx_.NewBuffer(MemKind::kWorkspace, ws, "fp32 gradient slice");
 }
 
 ShardedAdamW::Slice ShardedAdamW::Owned(int u, void* stored) {

@@ -12,7 +12,11 @@ for c in tiny small gpt2; do "$BUILD"/bench/bench_train --config $c --steps 12 -
 echo "== end to end, 1 and 2 ranks x 1 thread, every stage"
 for c in tiny small; do
   "$BUILD"/bench/bench_train --config $c --steps 12 --threads 1
-  for s in 0 1 2 3; do mpirun -np 2 --oversubscribe "$BUILD"/bench/bench_train --config $c --steps 12 --threads 1 --zero-stage $s; done
+  # stage 0 also measures the single-rank references side by side (scaling efficiency)
+  for s in 0 1 2 3; do
+    mpirun -np 2 --oversubscribe "$BUILD"/bench/bench_train --config $c --steps 12 --threads 1 --zero-stage $s \
+      --scaling $([ $s = 0 ] && echo 1 || echo 0)
+  done
 done
 echo "== checkpoint save vs plain sequential write (d6, 2 ranks)"
 mkdir -p "$BUILD"/bench_tmp

@@ -192,7 +192,7 @@ void CudaKernels::matmul_backward(float* dinp, float* dw, float* dbias, const fl
   // dinp^T (C x N) += w (stored C x OC) @ dout^T (OC x N)
   if (dinp) Gemm(false, false, /*m=*/C, /*n=*/N, /*k=*/OC, w, C, dout, OC, dinp, C, 1.0f, nullptr);
   // dw^T (C x OC) += inp^T (C x N) @ (dout^T (OC x N))^T
-  Gemm(false, true, /*m=*/C, /*n=*/OC, /*k=*/N, inp, C, dout, OC, dw, C, 1.0f, nullptr);
+  if (dw) Gemm(false, true, /*m=*/C, /*n=*/OC, /*k=*/N, inp, C, dout, OC, dw, C, 1.0f, nullptr);
   if (dbias) ColumnSums(dbias, dout, N, OC);
 }
 

@@ -23,8 +23,15 @@ import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])]
 b = [json.loads(l) for l in open(sys.argv[2])]
 assert len(a) == 30, len(a)
-for k in ["step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "ms", "comm_bytes", "model_state_bytes"]:
+for k in ["step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "ms", "comm_bytes", "model_state_bytes",
+          "activation_bytes", "peak_bytes", "exposed_comm_ms", "exposed_forward_ms", "exposed_backward_ms",
+          "exposed_after_backward_ms", "comm_busy_ms"]:
     assert k in a[0], k
+for r in a:  # the peak counts the persistent state, the activations and stage 2's gradient scratch
+    assert r["peak_bytes"] > r["model_state_bytes"] + r["activation_bytes"], r
+    assert r["activation_bytes"] > 0, r
+    parts = r["exposed_forward_ms"] + r["exposed_backward_ms"] + r["exposed_after_backward_ms"]
+    assert abs(parts - r["exposed_comm_ms"]) <= 1e-6 * max(1.0, r["exposed_comm_ms"]) + 1e-9, r
 assert [r["loss"] for r in a] == [r["loss"] for r in b], "same seed must give identical losses"
 assert sum("val_loss" in r for r in a) == 3
 assert a[-1]["loss"] < a[0]["loss"] - 1.0, (a[0]["loss"], a[-1]["loss"])
