@@ -14,6 +14,8 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <thread>
+#include <cstdlib>
 
 #include "io/checkpoint_h5.h"
 #include "io/checkpoint_shard.h"
@@ -29,6 +31,12 @@ constexpr const char* kIndexName = "index.h5";
 constexpr const char* kLatestName = "latest";
 
 bool fail_next_save = false;
+// SHARDGPT_TEST_CKPT_WRITE_DELAY_MS: a pause after this rank's shard file is written and
+// before the index (tests/e2e/async_ckpt.sh kills a run inside a background write with it).
+const int write_delay_ms = [] {
+  const char* v = std::getenv("SHARDGPT_TEST_CKPT_WRITE_DELAY_MS");
+  return v != nullptr ? std::atoi(v) : 0;
+}();
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -283,8 +291,29 @@ StatusOr<GPTConfig> ReadCheckpointConfig(const std::string& path, const std::str
   return idx->config;
 }
 
+uint64_t OwnedShardElements(const ParamLayout& layout, int world, int rank) {
+  uint64_t elements = 0;
+  for (const SavedPiece& p : PlanSave(layout, world))
+    if (p.file == rank) elements = std::max(elements, p.file_offset + (p.end - p.begin));
+  return elements;
+}
+
+Status CopyOwnedShard(Engine& engine, const ParamLayout& layout, int world, int rank, float* out) {
+  const uint64_t n = OwnedShardElements(layout, world, rank);
+  const ShardFill fill = EngineFill(engine, PlanSave(layout, world), rank);
+  for (int k = 0; k < 3; k++) SHARDGPT_RETURN_IF_ERROR(fill(k, 0, n, out + k * n));
+  return Status::OK();
+}
+
 Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& engine, const ParamLayout& layout,
                       Communicator& comm, int keep_last, bool quiet) {
+  return SaveCheckpointFrom(dir, state, layout, engine.options().zero_stage, engine.options().dtype,
+                            EngineFill(engine, PlanSave(layout, comm.world_size()), comm.rank()), comm, keep_last,
+                            quiet);
+}
+
+Status SaveCheckpointFrom(const std::string& dir, const TrainState& state, const ParamLayout& layout, int zero_stage,
+                          DType dtype, const ShardFill& fill, Communicator& comm, int keep_last, bool quiet) {
   h5::InitH5();
   const double t_start = Now();
   const int rank = comm.rank(), world = comm.world_size();
@@ -301,8 +330,10 @@ Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& e
   uint64_t elements = 0;
   for (const SavedPiece& p : pieces)
     if (p.file == rank) elements = std::max(elements, p.file_offset + (p.end - p.begin));
-  SHARDGPT_RETURN_IF_ERROR(AgreeAll(comm, WriteShardFile(shard_path, rank, world, id[0], state.step, elements,
-                                                         EngineFill(engine, pieces, rank), &res)));
+  Status written = WriteShardFile(shard_path, rank, world, id[0], state.step, elements, fill, &res);
+  if (written.ok() && write_delay_ms > 0)  // test hook: a slow file system, so a kill can land here
+    std::this_thread::sleep_for(std::chrono::milliseconds(write_delay_ms));
+  SHARDGPT_RETURN_IF_ERROR(AgreeAll(comm, written));
   uint64_t secs_bits;
   std::memcpy(&secs_bits, &res.seconds, sizeof(double));
   const std::vector<uint64_t> all = AllGatherU64(
@@ -329,8 +360,8 @@ Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& e
     idx.tensors = layout.tensors();
     idx.units = layout.units();
     idx.world_size = world;
-    idx.zero_stage = engine.options().zero_stage;
-    idx.dtype = DTypeName(engine.options().dtype);
+    idx.zero_stage = zero_stage;
+    idx.dtype = DTypeName(dtype);
     idx.state = state;
     idx.pieces = pieces;
     for (int r = 0; r < world; r++) {

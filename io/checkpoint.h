@@ -26,6 +26,7 @@
 #include "base/status.h"
 #include "io/checkpoint_index.h"
 #include "io/checkpoint_plan.h"
+#include "io/checkpoint_shard.h"
 #include "io/llmc_model.h"
 #include "model/config.h"
 #include "model/param_layout.h"
@@ -42,6 +43,18 @@ namespace shardgpt {
 // Writes straight from the engine's buffers (no extra model copy in memory).
 Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& engine, const ParamLayout& layout,
                       Communicator& comm, int keep_last, bool quiet);
+
+// SaveCheckpoint with this rank's shard data taken from `fill` (the elements of its file, dataset
+// by dataset: see OwnedShardElements) instead of the engine, and the stage and dtype recorded
+// as given: what the async writer (io/async_checkpoint.h) runs on its own thread and
+// communicator, from a staged copy. Collective over comm.
+Status SaveCheckpointFrom(const std::string& dir, const TrainState& state, const ParamLayout& layout, int zero_stage,
+                          DType dtype, const ShardFill& fill, Communicator& comm, int keep_last, bool quiet);
+// Elements per dataset (master, m, v) of rank `rank`'s shard file when `world` ranks save.
+uint64_t OwnedShardElements(const ParamLayout& layout, int world, int rank);
+// This rank's shard data, copied from the engine (through the device) into host memory `out`
+// holding 3 x OwnedShardElements floats: master, then m, then v. Local.
+Status CopyOwnedShard(Engine& engine, const ParamLayout& layout, int world, int rank, float* out);
 
 // Collective. `path` is a checkpoint directory, or "latest" meaning the one DIR/latest points to (dir = ckpt_dir).
 // Refuses (one line naming the file and the problem; all ranks return an error, no hang): missing dir, not a

@@ -312,6 +312,24 @@ std::shared_ptr<Work> MpiCommunicator::Broadcast(void* buf, size_t count, DType 
   }, buf, bytes, buf, bytes);
 }
 
+StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::DuplicateControl() {
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  if (provided < MPI_THREAD_MULTIPLE)
+    return Status::Unimplemented("a second communicator thread needs MPI_THREAD_MULTIPLE (this MPI provides level " +
+                                 std::to_string(provided) + ")");
+  // MPI_Comm_dup is a collective on comm_: it runs on our thread, in call order.
+  MPI_Comm dup = MPI_COMM_NULL;
+  SHARDGPT_RETURN_IF_ERROR(Enqueue([this, &dup]() -> Status {
+                             SHARDGPT_MPI_CALL(MPI_Comm_dup(comm_, &dup), "MPI_Comm_dup");
+                             return Status::OK();
+                           })->status());
+  auto made = Create(dup, nullptr);  // dups `dup` once more (nobody else uses it), then we free ours
+  MPI_Comm_free(&dup);
+  if (!made.ok()) return made.status();
+  return std::unique_ptr<Communicator>(std::move(made.value()));
+}
+
 Status MpiCommunicator::Barrier() {
   ledger_.AddControl(0);
   auto work = Enqueue([this]() -> Status {

@@ -71,6 +71,8 @@ class MpiCommunicator final : public Communicator {
   Status ControlAllGather(const void* send, void* recv, size_t bytes) override;
   Status ControlBroadcast(void* buf, size_t bytes, int root) override;
 
+  StatusOr<std::unique_ptr<Communicator>> DuplicateControl() override;
+
   CommLedger& ledger() override { return ledger_; }
   double busy_seconds() const override { return busy_ns_.load() * 1e-9; }
 
