@@ -443,6 +443,11 @@ class Trainer {
       loss_sum += model_->Forward(*engine_, x_.data(), y_.data(), B, T, 1.0f / A);
       model_->Backward(*engine_);
     }
+    if (async_) {  // a background checkpoint's copy of the owned state must be complete before the step writes it
+      const double w0 = Now();
+      async_->WaitStaged();
+      ckpt_stall_ms_ += (Now() - w0) * 1e3;
+    }
     r.norm = engine_->Step(r.lr, o_.grad_clip);
     device_.Synchronize();  // the step's time includes the device's queued work
     r.loss = static_cast<float>(comm_.AllReduceScalar(loss_sum / A, ReduceOp::kAvg));

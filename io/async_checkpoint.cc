@@ -48,6 +48,14 @@ Status AsyncCheckpointer::Wait() {
   return st;
 }
 
+void AsyncCheckpointer::WaitStaged() {
+  const double t0 = NowMs();
+  std::unique_lock<std::mutex> lock(mu_);
+  if (staged_) return;
+  cv_.wait(lock, [this] { return staged_; });
+  stall_ms_ += NowMs() - t0;
+}
+
 double AsyncCheckpointer::TakeWriteMs() {
   std::lock_guard<std::mutex> lock(mu_);
   const double ms = write_ms_;
@@ -66,11 +74,16 @@ Status AsyncCheckpointer::Save(const TrainState& state, Engine& engine, const Pa
     staging_ = static_cast<float*>(device_.AllocateHost(3 * elements * sizeof(float)));
     staging_floats_ = 3 * elements;
   }
-  // The copy is the only part training waits for (the engine's buffers change at the next step).
-  Status copied = CopyOwnedShard(engine, layout, world, rank, staging_);
-  if (!copied.ok()) return copied;  // a local device copy: not expected to differ between ranks
+  // Device memory: a DMA into pinned memory, here. Host memory: the writer copies (Loop).
+  const bool copy_here = !device_.host_accessible();
+  if (copy_here) {
+    Status copied = CopyOwnedShard(engine, layout, world, rank, staging_);
+    if (!copied.ok()) return copied;  // a local device copy: not expected to differ between ranks
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
+    staged_ = copy_here;
+    job_engine_ = copy_here ? nullptr : &engine;
     job_state_ = state;
     job_layout_ = &layout;
     job_stage_ = engine.options().zero_stage;
@@ -94,15 +107,28 @@ void AsyncCheckpointer::Loop() {
     const int stage = job_stage_;
     const DType dtype = job_dtype_;
     const uint64_t n = job_elements_;
+    Engine* engine = job_engine_;
     lock.unlock();
 
     const double t0 = NowMs();
+    Status st;
+    if (engine != nullptr) {  // the caller runs forward/backward meanwhile: they only read this state
+      st = CopyOwnedShard(*engine, layout, control_->world_size(), control_->rank(), staging_);
+      lock.lock();
+      staged_ = true;
+      lock.unlock();
+      cv_.notify_all();
+    }
     const float* staged = staging_;
     const ShardFill fill = [staged, n](int kind, uint64_t at, uint64_t count, float* dst) {
       std::memcpy(dst, staged + kind * n + at, count * sizeof(float));
       return Status::OK();
     };
-    Status st = SaveCheckpointFrom(dir_, state, layout, stage, dtype, fill, *control_, keep_last_, quiet_);
+    // A failed copy is agreed on (and nothing published) by the first agreement inside
+    // SaveCheckpointFrom: it is passed on as a fill that fails.
+    const ShardFill failing = [st](int, uint64_t, uint64_t, float*) { return st; };
+    st = SaveCheckpointFrom(dir_, state, layout, stage, dtype, st.ok() ? fill : failing, *control_, keep_last_,
+                            quiet_);
     const double ms = NowMs() - t0;
 
     lock.lock();

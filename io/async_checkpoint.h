@@ -1,9 +1,15 @@
 // AsyncCheckpointer: checkpoints written by a background thread while training continues
 // (--async-ckpt), as PyTorch DCP's async_save. A save copies this rank's owned state (fp32
-// master, m, v: exactly what its shard file holds) into a staging buffer (pinned host memory
-// through the Device on CUDA, plain host memory on the CPU), and returns; a writer thread
+// master, m, v: exactly what its shard file holds) into a staging buffer, and a writer thread
 // then writes the shard file and, with the other ranks, the index, the rename and `latest`
 // (SaveCheckpointFrom, io/checkpoint.h), so the files are those of a synchronous save.
+//
+// Staging. On a device the host cannot address (CUDA) the caller copies into pinned host
+// memory (Device::AllocateHost) inside Save: a DMA at device-to-host bandwidth. On the CPU the
+// copy itself is the writer thread's first job, while the caller goes on with the next
+// forward and backward, which only read the owned state: the caller must call WaitStaged()
+// before anything writes it (the optimizer step), and is blocked only if the copy is slower
+// than that forward and backward.
 //
 // At most one save is in flight: the next Save waits for it first (one staging buffer). The
 // index is written, and the checkpoint published, only after every rank's shard file is
@@ -51,6 +57,10 @@ class AsyncCheckpointer {
   Status Save(const TrainState& state, Engine& engine, const ParamLayout& layout);
   // Waits for the save in flight, if any; its outcome (OK when none was in flight).
   Status Wait();
+  // Returns once the last Save's copy of the owned state is complete (at once if it is, or
+  // if there is none): call it before the owned state changes. Local. Adds the time blocked
+  // to last_stall_ms().
+  void WaitStaged();
 
   // Milliseconds the last Save (or Wait) blocked its caller: waiting for the previous save
   // plus staging the copy. And the duration of the last background write that finished
@@ -75,6 +85,8 @@ class AsyncCheckpointer {
   std::condition_variable cv_;
   // guarded by mu_: the job handed to the writer, and its outcome
   bool has_job_ = false, busy_ = false, stop_ = false;
+  bool staged_ = true;         // the last Save's copy is complete
+  Engine* job_engine_ = nullptr;  // set when the writer thread makes the copy (host-accessible device)
   TrainState job_state_;
   const ParamLayout* job_layout_ = nullptr;
   int job_stage_ = 0;
