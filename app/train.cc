@@ -105,13 +105,13 @@ namespace {
 
 // Setup phase 1: the model config (from --init or the flags) and the checkpoint to resume from
 // (empty: a fresh start), agreed on by every rank.
-Status ResolveModelAndResume(TrainOptions& o, Communicator& comm, std::unique_ptr<LlmcModel>* init,
+Status ResolveModelAndResume(TrainOptions& o, Communicator& comm, std::unique_ptr<LlmcModelReader>* init,
                              std::string* resume_path) {
-  if (!o.init_file.empty()) {
-    auto m = ReadLlmcModel(o.init_file);
+  if (!o.init_file.empty()) {  // the header now; each rank reads its owned ranges in Setup
+    auto m = LlmcModelReader::Open(o.init_file);
     SHARDGPT_RETURN_IF_ERROR(Agree(comm, m.status()));
-    *init = std::make_unique<LlmcModel>(std::move(m.value()));
-    o.model = (*init)->config;
+    *init = std::move(m.value());
+    o.model = (*init)->config();
   }
   SHARDGPT_RETURN_IF_ERROR(o.model.Validate());
   if (o.resume.empty()) return Status::OK();
@@ -239,7 +239,7 @@ class Trainer {
  private:
   Status Setup() {
     SetComputeThreads(o_.threads);
-    std::unique_ptr<LlmcModel> init;
+    std::unique_ptr<LlmcModelReader> init;
     SHARDGPT_RETURN_IF_ERROR(ResolveModelAndResume(o_, comm_, &init, &resume_path_));
     SHARDGPT_RETURN_IF_ERROR(ValidateLoopOptions(o_, comm_.world_size()));
     // bf16 runs round matmul inputs to bf16 where the device has fast bf16 matmuls (tensor cores,
@@ -250,9 +250,12 @@ class Trainer {
     compute_line_ = compute.line;
     layout_ = std::make_unique<ParamLayout>(o_.model);
     SHARDGPT_RETURN_IF_ERROR(Agree(comm_, AllocateOnDevice()));
-    if (init)
-      engine_->LoadFullParams(init->params.data());
-    else
+    if (init) {  // only this rank's owned ranges are read: no full model on any rank (ZeRO-3)
+      SHARDGPT_RETURN_IF_ERROR(Agree(comm_, engine_->LoadOwnedParams([&](int u, uint64_t b, uint64_t e, float* out) {
+        const uint64_t at = layout_->units()[u].offset;
+        return init->ReadRange(at + b, at + e, out);
+      })));
+    } else
       engine_->InitOwned(o_.seed);  // each rank its own slices: no full model anywhere
     init.reset();
     SHARDGPT_RETURN_IF_ERROR(OpenData());
