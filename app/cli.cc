@@ -233,6 +233,12 @@ int Main(int argc, char** argv) {
                                          "(latest if there is one, else start fresh: for requeued jobs) or a checkpoint directory");
   train->add_option("--stop-at-step", t.stop_at_step, "checkpoint and stop once this many steps are done, as if preempted (the schedule still follows --steps)")
       ->check(Finite(0, true));
+  train->add_flag("--async-ckpt", t.async_ckpt,
+                  "write the --ckpt-every checkpoints in the background while training continues (the final and "
+                  "stop checkpoints are waited for)");
+  train->add_flag("--allow-config-change", t.allow_config_change,
+                  "resume even where the sequence length, seed, data files or shuffle setting changed since the "
+                  "checkpoint (the data order then starts anew at the saved position)");
   train->add_flag("--quiet", t.quiet, "print only the final loss and sample");
   train->add_option("--threads", t.threads, "compute threads per rank (default: cores / ranks on the node)");
   train->add_option("--compute-dtype", t.compute_dtype,

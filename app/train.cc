@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "app/report.h"
+#include "io/async_checkpoint.h"
 #include "io/checkpoint.h"
 #include "io/ckpt_dir_lock.h"
 #include "io/data_loader.h"
@@ -104,13 +105,13 @@ namespace {
 
 // Setup phase 1: the model config (from --init or the flags) and the checkpoint to resume from
 // (empty: a fresh start), agreed on by every rank.
-Status ResolveModelAndResume(TrainOptions& o, Communicator& comm, std::unique_ptr<LlmcModel>* init,
+Status ResolveModelAndResume(TrainOptions& o, Communicator& comm, std::unique_ptr<LlmcModelReader>* init,
                              std::string* resume_path) {
-  if (!o.init_file.empty()) {
-    auto m = ReadLlmcModel(o.init_file);
+  if (!o.init_file.empty()) {  // the header now; each rank reads its owned ranges in Setup
+    auto m = LlmcModelReader::Open(o.init_file);
     SHARDGPT_RETURN_IF_ERROR(Agree(comm, m.status()));
-    *init = std::make_unique<LlmcModel>(std::move(m.value()));
-    o.model = (*init)->config;
+    *init = std::move(m.value());
+    o.model = (*init)->config();
   }
   SHARDGPT_RETURN_IF_ERROR(o.model.Validate());
   if (o.resume.empty()) return Status::OK();
@@ -142,6 +143,59 @@ Status ResolveModelAndResume(TrainOptions& o, Communicator& comm, std::unique_pt
   return Status::OK();
 }
 
+// What a resume changes in what the data order depends on, one line each. Blocking changes
+// are those after which the saved position no longer names the same place in the data order
+// (another T cuts other windows; other files, another shuffle setting or, when shuffled,
+// another seed give another permutation): errors unless --allow-config-change. Another global
+// batch only changes how many samples a step takes: the order continues, so a warning.
+// Fields an older checkpoint does not record are not checked.
+struct ConfigChange {
+  bool blocking;
+  std::string line;
+};
+std::vector<ConfigChange> ResumeChanges(const TrainState& saved, const TrainState& now) {
+  std::vector<ConfigChange> out;
+  const std::string at = " (the saved data position " + std::to_string(saved.loader_position);
+  if (saved.batch_samples > 0 && saved.batch_samples != now.batch_samples)
+    out.push_back({false, "the global batch changes from " + std::to_string(saved.batch_samples) + " to " +
+                              std::to_string(now.batch_samples) +
+                              " sequences per step: the data order continues, but a step now covers another "
+                              "number of tokens (the learning-rate schedule still counts steps)"});
+  if (saved.seq_len > 0 && saved.seq_len != now.seq_len)
+    out.push_back({true, "the sequence length changes from " + std::to_string(saved.seq_len) + " to " +
+                             std::to_string(now.seq_len) + at + " counts windows of " +
+                             std::to_string(saved.seq_len + 1) + " tokens, so the data order cannot continue)"});
+  if (saved.shuffle >= 0 && saved.shuffle != now.shuffle)
+    out.push_back({true, std::string("the shuffle setting changes from ") + (saved.shuffle ? "shuffled" : "--no-shuffle") +
+                             " to " + (now.shuffle ? "shuffled" : "--no-shuffle") + at +
+                             " is in another order, so the data order cannot continue)"});
+  if (saved.seed != now.seed) {
+    const bool order = now.shuffle == 1 && saved.shuffle != 0;  // the seed picks the permutation
+    out.push_back({order, "the seed changes from " + std::to_string(saved.seed) + " to " + std::to_string(now.seed) +
+                              (order ? at + " is in another permutation, so the data order cannot continue)"
+                                     : " (data in file order: the seed only changes sampling)")});
+  }
+  if (!saved.data_files.empty()) {
+    auto describe = [](const std::vector<TrainState::DataFile>& f) {
+      uint64_t tokens = 0;
+      for (const auto& d : f) tokens += d.tokens;
+      return std::to_string(f.size()) + " file(s) of " + std::to_string(tokens) + " tokens (first " + f[0].path + ")";
+    };
+    bool same_sizes = saved.data_files.size() == now.data_files.size(), same_paths = same_sizes;
+    for (size_t i = 0; same_sizes && i < now.data_files.size(); i++) {
+      same_sizes = saved.data_files[i].tokens == now.data_files[i].tokens;
+      same_paths = same_paths && saved.data_files[i].path == now.data_files[i].path;
+    }
+    if (!same_sizes)
+      out.push_back({true, "the data files change from " + describe(saved.data_files) + " to " +
+                               describe(now.data_files) + at + " is in other data, so the data order cannot continue)"});
+    else if (!same_paths)
+      out.push_back({false, "the data files have other paths (" + saved.data_files[0].path + " then, " +
+                                now.data_files[0].path + " now) but the same number of files and tokens: continuing"});
+  }
+  return out;
+}
+
 // Setup phase 2: batch geometry and loop flags that need no file.
 Status ValidateLoopOptions(TrainOptions& o, int world) {
   if (o.seq_len < 1 || o.seq_len > o.model.max_seq_len)
@@ -157,6 +211,8 @@ Status ValidateLoopOptions(TrainOptions& o, int world) {
   }
   if (o.grad_accum < 1) return Status::InvalidArgument("--grad-accum must be >= 1");
   if (o.steps < 1) return Status::InvalidArgument("--steps must be >= 1");
+  if (o.async_ckpt && o.ckpt_dir.empty())
+    return Status::InvalidArgument("--async-ckpt needs --ckpt-dir (where to write checkpoints)");
   if (o.ckpt_every > 0 && o.ckpt_dir.empty())
     return Status::InvalidArgument("--ckpt-every needs --ckpt-dir (where to write checkpoints)");
   o.schedule.total_steps = o.steps;
@@ -183,7 +239,7 @@ class Trainer {
  private:
   Status Setup() {
     SetComputeThreads(o_.threads);
-    std::unique_ptr<LlmcModel> init;
+    std::unique_ptr<LlmcModelReader> init;
     SHARDGPT_RETURN_IF_ERROR(ResolveModelAndResume(o_, comm_, &init, &resume_path_));
     SHARDGPT_RETURN_IF_ERROR(ValidateLoopOptions(o_, comm_.world_size()));
     // bf16 runs round matmul inputs to bf16 where the device has fast bf16 matmuls (tensor cores,
@@ -194,9 +250,12 @@ class Trainer {
     compute_line_ = compute.line;
     layout_ = std::make_unique<ParamLayout>(o_.model);
     SHARDGPT_RETURN_IF_ERROR(Agree(comm_, AllocateOnDevice()));
-    if (init)
-      engine_->LoadFullParams(init->params.data());
-    else
+    if (init) {  // only this rank's owned ranges are read: no full model on any rank (ZeRO-3)
+      SHARDGPT_RETURN_IF_ERROR(Agree(comm_, engine_->LoadOwnedParams([&](int u, uint64_t b, uint64_t e, float* out) {
+        const uint64_t at = layout_->units()[u].offset;
+        return init->ReadRange(at + b, at + e, out);
+      })));
+    } else
       engine_->InitOwned(o_.seed);  // each rank its own slices: no full model anywhere
     init.reset();
     SHARDGPT_RETURN_IF_ERROR(OpenData());
@@ -247,6 +306,11 @@ class Trainer {
         else st = lock.status();
       }
       SHARDGPT_RETURN_IF_ERROR(Agree(comm_, st));
+      if (o_.async_ckpt) {
+        auto a = AsyncCheckpointer::Create(comm_, device_, o_.ckpt_dir, o_.keep_last, o_.quiet);
+        if (a.ok()) async_ = std::move(a.value());
+        SHARDGPT_RETURN_IF_ERROR(Agree(comm_, a.status()));
+      }
     }
     return Status::OK();
   }
@@ -273,6 +337,7 @@ class Trainer {
       auto loaded = LoadCheckpoint(resume_path_, o_.ckpt_dir, *engine_, *layout_, comm_, o_.quiet);
       SHARDGPT_RETURN_IF_ERROR(Agree(comm_, loaded.status()));
       state_ = loaded.value();
+      SHARDGPT_RETURN_IF_ERROR(CheckResumeChanges());
       // Nothing left to do would silently do nothing: say so. (At the last step with validation
       // data there is something left: the final validation a stop may have interrupted.)
       if (state_.step > o_.steps || (state_.step == o_.steps && !val_))
@@ -345,7 +410,7 @@ class Trainer {
       if (eval_now && !evaluated) return StopOnSignal(step + 1, " (during validation)", exit_code);
       // after the row: a checkpoint at step s always has the log rows 1..s behind it
       if (o_.ckpt_every > 0 && state_.step % o_.ckpt_every == 0 && state_.step < o_.steps)
-        SHARDGPT_RETURN_IF_ERROR(Save());
+        SHARDGPT_RETURN_IF_ERROR(Save(/*background=*/true));
     }
     return Status::OK();
   }
@@ -385,6 +450,11 @@ class Trainer {
       loss_sum += model_->Forward(*engine_, x_.data(), y_.data(), B, T, 1.0f / A);
       model_->Backward(*engine_);
     }
+    if (async_) {  // a background checkpoint's copy of the owned state must be complete before the step writes it
+      const double w0 = Now();
+      async_->WaitStaged();
+      ckpt_stall_ms_ += (Now() - w0) * 1e3;
+    }
     r.norm = engine_->Step(r.lr, o_.grad_clip);
     device_.Synchronize();  // the step's time includes the device's queued work
     r.loss = static_cast<float>(comm_.AllReduceScalar(loss_sum / A, ReduceOp::kAvg));
@@ -412,11 +482,62 @@ class Trainer {
     return true;
   }
 
-  // A checkpoint of the current state (no-op without --ckpt-dir).
-  Status Save() {
+  // This run's record of what its data order depends on (saved in every checkpoint).
+  TrainState RunRecord() const {
+    TrainState r = state_;
+    r.seed = o_.seed;
+    r.batch_samples = static_cast<int64_t>(o_.micro_batch) * comm_.world_size() * o_.grad_accum;
+    r.seq_len = o_.seq_len;
+    r.shuffle = o_.shuffle ? 1 : 0;
+    r.data_files.clear();
+    for (size_t i = 0; i < train_->files().size(); i++) r.data_files.push_back({train_->files()[i], train_->file_tokens(i)});
+    return r;
+  }
+
+  // After loading: one line per change of what the data order depends on (ResumeChanges), a
+  // warning on rank 0, or an error for blocking ones unless --allow-config-change; then this
+  // run's values replace the saved ones (later checkpoints record what this run does).
+  // Every rank computes the same lines from the same index.
+  Status CheckResumeChanges() {
+    const TrainState now = RunRecord();
+    std::vector<std::string> errors;
+    for (const ConfigChange& c : ResumeChanges(state_, now)) {
+      const std::string line = "resume from " + resume_path_ + ": " + c.line;
+      if (c.blocking && !o_.allow_config_change) errors.push_back(line + " (--allow-config-change accepts it)");
+      else if (lead_)
+        std::fprintf(stderr, "shardgpt: warning: %s%s\n", line.c_str(),
+                     c.blocking ? " (accepted by --allow-config-change)" : "");
+    }
+    if (lead_)
+      for (size_t i = 0; i + 1 < errors.size(); i++) std::fprintf(stderr, "shardgpt: error: %s\n", errors[i].c_str());
+    std::fflush(stderr);
+    if (!errors.empty()) return Agree(comm_, Status::InvalidArgument(lead_ ? errors.back() : ""));
+    const TrainState saved = state_;
+    state_ = now;
+    state_.step = saved.step, state_.tokens = saved.tokens, state_.loader_position = saved.loader_position;
+    return Agree(comm_, Status::OK());
+  }
+
+  // A checkpoint of the current state (no-op without --ckpt-dir). With --async-ckpt a periodic
+  // one (background) is written while training continues; the others (stop, end) wait for it,
+  // so a run never exits with a save in flight. The time training was blocked and the write's
+  // own time go into the next JSONL row (ckpt_stall_ms, ckpt_write_ms).
+  Status Save(bool background = false) {
     if (o_.ckpt_dir.empty()) return Status::OK();
+    state_ = RunRecord();
     state_.loader_position = train_->state().position;
-    return Agree(comm_, SaveCheckpoint(o_.ckpt_dir, state_, *engine_, *layout_, comm_, o_.keep_last, o_.quiet));
+    const double t0 = Now();
+    saved_since_row_ = true;
+    if (!async_) {
+      Status st = Agree(comm_, SaveCheckpoint(o_.ckpt_dir, state_, *engine_, *layout_, comm_, o_.keep_last, o_.quiet));
+      ckpt_stall_ms_ += (Now() - t0) * 1e3;
+      ckpt_write_ms_ = (Now() - t0) * 1e3;
+      return st;
+    }
+    Status st = async_->Save(state_, *engine_, *layout_);  // an earlier save's error: agreed by the writer
+    if (st.ok() && !background) st = async_->Wait();
+    ckpt_stall_ms_ += (Now() - t0) * 1e3;
+    return Agree(comm_, st);
   }
 
   // The step line on stdout and the JSONL record (rank 0; the per-rank figures are collective).
@@ -452,6 +573,14 @@ class Trainer {
     j["model_state_bytes_per_rank"] = state_bytes;
     if (engine_->num_groups() > 1) j["comm_bytes_across_groups_per_rank"] = across_bytes;
     if (eval_now) j["val_loss"] = last_val_;
+    if (async_) {
+      const double w = async_->TakeWriteMs();
+      if (w >= 0) ckpt_write_ms_ = w;
+    }
+    // what checkpointing cost since the previous row (the save of a step comes after its row)
+    if (saved_since_row_) j["ckpt_stall_ms"] = ckpt_stall_ms_;
+    if (ckpt_write_ms_ >= 0) j["ckpt_write_ms"] = ckpt_write_ms_;
+    ckpt_stall_ms_ = 0, ckpt_write_ms_ = -1, saved_since_row_ = false;
     log_ << j.dump() << "\n";
     log_.flush();
   }
@@ -501,6 +630,9 @@ class Trainer {
   std::unique_ptr<DataLoader> train_, val_;
   std::ofstream log_;
   std::unique_ptr<CheckpointDirLock> ckpt_lock_;  // rank 0, while training with --ckpt-dir
+  std::unique_ptr<AsyncCheckpointer> async_;       // --async-ckpt; destroyed first (waits for its save)
+  double ckpt_stall_ms_ = 0, ckpt_write_ms_ = -1;  // since the last JSONL row
+  bool saved_since_row_ = false;
   TrainState state_;
   std::vector<int32_t> x_, y_;
   float last_loss_ = NAN, last_val_ = NAN;

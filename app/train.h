@@ -47,6 +47,8 @@ struct TrainOptions {
   int keep_last = 0;       // 0 keeps all
   std::string resume;      // "latest" (under ckpt_dir, must exist), "auto" (latest if any, else fresh) or a directory
   int stop_at_step = 0;    // > 0: checkpoint and stop after this step, as if preempted
+  bool async_ckpt = false;  // --async-ckpt: periodic checkpoints written in the background (io/async_checkpoint.h)
+  bool allow_config_change = false;  // resume although the data order cannot continue (seq len, seed, data, shuffle)
 };
 
 // Exit status after SIGUSR1/SIGTERM: all ranks saved a checkpoint at the next step boundary

@@ -14,6 +14,8 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <thread>
+#include <cstdlib>
 
 #include "io/checkpoint_h5.h"
 #include "io/checkpoint_shard.h"
@@ -29,6 +31,12 @@ constexpr const char* kIndexName = "index.h5";
 constexpr const char* kLatestName = "latest";
 
 bool fail_next_save = false;
+// SHARDGPT_TEST_CKPT_WRITE_DELAY_MS: a pause after this rank's shard file is written and
+// before the index (tests/e2e/async_ckpt.sh kills a run inside a background write with it).
+const int write_delay_ms = [] {
+  const char* v = std::getenv("SHARDGPT_TEST_CKPT_WRITE_DELAY_MS");
+  return v != nullptr ? std::atoi(v) : 0;
+}();
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -283,16 +291,46 @@ StatusOr<GPTConfig> ReadCheckpointConfig(const std::string& path, const std::str
   return idx->config;
 }
 
-Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& engine, const ParamLayout& layout,
-                      Communicator& comm, int keep_last, bool quiet) {
-  h5::InitH5();
-  const double t_start = Now();
+uint64_t OwnedShardElements(const ParamLayout& layout, int files, int file) {
+  uint64_t elements = 0;
+  for (const SavedPiece& p : PlanSave(layout, files))
+    if (p.file == file) elements = std::max(elements, p.file_offset + (p.end - p.begin));
+  return elements;
+}
+
+Status CopyOwnedShard(Engine& engine, const ParamLayout& layout, int files, int file, float* out) {
+  const uint64_t n = OwnedShardElements(layout, files, file);
+  const ShardFill fill = EngineFill(engine, PlanSave(layout, files), file);
+  for (int k = 0; k < 3; k++) SHARDGPT_RETURN_IF_ERROR(fill(k, 0, n, out + k * n));
+  return Status::OK();
+}
+
+SaveRole SaveRoleOf(const Engine& engine) {
+  SaveRole role;
+  role.zero_stage = engine.options().zero_stage;
+  role.dtype = engine.options().dtype;
+  role.files = engine.shard_group_size();
+  role.file = engine.shard_rank();
   // HSDP: the replicas of a shard (one per group) hold bitwise-equal state (the cross-group
   // all-reduce gives each the same averaged gradient, and AdamW is deterministic), so only
-  // group 0 (ranks 0..G-1, which includes rank 0, the index writer) writes: G files, file f
-  // from world rank f = its index in the group. Without HSDP, G = N and every rank writes.
-  const int rank = comm.rank(), ranks = comm.world_size(), world = engine.shard_group_size();
-  const bool writer = engine.group_index() == 0;
+  // group 0 (world ranks 0..G-1, which include rank 0, the index writer) writes: G files, file
+  // f from world rank f. Without HSDP, G = N and every rank writes.
+  role.writer = engine.group_index() == 0;
+  return role;
+}
+
+Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& engine, const ParamLayout& layout,
+                      Communicator& comm, int keep_last, bool quiet) {
+  const SaveRole role = SaveRoleOf(engine);
+  return SaveCheckpointFrom(dir, state, layout, role, EngineFill(engine, PlanSave(layout, role.files), role.file), comm,
+                            keep_last, quiet);
+}
+
+Status SaveCheckpointFrom(const std::string& dir, const TrainState& state, const ParamLayout& layout,
+                          const SaveRole& role, const ShardFill& fill, Communicator& comm, int keep_last, bool quiet) {
+  h5::InitH5();
+  const double t_start = Now();
+  const int rank = comm.rank(), ranks = comm.world_size(), world = role.files;
   const std::string name = StepDirName(state.step);
   const std::string tmp = dir + "/.tmp." + name, final_dir = dir + "/" + name;
 
@@ -302,13 +340,13 @@ Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& e
 
   const std::vector<SavedPiece> pieces = PlanSave(layout, world);
   ShardWriteResult res;
-  const std::string shard_path = tmp + "/" + ShardFileName(rank);
-  uint64_t elements = 0;
-  for (const SavedPiece& p : pieces)
-    if (p.file == rank) elements = std::max(elements, p.file_offset + (p.end - p.begin));
-  SHARDGPT_RETURN_IF_ERROR(AgreeAll(comm, !writer ? Status::OK()
-                                                   : WriteShardFile(shard_path, rank, world, id[0], state.step, elements,
-                                                                    EngineFill(engine, pieces, rank), &res)));
+  const std::string shard_path = tmp + "/" + ShardFileName(role.file);
+  const uint64_t elements = OwnedShardElements(layout, world, role.file);
+  Status written = role.writer ? WriteShardFile(shard_path, role.file, world, id[0], state.step, elements, fill, &res)
+                                : Status::OK();
+  if (written.ok() && role.writer && write_delay_ms > 0)  // test hook: a slow file system, so a kill can land here
+    std::this_thread::sleep_for(std::chrono::milliseconds(write_delay_ms));
+  SHARDGPT_RETURN_IF_ERROR(AgreeAll(comm, written));
   uint64_t secs_bits;
   std::memcpy(&secs_bits, &res.seconds, sizeof(double));
   const std::vector<uint64_t> all = AllGatherU64(
@@ -337,8 +375,8 @@ Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& e
     idx.world_size = world;
     idx.ranks = ranks;
     idx.shard_group_size = world;
-    idx.zero_stage = engine.options().zero_stage;
-    idx.dtype = DTypeName(engine.options().dtype);
+    idx.zero_stage = role.zero_stage;
+    idx.dtype = DTypeName(role.dtype);
     idx.state = state;
     idx.pieces = pieces;
     for (int r = 0; r < world; r++) {

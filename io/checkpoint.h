@@ -26,6 +26,7 @@
 #include "base/status.h"
 #include "io/checkpoint_index.h"
 #include "io/checkpoint_plan.h"
+#include "io/checkpoint_shard.h"
 #include "io/llmc_model.h"
 #include "model/config.h"
 #include "model/param_layout.h"
@@ -42,6 +43,30 @@ namespace shardgpt {
 // Writes straight from the engine's buffers (no extra model copy in memory).
 Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& engine, const ParamLayout& layout,
                       Communicator& comm, int keep_last, bool quiet);
+
+// What a rank's part of a save is: `files` shard files (the shard group size G; N without
+// HSDP), written by the ranks of group 0 only (`writer`: HSDP's replicas hold bitwise-equal
+// shards), this rank's being file `file` (its index in its group), and the stage and dtype the
+// index records.
+struct SaveRole {
+  int zero_stage = 0;
+  DType dtype = DType::kF32;
+  int files = 1, file = 0;
+  bool writer = true;
+};
+SaveRole SaveRoleOf(const Engine& engine);
+
+// SaveCheckpoint with this rank's shard data taken from `fill` (the elements of its file, dataset
+// by dataset: see OwnedShardElements) instead of the engine: what the async writer
+// (io/async_checkpoint.h) runs on its own thread and communicator, from a staged copy.
+// Collective over comm.
+Status SaveCheckpointFrom(const std::string& dir, const TrainState& state, const ParamLayout& layout,
+                          const SaveRole& role, const ShardFill& fill, Communicator& comm, int keep_last, bool quiet);
+// Elements per dataset (master, m, v) of shard file `file` of `files`.
+uint64_t OwnedShardElements(const ParamLayout& layout, int files, int file);
+// This rank's shard data (file `file` of `files`), copied from the engine (through the device)
+// into host memory `out` holding 3 x OwnedShardElements floats: master, then m, then v. Local.
+Status CopyOwnedShard(Engine& engine, const ParamLayout& layout, int files, int file, float* out);
 
 // Collective. `path` is a checkpoint directory, or "latest" meaning the one DIR/latest points to (dir = ckpt_dir).
 // Refuses (one line naming the file and the problem; all ranks return an error, no hang): missing dir, not a

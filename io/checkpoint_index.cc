@@ -240,6 +240,33 @@ class FieldReader {
   std::string path_;
 };
 
+// The optional /run object: what the saving run's data order depended on (TrainState's
+// batch_samples, seq_len, shuffle, data_files). Absent in indexes written before it existed.
+Status RunFromJson(const json& root, const FieldReader& r, TrainState* st) {
+  const json* run = Member(root, "run");
+  if (!run) return Status::OK();
+  if (!run->is_object()) return r.Bad("/run", "an object");
+  const json* m = nullptr;
+  int64_t shuffle = 0;
+  if (!(m = Member(*run, "batch_samples")) || !AsI64(*m, &st->batch_samples) || st->batch_samples < 1)
+    return r.Bad("/run batch_samples", "an integer >= 1");
+  if (!(m = Member(*run, "seq_len")) || !AsI64(*m, &st->seq_len) || st->seq_len < 1 || st->seq_len > INT32_MAX)
+    return r.Bad("/run seq_len", "an integer in [1, 2^31-1]");
+  if (!(m = Member(*run, "shuffle")) || !AsI64(*m, &shuffle) || (shuffle != 0 && shuffle != 1))
+    return r.Bad("/run shuffle", "0 or 1");
+  st->shuffle = static_cast<int>(shuffle);
+  const json* files = Member(*run, "data_files");
+  if (!files || !files->is_array() || files->size() > (size_t{1} << 20))
+    return r.Bad("/run data_files", "an array of at most 2^20 [path, tokens]");
+  for (const json& f : *files) {
+    TrainState::DataFile d;
+    if (!f.is_array() || f.size() != 2 || !AsString(f[0], &d.path, 4096) || !AsU64(f[1], &d.tokens))
+      return r.Bad("/run data_files", "[path, tokens] pairs");
+    st->data_files.push_back(std::move(d));
+  }
+  return Status::OK();
+}
+
 Status FromJson(const json& root, const std::string& path, CheckpointIndex* idx) {
   const FieldReader r(path);
   if (!root.is_object()) return Status::Corruption(path + ": the index's JSON content is not an object");
@@ -388,7 +415,7 @@ Status FromJson(const json& root, const std::string& path, CheckpointIndex* idx)
     }
     idx->files.push_back(std::move(file));
   }
-  return Status::OK();
+  return RunFromJson(root, r, &idx->state);
 }
 
 json ToJson(const CheckpointIndex& idx) {
@@ -408,7 +435,7 @@ json ToJson(const CheckpointIndex& idx) {
                      {"crc32c", json::array({f.crc_master, f.crc_m, f.crc_v})},
                      {"chunks", json::array({f.chunk_offsets[0], f.chunk_offsets[1], f.chunk_offsets[2]})},
                      {"chunk_crc32c", json::array({f.chunk_crcs[0], f.chunk_crcs[1], f.chunk_crcs[2]})}});
-  return {{"format", kIndexFormat},
+  json out = {{"format", kIndexFormat},
           {"format_version", kCheckpointFormatVersion},
           {"checkpoint_id", idx.checkpoint_id},
           {"world_size", idx.world_size},
@@ -429,6 +456,14 @@ json ToJson(const CheckpointIndex& idx) {
             {"padded_vocab_size", c.padded_vocab()}}},
           {"layout", {{"tensors", tensors}, {"units", units}}},
           {"plan", {{"pieces", pieces}, {"files", files}}}};
+  const TrainState& st = idx.state;
+  if (st.batch_samples > 0) {  // recorded by training runs (app/train.cc); tests may leave it out
+    json data = json::array();
+    for (const TrainState::DataFile& d : st.data_files) data.push_back(json::array({d.path, d.tokens}));
+    out["run"] = {{"batch_samples", st.batch_samples}, {"seq_len", st.seq_len}, {"shuffle", st.shuffle},
+                  {"data_files", data}};
+  }
+  return out;
 }
 }  // namespace
 

@@ -43,6 +43,16 @@ struct TrainState {            // everything besides model/optimizer state neede
   int64_t tokens = 0;          // tokens seen
   uint64_t loader_position = 0; // DataLoader global position (io/data_loader.h LoaderState)
   uint64_t seed = 0;           // data/init seed of the run
+  // What the saving run's data order depended on, checked when a run resumes (app/train.cc).
+  // Absent from indexes written before these fields existed: 0 / -1 / empty = not recorded.
+  int64_t batch_samples = 0;   // sequences per optimizer step over all ranks (B x ranks x grad-accum)
+  int64_t seq_len = 0;         // T
+  int shuffle = -1;            // 1 shuffled, 0 file order
+  struct DataFile {
+    std::string path;          // as the --data glob expanded it
+    uint64_t tokens = 0;
+  };
+  std::vector<DataFile> data_files;  // in the loader's order
 };
 
 // One shard file as the index records it.

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
@@ -189,6 +190,12 @@ Status ShardFileReader::Open(const std::string& path, const CheckpointIndex& idx
   return Status::OK();
 }
 
+namespace {
+std::atomic<uint64_t> g_bytes_read{0};
+}  // namespace
+
+uint64_t ShardBytesReadForTesting() { return g_bytes_read.load(); }
+
 Status ShardFileReader::LoadChunk(int kind, uint64_t c) {
   if (buf_kind_ == kind && buf_chunk_ == c) return Status::OK();
   buf_kind_ = -1;
@@ -204,6 +211,7 @@ Status ShardFileReader::LoadChunk(int kind, uint64_t c) {
     if (r <= 0) return Status::Corruption(where + ": read failed (" + (r < 0 ? std::strerror(errno) : "end of file") + ")");
     got += static_cast<uint64_t>(r);
   }
+  g_bytes_read += chunk_bytes;
   // The chunk's data, with the CRC-32C the index recorded for it, then HDF5's Fletcher32 of it
   // (little-endian), as the writer appended.
   const uint32_t crc = Crc32c(0, chunk_buf_.data(), chunk_ * sizeof(float));

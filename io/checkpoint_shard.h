@@ -73,6 +73,10 @@ class ShardFileReader {
   uint64_t buf_chunk_ = 0;
 };
 
+// Bytes this process has read from shard files (whole chunks with their checksums, by
+// ShardFileReader), for tests that check a load reads only the chunks it needs.
+uint64_t ShardBytesReadForTesting();
+
 // Reads every element of file `file_no` (Fletcher32 per chunk) and checks each dataset's
 // CRC-32C against the index; adds the bytes read to *bytes_read.
 Status VerifyShardFile(const std::string& path, const CheckpointIndex& idx, int file_no, uint64_t* bytes_read);

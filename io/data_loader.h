@@ -57,6 +57,8 @@ class DataLoader {
   // B * world_size: samples consumed by one NextBatch on every rank.
   uint64_t global_batch_samples() const;
   const std::vector<std::string>& files() const { return files_; }
+  // Tokens in files()[i].
+  uint64_t file_tokens(size_t i) const { return shards_[i].size(); }
   const DataLoaderOptions& options() const { return options_; }
 
   // The global sample index (in [0, S)) at stream position p: perm_e[p % S], e = p / S.

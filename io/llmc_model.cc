@@ -1,5 +1,9 @@
 #include "io/llmc_model.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -52,9 +56,13 @@ int32_t LoadLE32(const unsigned char* p) {
 }
 }  // namespace
 
-StatusOr<LlmcModel> ReadLlmcModel(const std::string& path) {
-  std::unique_ptr<FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
-  if (!f) return Status::NotFound(path + ": cannot open llm.c model file: " + std::strerror(errno));
+// Checks the header and the file size it implies; fills the config and the version.
+Status CheckLlmcHeader(const std::string& path, FILE* file, GPTConfig* config, int* version) {
+  LlmcModel model;
+  struct NoClose {
+    void operator()(FILE*) const {}
+  };
+  std::unique_ptr<FILE, NoClose> f(file);  // not owned
   unsigned char raw[1024];
   if (std::fread(raw, 1, sizeof(raw), f.get()) != sizeof(raw))
     return Status::Corruption(path + ": file shorter than the 1024-byte llm.c model header");
@@ -66,14 +74,11 @@ StatusOr<LlmcModel> ReadLlmcModel(const std::string& path) {
   if (h[1] != 3 && h[1] != 5)
     return Status::Corruption(path + ": unsupported version " + std::to_string(h[1]) +
                               " (expected 3 = fp32 or 5 = bf16)");
-  LlmcModel model;
   model.config = GPTConfig{h[4], h[5], h[6], h[2], h[3]};
   SHARDGPT_RETURN_IF_ERROR(CheckFileConfig(model.config, path + ": header"));
   if (h[7] != model.config.padded_vocab())
     return Status::Corruption(path + ": padded vocab " + std::to_string(h[7]) + " (expected " +
                               std::to_string(model.config.padded_vocab()) + " for vocab " + std::to_string(h[3]) + ")");
-  // The size the header implies, computed without building the layout (whose size a
-  // crafted header could make arbitrary), is checked against the file before any allocation.
   const size_t elt = h[1] == 3 ? 4 : 2;
   uint64_t numel = 0;
   if (!FileParamCount(model.config, &numel))
@@ -85,30 +90,74 @@ StatusOr<LlmcModel> ReadLlmcModel(const std::string& path) {
     return Status::Corruption(path + ": file has " + std::to_string(size) + " bytes, header (" +
                               model.config.ToString() + ", version " + std::to_string(h[1]) + ") says " +
                               std::to_string(expected));
-  ParamLayout layout(model.config);
-  std::fseek(f.get(), 1024, SEEK_SET);
-  model.params.resize(layout.total_numel());
-  std::vector<uint16_t> tmp;
-  bool ok = true;
+  *config = model.config;
+  *version = h[1];
+  return Status::OK();
+}
+
+StatusOr<std::unique_ptr<LlmcModelReader>> LlmcModelReader::Open(const std::string& path) {
+  std::unique_ptr<FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
+  if (!f) return Status::NotFound(path + ": cannot open llm.c model file: " + std::strerror(errno));
+  std::unique_ptr<LlmcModelReader> r(new LlmcModelReader());
+  SHARDGPT_RETURN_IF_ERROR(CheckLlmcHeader(path, f.get(), &r->config_, &r->version_));
+  r->fd_ = dup(fileno(f.get()));
+  if (r->fd_ < 0) return Status::IOError(path + ": cannot open: " + std::strerror(errno));
+  r->path_ = path;
+  const ParamLayout layout(r->config_);
+  uint64_t at = 0;
   ForEachInFileOrder(layout, [&](size_t off, size_t n) {
-    if (!ok) return;
-    if (elt == 4) {
-      ok = std::fread(model.params.data() + off, 4, n, f.get()) == n;
-    } else {
-      tmp.resize(n);
-      ok = std::fread(tmp.data(), 2, n, f.get()) == n;
-      Bf16ToFloat(tmp.data(), model.params.data() + off, n);
-    }
+    r->pieces_.push_back(Piece{off, n, at, ""});
+    at += n;
   });
-  if (!ok) return Status::IOError(path + ": read error");
-  // A NaN or infinity would train or sample garbage without a word: name the tensor instead.
-  for (const TensorInfo& t : layout.tensors()) {
-    const float* p = model.params.data() + layout.units()[t.unit].offset + t.offset;
-    for (size_t i = 0; i < t.numel; i++)
-      if (!std::isfinite(p[i]))
-        return Status::Corruption(path + ": tensor " + t.name + " element " + std::to_string(i) + " is " +
-                                  (std::isnan(p[i]) ? "NaN" : "infinite") + " (expected finite weights)");
+  for (const TensorInfo& t : layout.tensors())
+    for (Piece& p : r->pieces_)
+      if (p.global == layout.units()[t.unit].offset + t.offset) p.name = t.name;
+  std::sort(r->pieces_.begin(), r->pieces_.end(), [](const Piece& a, const Piece& b) { return a.global < b.global; });
+  return r;
+}
+
+LlmcModelReader::~LlmcModelReader() {
+  if (fd_ >= 0) close(fd_);
+}
+
+Status LlmcModelReader::ReadRange(uint64_t begin, uint64_t end, float* dst) {
+  const size_t elt = version_ == 3 ? 4 : 2;
+  constexpr uint64_t kBlock = uint64_t{1} << 20;  // elements per read: bounded bf16 scratch
+  std::vector<uint16_t> tmp;
+  for (const Piece& p : pieces_) {
+    const uint64_t lo = std::max(begin, p.global), hi = std::min(end, p.global + p.numel);
+    for (uint64_t a = lo; a < hi; a += kBlock) {
+      const uint64_t n = std::min(kBlock, hi - a);
+      const off_t pos = static_cast<off_t>(1024 + (p.file_elem + (a - p.global)) * elt);
+      float* out = dst + (a - begin);
+      void* buf = out;
+      if (elt == 2) tmp.resize(n), buf = tmp.data();
+      const ssize_t want = static_cast<ssize_t>(n * elt);
+      ssize_t got = 0;
+      while (got < want) {
+        const ssize_t k = pread(fd_, static_cast<char*>(buf) + got, want - got, pos + got);
+        if (k <= 0) return Status::IOError(path_ + ": read error" + (k < 0 ? std::string(": ") + std::strerror(errno) : ""));
+        got += k;
+      }
+      bytes_read_ += static_cast<uint64_t>(want);
+      if (elt == 2) Bf16ToFloat(tmp.data(), out, n);
+      // A NaN or infinity would train or sample garbage without a word: name the tensor instead.
+      for (uint64_t i = 0; i < n; i++)
+        if (!std::isfinite(out[i]))
+          return Status::Corruption(path_ + ": tensor " + p.name + " element " + std::to_string(a - p.global + i) +
+                                    " is " + (std::isnan(out[i]) ? "NaN" : "infinite") + " (expected finite weights)");
+    }
   }
+  return Status::OK();
+}
+
+StatusOr<LlmcModel> ReadLlmcModel(const std::string& path) {
+  auto reader = LlmcModelReader::Open(path);
+  if (!reader.ok()) return reader.status();
+  LlmcModel model;
+  model.config = reader.value()->config();
+  model.params.resize(ParamLayout(model.config).total_numel());  // = the file's elements, whose size was checked
+  SHARDGPT_RETURN_IF_ERROR(reader.value()->ReadRange(0, model.params.size(), model.params.data()));
   return model;
 }
 

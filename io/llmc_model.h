@@ -7,6 +7,7 @@
 // attprojw[L], attprojb[L], ln2w[L], ln2b[L], fcw[L], fcb[L], fcprojw[L], fcprojb[L], lnfw, lnfb.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,37 @@ struct LlmcModel {
 // The header is checked field by field and the size it implies against the file's before
 // anything is allocated; a NaN or infinite weight is refused naming the tensor.
 StatusOr<LlmcModel> ReadLlmcModel(const std::string& path);
+// An llm.c model file whose header and size were checked, read range by range: how --init
+// fills a sharded engine with only the elements each rank owns (ZeRO-3 never holds the full
+// model on any rank). Thread/rank contract: local; one reader per thread.
+class LlmcModelReader {
+ public:
+  // Checks the header field by field and the file size it implies (the same checks and
+  // messages as ReadLlmcModel); reads no weights.
+  static StatusOr<std::unique_ptr<LlmcModelReader>> Open(const std::string& path);
+  ~LlmcModelReader();
+  const GPTConfig& config() const { return config_; }
+  // Elements [begin, end) of the global flat buffer (ParamLayout order) into dst, widening
+  // bf16: a seek and a read per tensor piece the range touches (the file groups tensors by
+  // kind, not by unit). A NaN or infinity is refused naming the tensor and element.
+  Status ReadRange(uint64_t begin, uint64_t end, float* dst);
+  // Weight bytes read from the file so far (the header excluded).
+  uint64_t bytes_read() const { return bytes_read_; }
+
+ private:
+  LlmcModelReader() = default;
+  struct Piece {
+    uint64_t global, numel, file_elem;  // offset in the flat buffer, size, element offset in the file
+    std::string name;
+  };
+  std::string path_;
+  int fd_ = -1;
+  int version_ = 3;
+  GPTConfig config_;
+  std::vector<Piece> pieces_;  // every tensor, sorted by global offset
+  uint64_t bytes_read_ = 0;
+};
+
 // Writes version 3 (fp32) from params in layout order, atomically (temp file + rename).
 Status WriteLlmcModel(const std::string& path, const ParamLayout& layout, const float* params);
 

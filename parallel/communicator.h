@@ -244,6 +244,15 @@ class Communicator {
     return Status::Unimplemented("this communicator cannot be split into groups");
   }
 
+  // A new communicator over the same ranks with its own queue, thread and MPI communicator
+  // (MPI_Comm_dup), for the control plane of ANOTHER thread (the async checkpoint writer,
+  // io/async_checkpoint.h): its calls never match or delay this one's, so the training
+  // collectives' order is untouched. Its buffers are host memory. Collective over this
+  // communicator (runs in its call order); needs MPI_THREAD_MULTIPLE (two threads in MPI).
+  virtual StatusOr<std::unique_ptr<Communicator>> DuplicateControl() {
+    return Status::Unimplemented("this communicator cannot be duplicated");
+  }
+
   // This rank's traffic counters. Reset it whenever a measurement starts.
   virtual CommLedger& ledger() = 0;
   // Wall time spent executing collectives since creation (to measure how much of it was

@@ -166,6 +166,27 @@ void Engine::InitOwned(uint64_t seed) {
   t_ = 0;
 }
 
+Status Engine::LoadOwnedParams(const std::function<Status(int, uint64_t, uint64_t, float*)>& read) {
+  ctx_.queue.WaitAll();
+  std::vector<float> slice;
+  Status st;
+  for (int u = 0; u < ctx_.plan.num_units() && st.ok(); u++) {
+    const OwnedState own = Owned(u);
+    slice.resize(own.end - own.begin);
+    st = read(u, own.begin, own.end, slice.data());
+    if (st.ok()) ctx_.device->CopyToDevice(own.master, slice.data(), slice.size() * sizeof(float));
+  }
+  // Every rank publishes (stage 1/2 all-gather) even after a local error: the others do too.
+  for (int u = 0; u < ctx_.plan.num_units(); u++) {
+    adamw_.StoreFromMaster(u, params_->Owned(u));
+    params_->Publish(u);
+  }
+  adamw_.ResetMoments();
+  ctx_.queue.WaitAll();
+  t_ = 0;
+  return st;
+}
+
 void Engine::SyncParamsFromMaster() {
   ctx_.queue.WaitAll();
   for (int u = 0; u < ctx_.plan.num_units(); u++) {

@@ -31,6 +31,7 @@
 // Thread contract: one training thread; communication runs on the communicator's thread.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,6 +89,7 @@ class Engine : public UnitHooks {
   Communicator& shard_comm() { return *ctx_.comm; }
   Communicator* replica_comm() { return ctx_.replica; }
   int shard_group_size() const { return ctx_.world; }
+  int shard_rank() const { return ctx_.rank; }  // this rank's index in its shard group
   int num_groups() const { return ctx_.replicas(); }
   // Which group this rank is in (0 .. N/G-1): group 0 writes checkpoints.
   int group_index() const { return ctx_.replica ? ctx_.replica->rank() : 0; }
@@ -100,6 +102,12 @@ class Engine : public UnitHooks {
   // (no rank builds the whole model; bitwise the same state as LoadFullParams of the full
   // initialisation). Moments zeroed, step counter reset. Collective.
   void InitOwned(uint64_t seed);
+  // Parameters read range by range: read(unit, begin, end, out) fills out with elements
+  // [begin, end) of `unit` (its flat buffer, unpadded), called for this rank's owned range of
+  // each unit only (--init from an llm.c file without the full model). Moments zeroed, step
+  // counter reset. Stops at the first error and returns it (local; the caller agrees on it);
+  // collective otherwise.
+  Status LoadOwnedParams(const std::function<Status(int unit, uint64_t begin, uint64_t end, float* out)>& read);
   // Writes the full fp32 master parameters (layout order) into host memory `out`, on every
   // rank. Collective.
   void GatherFullParams(float* out);

@@ -312,17 +312,32 @@ std::shared_ptr<Work> MpiCommunicator::Broadcast(void* buf, size_t count, DType 
   }, buf, bytes, buf, bytes);
 }
 
-StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Split(int color, int key) {
-  MPI_Comm part = MPI_COMM_NULL;
-  Status st = Enqueue([this, color, key, &part]() -> Status {
-                SHARDGPT_MPI_CALL(MPI_Comm_split(comm_, color, key, &part), "MPI_Comm_split");
-                return Status::OK();
-              })->status();
-  if (!st.ok()) return st;
-  auto made = Create(part, device_);  // duplicates `part`: ours to free
-  MPI_Comm_free(&part);
+StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Derive(const char* what, const DeriveFn& make,
+                                                                 Device* device) {
+  // a collective on comm_: it runs on our thread, in call order
+  MPI_Comm derived = MPI_COMM_NULL;
+  SHARDGPT_RETURN_IF_ERROR(Enqueue([this, what, &make, &derived]() -> Status {
+                             SHARDGPT_MPI_CALL(make(comm_, &derived), what);
+                             return Status::OK();
+                           })->status());
+  auto made = Create(derived, device);  // duplicates `derived` (nobody else uses it): ours to free
+  MPI_Comm_free(&derived);
   if (!made.ok()) return made.status();
   return std::unique_ptr<Communicator>(std::move(made.value()));
+}
+
+StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Split(int color, int key) {
+  return Derive("MPI_Comm_split",
+                [color, key](MPI_Comm comm, MPI_Comm* out) { return MPI_Comm_split(comm, color, key, out); }, device_);
+}
+
+StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::DuplicateControl() {
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  if (provided < MPI_THREAD_MULTIPLE)
+    return Status::Unimplemented("a second communicator thread needs MPI_THREAD_MULTIPLE (this MPI provides level " +
+                                 std::to_string(provided) + ")");
+  return Derive("MPI_Comm_dup", [](MPI_Comm comm, MPI_Comm* out) { return MPI_Comm_dup(comm, out); }, nullptr);
 }
 
 Status MpiCommunicator::Barrier() {

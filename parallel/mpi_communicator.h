@@ -74,6 +74,8 @@ class MpiCommunicator final : public Communicator {
   // MpiCommunicator over the result, on the same device.
   StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
 
+  StatusOr<std::unique_ptr<Communicator>> DuplicateControl() override;
+
   CommLedger& ledger() override { return ledger_; }
   double busy_seconds() const override { return busy_ns_.load() * 1e-9; }
 
@@ -88,6 +90,9 @@ class MpiCommunicator final : public Communicator {
   using Body = std::function<Status(const void* send, void* recv)>;
 
   MpiCommunicator(MPI_Comm comm, int rank, int world, MPI_Op bf16_sum, Device* device);
+  // A new communicator over make(comm_) (MPI_Comm_split, MPI_Comm_dup), run on our thread.
+  using DeriveFn = std::function<int(MPI_Comm, MPI_Comm*)>;
+  StatusOr<std::unique_ptr<Communicator>> Derive(const char* what, const DeriveFn& make, Device* device);
   std::shared_ptr<Work> Enqueue(Task task);
   // Enqueues body(send, recv), staging device buffers through host memory when needed.
   std::shared_ptr<Work> Submit(Body body, const void* send, size_t send_bytes, void* recv, size_t recv_bytes);

@@ -134,6 +134,9 @@ class NcclCommunicator final : public Communicator {
   Status ControlBroadcast(void* buf, size_t bytes, int root) override {
     return control_->ControlBroadcast(buf, bytes, root);
   }
+  // The control plane is MPI: the duplicate is an MPI communicator of its own.
+  StatusOr<std::unique_ptr<Communicator>> DuplicateControl() override { return control_->DuplicateControl(); }
+
   CommLedger& ledger() override { return ledger_; }
 
   // HSDP: the control plane split with MPI_Comm_split, the data plane with ncclCommSplit (it

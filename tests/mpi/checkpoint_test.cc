@@ -18,11 +18,14 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
+#include <tuple>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "app/ckpt_commands.h"
+#include "io/checkpoint_shard.h"
 #include "io/llmc_model.h"
 #include "model/gpt.h"
 #include "parallel/mpi_communicator.h"
@@ -274,6 +277,57 @@ TEST(Checkpoint, MultiChunkFiles) {
   ASSERT_TRUE(st.ok()) << st.status().ToString();
   EXPECT_TRUE(FullState(*b) == before);
   if (WorldRank() == 0) EXPECT_TRUE(RunCkptVerify(dir).ok());
+  Cleanup(dir);
+}
+
+// A resume reads only what the rank needs: exactly the chunks (4 MiB, each read once with its
+// checksums) holding the pieces PlanReads gives for its owned ranges, from only those files;
+// at the same world size that is its own file. Saved on 1 rank (one file of two chunks per
+// dataset) and on every rank; loaded at stage 3 on every rank.
+TEST(Checkpoint, ResumeReadsOnlyTheChunksItNeeds) {
+  const int W = WorldSize();
+  const std::string dir = SharedDir("reads");
+  GPTConfig c = SmallConfig(1);
+  c.n_embd = 256;
+  c.vocab_size = 4096;  // ~1.85M parameters: 2 chunks per dataset in a 1-rank file
+  for (int save_n : {1, W}) {
+    SCOPED_TRACE("saved on " + std::to_string(save_n) + " rank(s)");
+    const std::string cdir = dir + "/s" + std::to_string(save_n);
+    MPI_Comm save_comm = FirstRanks(save_n);
+    if (save_comm != MPI_COMM_NULL) {
+      auto a = MakeRun(save_comm, c, 3, 31);
+      ASSERT_TRUE(SaveCheckpoint(cdir, StateOf(*a), *a->engine, *a->layout, *a->comm, 0, true).ok());
+      a.reset();
+      MPI_Comm_free(&save_comm);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    auto b = MakeRun(MPI_COMM_WORLD, c, 3, 32);
+    auto idx = ReadCheckpointIndex(ResolveCheckpoint(cdir, "").value());
+    ASSERT_TRUE(idx.ok()) << idx.status().ToString();
+    std::set<std::tuple<int, int, uint64_t>> chunks;  // (file, dataset, chunk) this rank needs
+    for (int u = 0; u < b->layout->num_units(); u++) {
+      const Engine::OwnedState own = b->engine->Owned(u);
+      for (const ReadOp& op : PlanReads(idx->pieces, u, own.begin, own.end)) {
+        const uint64_t ce = ShardChunkElems(idx->files[op.file].elements);
+        for (int k = 0; k < 3; k++)
+          for (uint64_t ch = op.file_offset / ce; ch <= (op.file_offset + op.count - 1) / ce; ch++)
+            chunks.insert({op.file, k, ch});
+      }
+    }
+    uint64_t expected = 0, all_files = 0;
+    for (const auto& t : chunks) expected += (ShardChunkElems(idx->files[std::get<0>(t)].elements) + 1) * 4;
+    for (const CheckpointFile& f : idx->files) all_files += 3 * ShardChunks(f.elements) * (ShardChunkElems(f.elements) + 1) * 4;
+    const uint64_t before = ShardBytesReadForTesting();
+    auto st = LoadCheckpoint(cdir, "", *b->engine, *b->layout, *b->comm, true);
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    const uint64_t read = ShardBytesReadForTesting() - before;
+    EXPECT_EQ(read, expected);
+    if (save_n == W) {  // its own file only
+      for (const auto& t : chunks) EXPECT_EQ(std::get<0>(t), WorldRank());
+      if (W > 1) EXPECT_LT(read, all_files);
+    }
+    b.reset();
+  }
   Cleanup(dir);
 }
 

@@ -38,6 +38,8 @@ CheckpointIndex GoodIndex(int world = 3) {
   idx.zero_stage = 2;
   idx.dtype = "bf16";
   idx.state = TrainState{12, 12 * 256, 48, 1337};
+  idx.state.batch_samples = 4, idx.state.seq_len = 16, idx.state.shuffle = 1;
+  idx.state.data_files = {{"d/a.bin", 100}, {"d/b.bin", 200}};
   idx.pieces = PlanSave(layout, world);
   const std::vector<uint64_t> elems = FileElements(idx.pieces, world);
   for (int r = 0; r < world; r++) {
@@ -72,6 +74,12 @@ TEST(CheckpointIndex, RoundTrip) {
   EXPECT_EQ(back->state.tokens, 12 * 256);
   EXPECT_EQ(back->state.loader_position, 48u);
   EXPECT_EQ(back->state.seed, 1337u);
+  EXPECT_EQ(back->state.batch_samples, 4);
+  EXPECT_EQ(back->state.seq_len, 16);
+  EXPECT_EQ(back->state.shuffle, 1);
+  ASSERT_EQ(back->state.data_files.size(), 2u);
+  EXPECT_EQ(back->state.data_files[1].path, "d/b.bin");
+  EXPECT_EQ(back->state.data_files[1].tokens, 200u);
   ASSERT_EQ(back->pieces.size(), idx.pieces.size());
   for (size_t i = 0; i < idx.pieces.size(); i++) {
     EXPECT_EQ(back->pieces[i].unit, idx.pieces[i].unit);
@@ -218,6 +226,9 @@ TEST(CheckpointIndex, CraftedJsonIsRefusedByName) {
       {"\"n_layer\":2", "\"n_layer\":4294967298", "/config n_layer 4294967298 (expected 1 to 2^31-1)"},
       {"\"format\":\"shardgpt-checkpoint\"", "\"format\":\"something-else\"", "not a shardgpt checkpoint index"},
       {"{\"checkpoint_id\"", "[{\"checkpoint_id\"", "JSON content does not parse"},
+      {"\"shuffle\":1", "\"shuffle\":2", "/run shuffle missing or not 0 or 1"},
+      {"\"seq_len\":16", "\"seq_len\":0", "/run seq_len missing or not an integer in [1, 2^31-1]"},
+      {"[\"d/a.bin\",100]", "[\"d/a.bin\",-100]", "/run data_files missing or not [path, tokens] pairs"},
   };
   const size_t json_at = good.find("\njson ") + 6;
   const uint64_t json_bytes = std::stoull(good.substr(json_at, good.find('\n', json_at) - json_at));

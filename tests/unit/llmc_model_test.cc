@@ -6,7 +6,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <vector>
 
@@ -61,6 +63,33 @@ TEST(LlmcModel, ReadsVersion5Bf16) {
   auto m = ReadLlmcModel(path5);
   ASSERT_TRUE(m.ok()) << m.status().message();
   for (size_t i = 0; i < p.size(); i++) ASSERT_EQ(m->params[i], RoundToBf16(p[i])) << i;
+}
+
+// The range reader behind --init at ZeRO-3: any range of the flat buffer equals that slice of
+// the whole file read at once (fp32 and bf16), reading only that range's bytes.
+TEST(LlmcModel, RangesEqualTheWholeFile) {
+  GPTConfig c{2, 2, 16, 8, 100};
+  ParamLayout layout(c);
+  std::vector<float> p(layout.total_numel());
+  InitParameters(layout, 5, p.data());
+  const std::string path = TempPath("mr.bin");
+  ASSERT_TRUE(WriteLlmcModel(path, layout, p.data()).ok());
+  auto whole = ReadLlmcModel(path);
+  ASSERT_TRUE(whole.ok());
+  auto r = LlmcModelReader::Open(path);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r.value()->config().FirstDifference(c), "");
+  const uint64_t n = p.size();
+  uint64_t bytes = 0;
+  for (uint64_t begin : {uint64_t{0}, uint64_t{1}, uint64_t{2047}, n / 3, n - 5})
+    for (uint64_t len : {uint64_t{1}, uint64_t{17}, uint64_t{3000}, n}) {
+      const uint64_t end = std::min(n, begin + len);
+      std::vector<float> got(end - begin, -1.0f);
+      ASSERT_TRUE(r.value()->ReadRange(begin, end, got.data()).ok());
+      ASSERT_EQ(0, std::memcmp(got.data(), whole->params.data() + begin, got.size() * 4)) << begin << "+" << len;
+      bytes += got.size() * 4;
+      EXPECT_EQ(r.value()->bytes_read(), bytes);
+    }
 }
 
 TEST(LlmcModel, ErrorsNameTheFile) {
