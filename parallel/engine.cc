@@ -15,7 +15,12 @@ Engine::Engine(const ParamLayout& layout, Communicator* comm, const EngineOption
     : ctx_(layout, comm, &device, options),
       params_(ParamStore::Create(&ctx_)),
       grads_(GradReducer::Create(&ctx_)),
-      adamw_(&ctx_) {}
+      adamw_(&ctx_) {
+  if (options.optimizer == OptimizerKind::kMuon) {
+    muon_ = std::make_unique<ShardedMuon>(&ctx_);
+    for (int u = 0; u < ctx_.plan.num_units(); u++) adamw_.SetSkipRanges(u, muon_->plan().muon_ranges(u));
+  }
+}
 
 Engine::~Engine() { ctx_.queue.WaitAll(); }
 
@@ -77,6 +82,15 @@ float Engine::Step(float lr, float grad_clip) {
   const float scale = (grad_clip > 0 && norm > grad_clip) ? grad_clip / (norm + 1e-6f) : 1.0f;
 
   t_++;
+  if (muon_) {  // the Muon matrices' master weights first; the loop below stores and publishes them
+    std::vector<ShardedMuon::UnitState> units(ctx_.plan.num_units());
+    for (int u = 0; u < ctx_.plan.num_units(); u++) {
+      const OwnedState st = Owned(u);
+      units[u] = ShardedMuon::UnitState{grads_->Owned(u), st.master, st.m};
+    }
+    muon_->Step(units, lr, scale);
+    report_.muon_ns_s = muon_->last_ns_seconds();
+  }
   for (int u = 0; u < ctx_.plan.num_units(); u++) {
     adamw_.Update(u, grads_->Owned(u), params_->Owned(u), lr, scale, t_);
     params_->Publish(u);

@@ -37,6 +37,7 @@
 #include "parallel/grad_reducer.h"
 #include "parallel/param_store.h"
 #include "parallel/sharded_adamw.h"
+#include "parallel/sharded_muon.h"
 #include "parallel/zero_math.h"
 
 namespace shardgpt {
@@ -51,6 +52,7 @@ struct StepReport {
   double backward_exposed_s = 0;  // of which waiting for gradient reductions after backward
   double comm_busy_s = 0;         // time the communicator spent in collectives this step
   int buckets_done_during_backward = 0;  // reductions already complete when backward ended
+  double muon_ns_s = 0;  // --optimizer muon: seconds this rank spent in Newton-Schulz
 };
 
 class Engine : public UnitHooks {
@@ -62,6 +64,8 @@ class Engine : public UnitHooks {
 
   const EngineOptions& options() const { return ctx_.opt; }
   const ShardPlan& plan() const { return ctx_.plan; }
+  // --optimizer muon: which matrices are Muon's and their owners; null for AdamW.
+  const MuonPlan* muon_plan() const { return muon_ ? &muon_->plan() : nullptr; }
   MemoryLedger& memory() { return ctx_.memory; }
   Communicator& comm() { return *ctx_.comm; }
   Device& device() { return *ctx_.device; }
@@ -110,6 +114,7 @@ class Engine : public UnitHooks {
   std::unique_ptr<ParamStore> params_;
   std::unique_ptr<GradReducer> grads_;
   ShardedAdamW adamw_;
+  std::unique_ptr<ShardedMuon> muon_;  // --optimizer muon only
   bool sync_micro_ = true;  // this micro-batch reduces gradients
   int64_t t_ = 0;
   StepReport report_;

@@ -10,7 +10,7 @@ size_t OwnedElements(const EngineContext& ctx) {
 }
 }  // namespace
 
-ShardedAdamW::ShardedAdamW(EngineContext* ctx) : ctx_(*ctx) {
+ShardedAdamW::ShardedAdamW(EngineContext* ctx) : ctx_(*ctx), skip_(ctx->plan.num_units()) {
   const size_t n = OwnedElements(ctx_) * sizeof(float);
   if (ctx_.opt.dtype == DType::kBF16) master_ = ctx_.NewBuffer(MemKind::kOptimizer, n, "fp32 master weights");
   m_ = ctx_.NewBuffer(MemKind::kOptimizer, n, "AdamW first moments");
@@ -44,9 +44,20 @@ void ShardedAdamW::Update(int u, const void* grads, void* stored, float lr, floa
     g = grad32_.as<float>();
   }
   for (const DecayRange& r : ctx_.layout.DecayRanges(u, sl.begin, sl.end)) {
-    const size_t i = r.begin - sl.begin;
-    ctx_.kernels().adamw(sl.master + i, g + i, sl.m + i, sl.v + i, r.end - r.begin, lr,
-                         r.decay ? ctx_.opt.adamw.weight_decay : 0.0f, ctx_.opt.adamw, t, grad_scale);
+    // [r.begin, r.end) minus the skipped ranges, in order
+    size_t at = r.begin;
+    auto run = [&](size_t b, size_t e) {
+      if (b >= e) return;
+      const size_t i = b - sl.begin;
+      ctx_.kernels().adamw(sl.master + i, g + i, sl.m + i, sl.v + i, e - b, lr,
+                           r.decay ? ctx_.opt.adamw.weight_decay : 0.0f, ctx_.opt.adamw, t, grad_scale);
+    };
+    for (const auto& [sb, se] : skip_[u]) {
+      if (se <= at || sb >= r.end) continue;
+      run(at, std::min(sb, r.end));
+      at = std::max(at, se);
+    }
+    run(at, r.end);
   }
   StoreFromMaster(u, stored);
 }

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "parallel/engine_context.h"
 
@@ -32,11 +34,16 @@ class ShardedAdamW {
   void StoreFromMaster(int u, void* stored);
   // Zero moments (a fresh start).
   void ResetMoments();
+  // Element ranges [begin, end) of unit u (sorted, unit coordinates) that another optimizer
+  // (Muon) updates: Update leaves them alone. Their first-moment slots hold that optimizer's
+  // momentum (m_ is then Muon's state too).
+  void SetSkipRanges(int u, std::vector<std::pair<size_t, size_t>> ranges) { skip_[u] = std::move(ranges); }
 
  private:
   EngineContext& ctx_;
   DeviceBuffer master_, m_, v_;  // fp32, over the owned elements of every unit
   DeviceBuffer grad32_;          // fp32 widening of a bf16 gradient slice (bf16 only)
+  std::vector<std::vector<std::pair<size_t, size_t>>> skip_;  // per unit, see SetSkipRanges
 };
 
 }  // namespace shardgpt

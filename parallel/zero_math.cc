@@ -5,11 +5,23 @@
 
 namespace shardgpt {
 
+StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name) {
+  if (name == "adamw") return OptimizerKind::kAdamW;
+  if (name == "muon") return OptimizerKind::kMuon;
+  return Status::InvalidArgument("--optimizer: unknown optimizer '" + name + "' (expected adamw or muon)");
+}
+
+const char* OptimizerName(OptimizerKind k) { return k == OptimizerKind::kMuon ? "muon" : "adamw"; }
+
 Status EngineOptions::Validate() const {
   if (zero_stage < 0 || zero_stage > 3)
     return Status::InvalidArgument("--zero-stage must be 0, 1, 2 or 3, got " + std::to_string(zero_stage));
   if (dtype == DType::kF32 && reduce_dtype == DType::kBF16)
     return Status::InvalidArgument("--reduce-dtype bf16 needs --dtype bf16 (fp32 gradients are reduced in fp32)");
+  if (optimizer == OptimizerKind::kMuon && !(muon.momentum >= 0 && muon.momentum < 1))
+    return Status::InvalidArgument("--muon-momentum must be in [0, 1), got " + std::to_string(muon.momentum));
+  if (optimizer == OptimizerKind::kMuon && (muon.ns_steps < 1 || muon.ns_steps > 100))
+    return Status::InvalidArgument("--muon-ns-steps must be in 1..100, got " + std::to_string(muon.ns_steps));
   if (!(bucket_mb > 0)) return Status::InvalidArgument("--bucket-mb must be > 0");
   if (!reduce_every_micro && zero_stage < 2)
     return Status::InvalidArgument(

@@ -5,15 +5,23 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "base/dtype.h"
+#include "model/muon.h"
 #include "model/optimizer.h"
 #include "model/param_layout.h"
 #include "parallel/communicator.h"
 #include "parallel/shard_plan.h"
 
 namespace shardgpt {
+
+// --optimizer: AdamW for everything, or Muon for the blocks' 2-D matrices (parallel/muon_plan.h)
+// with AdamW for the rest.
+enum class OptimizerKind { kAdamW, kMuon };
+StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name);
+const char* OptimizerName(OptimizerKind k);  // "adamw", "muon"
 
 struct EngineOptions {
   int zero_stage = 0;                 // 0 (DDP), 1, 2, 3
@@ -23,6 +31,8 @@ struct EngineOptions {
   bool reshard_after_forward = true;  // stage 3: free block parameters after forward
   bool reduce_every_micro = true;     // stages 2/3: reduce-scatter every micro-batch
   AdamWConfig adamw;
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  MuonConfig muon;  // with OptimizerKind::kMuon
 
   bool shards_optimizer() const { return zero_stage >= 1; }
   bool shards_grads() const { return zero_stage >= 2; }
