@@ -16,10 +16,7 @@ Engine::Engine(const ParamLayout& layout, Communicator* comm, const EngineOption
       params_(ParamStore::Create(&ctx_)),
       grads_(GradReducer::Create(&ctx_)),
       adamw_(&ctx_) {
-  if (options.optimizer == OptimizerKind::kMuon) {
-    muon_ = std::make_unique<ShardedMuon>(&ctx_);
-    for (int u = 0; u < ctx_.plan.num_units(); u++) adamw_.SetSkipRanges(u, muon_->plan().muon_ranges(u));
-  }
+  if (options.optimizer == OptimizerKind::kMuon) muon_ = std::make_unique<ShardedMuon>(&ctx_);
 }
 
 Engine::~Engine() { ctx_.queue.WaitAll(); }
@@ -74,7 +71,7 @@ float Engine::Step(float lr, float grad_clip) {
   // gradient on every rank; stages >= 1 sum their owned slices' squares over ranks.
   double ss = 0;
   for (int u = 0; u < ctx_.plan.num_units(); u++) {
-    const OwnedState st = Owned(u);
+    const OwnedState st = Internal(u);
     ss += ctx_.kernels().sum_squares(grads_->Owned(u), ctx_.opt.dtype, st.end - st.begin);
   }
   if (ctx_.opt.shards_optimizer()) ss = ctx_.comm->AllReduceScalar(ss, ReduceOp::kSum);
@@ -85,7 +82,7 @@ float Engine::Step(float lr, float grad_clip) {
   if (muon_) {  // the Muon matrices' master weights first; the loop below stores and publishes them
     std::vector<ShardedMuon::UnitState> units(ctx_.plan.num_units());
     for (int u = 0; u < ctx_.plan.num_units(); u++) {
-      const OwnedState st = Owned(u);
+      const OwnedState st = Internal(u);
       units[u] = ShardedMuon::UnitState{grads_->Owned(u), st.master, st.m};
     }
     muon_->Step(units, lr, scale);
@@ -115,7 +112,7 @@ float Engine::Step(float lr, float grad_clip) {
 void Engine::LoadFullParams(const float* full) {
   ctx_.queue.WaitAll();
   for (int u = 0; u < ctx_.plan.num_units(); u++) {
-    const OwnedState st = Owned(u);
+    const OwnedState st = Internal(u);
     const float* src = full + ctx_.layout.units()[u].offset;
     ctx_.device->CopyToDevice(st.master, src + st.begin, (st.end - st.begin) * sizeof(float));
     adamw_.StoreFromMaster(u, params_->Owned(u));
@@ -130,7 +127,7 @@ void Engine::InitOwned(uint64_t seed) {
   ctx_.queue.WaitAll();
   std::vector<float> slice;
   for (int u = 0; u < ctx_.plan.num_units(); u++) {
-    const OwnedState st = Owned(u);
+    const OwnedState st = Internal(u);
     slice.resize(st.end - st.begin);
     InitParameterRange(ctx_.layout, seed, u, st.begin, st.end, slice.data());
     ctx_.device->CopyToDevice(st.master, slice.data(), slice.size() * sizeof(float));
@@ -144,6 +141,7 @@ void Engine::InitOwned(uint64_t seed) {
 
 void Engine::SyncParamsFromMaster() {
   ctx_.queue.WaitAll();
+  adamw_.CommitV();  // Muon: pack the second moments a checkpoint load wrote
   for (int u = 0; u < ctx_.plan.num_units(); u++) {
     adamw_.StoreFromMaster(u, params_->Owned(u));
     params_->Publish(u);
@@ -155,7 +153,7 @@ void Engine::GatherFullParams(float* out) {
   ctx_.queue.WaitAll();
   for (int u = 0; u < ctx_.plan.num_units(); u++) {
     const UnitShardInfo& s = ctx_.plan.unit(u);
-    const OwnedState st = Owned(u);
+    const OwnedState st = Internal(u);
     float* dst = out + ctx_.layout.units()[u].offset;
     if (!ctx_.opt.shards_optimizer()) {
       ctx_.device->CopyToHost(dst, st.master, s.numel * sizeof(float));

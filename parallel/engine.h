@@ -100,15 +100,17 @@ class Engine : public UnitHooks {
 
   // For checkpoints: this rank's owned fp32 master slice and moments (stage >= 1: the shard;
   // stage 0: the full unit), in unit coordinates [begin, end). DEVICE memory: copy through
-  // device().CopyToHost / CopyToDevice.
+  // device().CopyToHost / CopyToDevice. Under Muon, m holds Muon's momentum at the Muon
+  // matrices and v is an unpacked copy (zeros there) until SyncParamsFromMaster.
   using OwnedState = ShardedAdamW::Slice;
-  OwnedState Owned(int unit) { return adamw_.Owned(unit, params_->Owned(unit)); }
+  OwnedState Owned(int unit) { return adamw_.Owned(unit, params_->Owned(unit), true); }
   void set_step_count(int64_t t) { t_ = t; }
   // After writing master values through Owned(): refresh the compute parameters. Collective.
   void SyncParamsFromMaster();
 
  private:
   Engine(const ParamLayout& layout, Communicator* comm, const EngineOptions& options, Device& device);
+  OwnedState Internal(int unit) { return adamw_.Owned(unit, params_->Owned(unit)); }  // v not needed
 
   EngineContext ctx_;
   std::unique_ptr<ParamStore> params_;

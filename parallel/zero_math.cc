@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <string>
 
+#include "parallel/muon_plan.h"
+
 namespace shardgpt {
 
 StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name) {
@@ -29,13 +31,27 @@ Status EngineOptions::Validate() const {
   return Status::OK();
 }
 
-StateSizes Formula::ModelStateByKind(double psi, int world, const EngineOptions& o) {
+StateSizes Formula::ModelStateByKind(double psi, int world, const EngineOptions& o, double psi_muon) {
   const double p = DTypeSize(o.dtype), k = o.optimizer_bytes_per_param(), N = world;
   StateSizes s;
   s.params = o.shards_params() ? p * psi / N : p * psi;
   s.grads = o.keeps_full_grads() ? p * psi : p * psi / N;
-  s.optimizer = o.shards_optimizer() ? k * psi / N : k * psi;
+  if (o.optimizer != OptimizerKind::kMuon) psi_muon = 0;
+  const double opt = k * psi - 4 * psi_muon;  // Muon elements: no second moment (k - 4)
+  s.optimizer = o.shards_optimizer() ? opt / N : opt;
   return s;
+}
+
+double Formula::TrafficBytes(double psi, int world, const EngineOptions& o, int accum, double psi_muon) {
+  return TrafficBytes(psi, world, o, accum) + MuonTrafficBytes(psi_muon, world, o);
+}
+
+double Formula::MuonTrafficBytes(double psi_muon, int world, const EngineOptions& o) {
+  if (o.optimizer != OptimizerKind::kMuon) return 0;
+  const double f = (world - 1.0) / world;
+  // stage 0: owners send whole updates to N-1 ranks; else U to owners and updates back, the
+  // (N-1)/N of each rank's 1/N shard that another rank owns (fp32 on the wire)
+  return o.zero_stage == 0 ? 4 * psi_muon * f : 2 * 4 * psi_muon / world * f;
 }
 
 double Formula::TrafficBytes(double psi, int world, const EngineOptions& o, int accum) {
@@ -49,13 +65,37 @@ double Formula::TrafficBytes(double psi, int world, const EngineOptions& o, int 
   }
 }
 
-StateSizes PersistentStateSizes(const ShardPlan& plan, const EngineOptions& o) {
+namespace {
+// The owned pieces of unit u: OwnedPieces at stage >= 1, the whole unit at stage 0.
+std::vector<OwnedPiece> PiecesOf(const ShardPlan& plan, bool sharded, int u, int r) {
+  if (sharded) return plan.OwnedPieces(u, r);
+  return {OwnedPiece{0, plan.unit(u).numel, 0}};
+}
+}  // namespace
+
+size_t SecondMomentElements(const ParamLayout& layout, const ShardPlan& plan, const EngineOptions& o, int rank) {
+  const bool sharded = o.shards_optimizer();
+  if (o.optimizer != OptimizerKind::kMuon) return sharded ? plan.total_shard() : plan.total_padded();
+  MuonPlan mp(layout, plan, !sharded, o.muon.ns_steps);
+  size_t n = 0;
+  for (int u = 0; u < plan.num_units(); u++)
+    for (const OwnedPiece& p : PiecesOf(plan, sharded, u, rank)) {
+      n += p.end - p.begin;  // minus the piece's Muon elements
+      for (const auto& [b, e] : mp.muon_ranges(u))
+        if (std::min(e, p.end) > std::max(b, p.begin)) n -= std::min(e, p.end) - std::max(b, p.begin);
+    }
+  return n;
+}
+
+StateSizes PersistentStateSizes(const ShardPlan& plan, const EngineOptions& o, const ParamLayout* layout, int rank) {
   const double Tp = static_cast<double>(plan.total_padded()), Ts = static_cast<double>(plan.total_shard());
   const double elt = static_cast<double>(DTypeSize(o.dtype));
   StateSizes s;
   s.params = (o.shards_params() ? Ts : Tp) * elt;
   s.grads = (o.keeps_full_grads() ? Tp : Ts) * elt;
   s.optimizer = (o.shards_optimizer() ? Ts : Tp) * o.optimizer_bytes_per_param();
+  if (o.optimizer == OptimizerKind::kMuon && layout != nullptr)  // v only for the AdamW elements
+    s.optimizer -= ((o.shards_optimizer() ? Ts : Tp) - static_cast<double>(SecondMomentElements(*layout, plan, o, rank))) * 4;
   return s;
 }
 

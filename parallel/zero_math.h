@@ -56,16 +56,28 @@ struct StateSizes {
 struct Formula {
   // Model state per rank: DDP 2Ψ+2Ψ+kΨ; ZeRO-1 2Ψ+2Ψ+kΨ/N; ZeRO-2 2Ψ+(2Ψ+kΨ)/N; ZeRO-3 (2Ψ+2Ψ+kΨ)/N
   // (stage 2/3 with last-micro reduction keep a full gradient).
-  static StateSizes ModelStateByKind(double psi, int world, const EngineOptions& o);
-  static double ModelStateBytes(double psi, int world, const EngineOptions& o) {
-    return ModelStateByKind(psi, world, o).total();
+  // Muon (psi_muon = elements of the Muon matrices, ignored for AdamW): those elements need
+  // no second moment, so k drops by 4 for them (12 -> 8 with bf16, 8 -> 4 with fp32).
+  static StateSizes ModelStateByKind(double psi, int world, const EngineOptions& o, double psi_muon = 0);
+  static double ModelStateBytes(double psi, int world, const EngineOptions& o, double psi_muon = 0) {
+    return ModelStateByKind(psi, world, o, psi_muon).total();
   }
   // Bytes sent per rank per step (ring model, (N-1)/N included), A micro-batches.
   static double TrafficBytes(double psi, int world, const EngineOptions& o, int accum);
+  // The same plus Muon's all-to-all traffic.
+  static double TrafficBytes(double psi, int world, const EngineOptions& o, int accum, double psi_muon);
+  // Muon's all-to-all bytes per rank per step (fp32 values): stage >= 1 2*4*Psi_muon/N*(N-1)/N
+  // (U to the owners, updates back); stage 0 4*Psi_muon*(N-1)/N (owners send whole updates).
+  static double MuonTrafficBytes(double psi_muon, int world, const EngineOptions& o);
 };
 
-// Exact persistent allocations of one rank (padding included), from the plan.
-StateSizes PersistentStateSizes(const ShardPlan& plan, const EngineOptions& o);
+// Exact persistent allocations of one rank (padding included), from the plan. Muon needs the
+// layout (its second moments cover only rank `rank`'s owned AdamW elements).
+StateSizes PersistentStateSizes(const ShardPlan& plan, const EngineOptions& o, const ParamLayout* layout = nullptr,
+                                int rank = 0);
+// Second-moment elements rank r allocates: every owned element (padding included) for AdamW;
+// under Muon only the owned real elements outside the Muon matrices.
+size_t SecondMomentElements(const ParamLayout& layout, const ShardPlan& plan, const EngineOptions& o, int rank);
 // Stage 0 buckets: unit ids per bucket, in backward order (final, blocks L..1, embed).
 std::vector<std::vector<int>> PlanBuckets(const ShardPlan& plan, const EngineOptions& o);
 // Bytes one rank sends in one step of A micro-batches, per collective kind (ring model),

@@ -201,7 +201,8 @@ INSTANTIATE_TEST_SUITE_P(StagesAccum, MuonStagesAccum,
 // matrix of travels once to the owner (stage >= 1), and each element of r's own matrices
 // travels back once to every other rank that holds it (stage 0: every other rank). At N > 1 it
 // stays within 2 x (4 Psi_muon / N) bytes (fp32 on the wire) at stages >= 1; Newton-Schulz FLOPs
-// per rank within 1/N of the total plus the largest matrix.
+// per rank within 1/N of the total plus the largest matrix. The optimizer memory equals an
+// element count too: no second moment for the Muon elements.
 TEST(MuonLedger, AllToAllEqualsElementCount) {
   SetComputeThreads(1);
   auto comm = World();
@@ -244,6 +245,23 @@ TEST(MuonLedger, AllToAllEqualsElementCount) {
       if (stage > 0 && N > 1)
         EXPECT_LE(r.comm[CollKind::kAllToAll].bytes_sent, 2.0 * 4 * mp->muon_numel() / N) << "stage " << stage;
     }
+    // Memory: m over every owned element (Muon's momentum at the matrices), v only over the
+    // owned elements outside them (fp32 storage: no master copy).
+    uint64_t adamw_held = 0;
+    std::vector<std::vector<char>> muon_el(layout.num_units());
+    for (int u = 0; u < layout.num_units(); u++) muon_el[u].assign(layout.units()[u].numel, 0);
+    for (const MuonMatrix& mt : mp->matrices())
+      for (size_t i = mt.begin; i < mt.end(); i++) muon_el[mt.unit][i] = 1;
+    for (int u = 0; u < layout.num_units(); u++)
+      for (size_t i = 0; i < muon_el[u].size(); i++) adamw_held += held[me][u][i] && !muon_el[u][i];
+    const uint64_t owned_slots = stage > 0 ? plan.total_shard() : plan.total_padded();
+    EXPECT_EQ(reports.back().optimizer_bytes, 4 * owned_slots + 4 * adamw_held) << "stage " << stage;
+    eo.optimizer = OptimizerKind::kMuon;
+    EXPECT_EQ(reports.back().optimizer_bytes, PersistentStateSizes(plan, eo, &layout, me).optimizer);
+    const double psi = static_cast<double>(layout.total_numel()), psi_muon = static_cast<double>(mp->muon_numel());
+    EXPECT_NEAR(reports.back().optimizer_bytes, Formula::ModelStateByKind(psi, N, eo, psi_muon).optimizer,
+                8.0 * plan.total_padding() + 4.0 * psi_muon / N + 1)  // padding, and uneven Muon shares
+        << "stage " << stage;
     EXPECT_EQ(mp->SentElements(me), elems);
     EXPECT_LE(mp->OwnerFlops(me), total_flops / N + biggest);
     if (N == 1) EXPECT_EQ(reports.back().comm.Total().bytes_sent, 0u);
