@@ -45,8 +45,8 @@ Status RunCkptInspect(const std::string& path) {
   std::printf("  format version   %d (id %016llx)\n", idx.format_version,
               static_cast<unsigned long long>(idx.checkpoint_id));
   std::printf("  model            %s (padded vocab %d)\n", idx.config.ToString().c_str(), idx.config.padded_vocab());
-  std::printf("  saved by         %d rank(s), zero stage %d, dtype %s\n", idx.world_size, idx.zero_stage,
-              idx.dtype.c_str());
+  std::printf("  saved by         %d rank(s), zero stage %d, dtype %s, optimizer %s\n", idx.world_size,
+              idx.zero_stage, idx.dtype.c_str(), idx.optimizer.c_str());
   std::printf("  step             %lld (LR schedule position and AdamW t)\n", static_cast<long long>(idx.state.step));
   std::printf("  tokens           %lld\n", static_cast<long long>(idx.state.tokens));
   std::printf("  loader position  %llu\n", static_cast<unsigned long long>(idx.state.loader_position));

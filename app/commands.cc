@@ -9,6 +9,7 @@
 #include "model/gpt.h"
 #include "model/kernels_cpu.h"
 #include "model/sampler.h"
+#include "parallel/muon_plan.h"
 
 namespace shardgpt {
 
@@ -76,13 +77,24 @@ Status RunPlan(const PlanOptions& o) {
               o.model.ToString().c_str(), psi / 1e6, o.ranks, o.micro_batch, o.seq_len, o.grad_accum,
               DTypeName(o.engine.dtype), DTypeName(o.engine.reduce_dtype));
   std::printf("activations (fp32, all layers saved, attention O(T)): %.3f GiB per rank\n", act / GiB);
+  double psi_muon = 0;
+  if (o.engine.optimizer == OptimizerKind::kMuon) {
+    const MuonPlan mp(layout, plan, false, o.engine.muon.ns_steps);
+    psi_muon = static_cast<double>(mp.muon_numel());
+    double most = 0, all = 0;
+    for (int r = 0; r < o.ranks; r++) most = std::max(most, mp.OwnerFlops(r)), all += mp.OwnerFlops(r);
+    std::printf("optimizer muon: %zu matrices, %.1fM elements (%.1f%% of Psi) with k-4 bytes of state each (no second "
+                "moment); Newton-Schulz %.3f GFLOP per step in all, %.3f GFLOP on the busiest of %d owner rank(s)\n",
+                mp.matrices().size(), psi_muon / 1e6, 100 * psi_muon / psi, all / 1e9, most / 1e9,
+                o.ranks);
+  }
   std::printf("%-6s %11s %11s %11s %11s %12s %13s %13s%s\n", "stage", "params", "grads", "optimizer", "states",
               "formula", "+activations", "traffic/step", o.mem_gib > 0 ? "  fits?" : "");
   for (int stage = 0; stage <= 3; stage++) {
     EngineOptions e = o.engine;
     e.zero_stage = stage;
     if (stage < 2) e.reduce_every_micro = true;
-    const StateSizes s = PersistentStateSizes(plan, e);
+    const StateSizes s = PersistentStateSizes(plan, e, &layout, 0);
     const CommLedger traffic = ExpectedStepTraffic(layout, plan, e, o.grad_accum);
     // stage 3 also holds the gathered parameters of the running and the prefetched unit
     double gathered = 0;
@@ -91,10 +103,13 @@ Status RunPlan(const PlanOptions& o) {
     const double need = s.total() + act + gathered;
     std::printf("%s%-5d %9.3f G %9.3f G %9.3f G %9.3f G %10.3f G %11.3f G %11.3f G%s\n",
                 stage == o.engine.zero_stage ? "*" : " ", stage, s.params / GiB, s.grads / GiB, s.optimizer / GiB,
-                s.total() / GiB, Formula::ModelStateBytes(psi, o.ranks, e) / GiB, need / GiB,
+                s.total() / GiB, Formula::ModelStateBytes(psi, o.ranks, e, psi_muon) / GiB, need / GiB,
                 traffic.Total().bytes_sent / GiB,
                 o.mem_gib <= 0 ? "" : need <= o.mem_gib * GiB ? "  yes" : "  no");
   }
+  if (psi_muon > 0)
+    std::printf("(muon: traffic includes the all_to_all of U pieces to the matrix owners and of updates back, on rank "
+                "0, exact from the plan; optimizer = rank 0's allocation)\n");
   std::printf("(* = --zero-stage; bytes per rank; 'formula' is the seed's 2/2/k Psi split for this precision; "
               "traffic counts bytes sent per rank, ring model)\n");
   std::printf("(+activations includes, for stage 3, two gathered units: the running one and the prefetched one)\n");

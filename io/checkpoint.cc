@@ -331,6 +331,7 @@ Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& e
     idx.world_size = world;
     idx.zero_stage = engine.options().zero_stage;
     idx.dtype = DTypeName(engine.options().dtype);
+    idx.optimizer = OptimizerName(engine.options().optimizer);
     idx.state = state;
     idx.pieces = pieces;
     for (int r = 0; r < world; r++) {
@@ -386,6 +387,12 @@ StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& 
     if (!read.ok()) return read.status();
     idx = std::move(read.value());
     SHARDGPT_RETURN_IF_ERROR(CheckLayout(idx, layout, idx.dir + "/" + kIndexName));
+    // Muon's momentum is not AdamW's first moment (and Muon keeps no second moment there).
+    const std::string want = OptimizerName(engine.options().optimizer);
+    if (idx.optimizer != want)
+      return Status::InvalidArgument(idx.dir + "/" + kIndexName + ": saved by --optimizer " + idx.optimizer +
+                                     ", this run uses --optimizer " + want + " (its optimizer state cannot continue " +
+                                     "as the other's; resume with --optimizer " + idx.optimizer + ")");
     for (const CheckpointFile& f : idx.files)
       SHARDGPT_RETURN_IF_ERROR(CheckShardFileSize(idx.dir + "/" + f.name, f.bytes));
     return Status::OK();

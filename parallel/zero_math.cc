@@ -114,9 +114,17 @@ std::vector<std::vector<int>> PlanBuckets(const ShardPlan& plan, const EngineOpt
   return buckets;
 }
 
-CommLedger ExpectedStepTraffic(const ParamLayout& layout, const ShardPlan& plan, const EngineOptions& o, int accum) {
+CommLedger ExpectedStepTraffic(const ParamLayout& layout, const ShardPlan& plan, const EngineOptions& o, int accum,
+                               int rank) {
   CommLedger l;
   const int N = plan.world_size();
+  if (o.optimizer == OptimizerKind::kMuon) {
+    // one all-to-all-v for the updates, one before it for U at stage >= 1; the counter holds
+    // their bytes together (fp32 values)
+    const MuonPlan mp(layout, plan, !o.shards_optimizer(), o.muon.ns_steps);
+    l.Add(CollKind::kAllToAll, mp.SentElements(rank) * sizeof(float));
+    if (o.shards_optimizer()) l.Add(CollKind::kAllToAll, 0);
+  }
   auto add = [&](CollKind k, uint64_t count, DType d, int times) {
     for (int i = 0; i < times; i++) l.Add(k, CommLedger::RingBytes(k, count, d, N));
   };

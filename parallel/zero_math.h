@@ -81,7 +81,9 @@ size_t SecondMomentElements(const ParamLayout& layout, const ShardPlan& plan, co
 // Stage 0 buckets: unit ids per bucket, in backward order (final, blocks L..1, embed).
 std::vector<std::vector<int>> PlanBuckets(const ShardPlan& plan, const EngineOptions& o);
 // Bytes one rank sends in one step of A micro-batches, per collective kind (ring model),
-// derived from the plan; control traffic (loss, norm) excluded.
-CommLedger ExpectedStepTraffic(const ParamLayout& layout, const ShardPlan& plan, const EngineOptions& o, int accum);
+// derived from the plan; control traffic (loss, norm) excluded. Muon's all_to_all traffic
+// differs between ranks: it is rank `rank`'s (MuonPlan::SentElements).
+CommLedger ExpectedStepTraffic(const ParamLayout& layout, const ShardPlan& plan, const EngineOptions& o, int accum,
+                               int rank = 0);
 
 }  // namespace shardgpt

@@ -263,6 +263,9 @@ TEST(MuonLedger, AllToAllEqualsElementCount) {
                 8.0 * plan.total_padding() + 4.0 * psi_muon / N + 1)  // padding, and uneven Muon shares
         << "stage " << stage;
     EXPECT_EQ(mp->SentElements(me), elems);
+    const CommLedger predicted = ExpectedStepTraffic(layout, plan, eo, 1, me);  // what `plan` prints
+    for (size_t k = 0; k < kNumCollKinds; k++)
+      EXPECT_EQ(reports.back().comm.kinds[k].bytes_sent, predicted.kinds[k].bytes_sent) << CollKindName(CollKind(k));
     EXPECT_LE(mp->OwnerFlops(me), total_flops / N + biggest);
     if (N == 1) EXPECT_EQ(reports.back().comm.Total().bytes_sent, 0u);
   }
