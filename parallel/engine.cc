@@ -87,6 +87,7 @@ float Engine::Step(float lr, float grad_clip) {
     }
     muon_->Step(units, lr, scale);
     report_.muon_ns_s = muon_->last_ns_seconds();
+    report_.muon_ns_cpu_s = muon_->last_ns_cpu_seconds();
   }
   for (int u = 0; u < ctx_.plan.num_units(); u++) {
     adamw_.Update(u, grads_->Owned(u), params_->Owned(u), lr, scale, t_);

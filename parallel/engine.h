@@ -52,7 +52,8 @@ struct StepReport {
   double backward_exposed_s = 0;  // of which waiting for gradient reductions after backward
   double comm_busy_s = 0;         // time the communicator spent in collectives this step
   int buckets_done_during_backward = 0;  // reductions already complete when backward ended
-  double muon_ns_s = 0;  // --optimizer muon: seconds this rank spent in Newton-Schulz
+  double muon_ns_s = 0;      // --optimizer muon: seconds this rank spent in Newton-Schulz
+  double muon_ns_cpu_s = 0;  // the same in CPU time of the training thread
 };
 
 class Engine : public UnitHooks {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <ctime>
 
 #include "base/bf16.h"
 #include "model/muon.h"
@@ -10,6 +11,11 @@
 namespace shardgpt {
 
 namespace {
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 size_t Total(const std::vector<size_t>& v) {
   size_t t = 0;
   for (size_t x : v) t += x;
@@ -75,14 +81,29 @@ void ShardedMuon::Step(const std::vector<UnitState>& units, float lr, float grad
     muon_momentum(m.data(), u_out, g.data(), n, mu, grad_scale);
     dev.CopyToDevice(us.momentum + s.local, m.data(), n * sizeof(float));
   };
-  // One all-to-all-v of host fp32 values through the device wire buffers.
+  // One all-to-all-v of host fp32 values through the device wire buffers, travelling in the
+  // gradients' reduce dtype (bf16 rounds each value once, RNE, on every path alike).
+  const DType wire = ctx_.opt.reduce_dtype;
+  std::vector<uint16_t> narrow;
   auto exchange = [&](const std::vector<float>& send, const std::vector<size_t>& sn, std::vector<float>* recv,
                       const std::vector<size_t>& rn) {
     recv->resize(Total(rn));
-    dev.CopyToDevice(wire_send_.data(), send.data(), send.size() * sizeof(float));
-    auto w = ctx_.comm->AllToAllV(wire_send_.data(), sn, wire_recv_.data(), rn, DType::kF32);
+    if (wire == DType::kF32) {
+      dev.CopyToDevice(wire_send_.data(), send.data(), send.size() * sizeof(float));
+    } else {
+      narrow.resize(send.size());
+      for (size_t i = 0; i < send.size(); i++) narrow[i] = FloatToBf16(send[i]);
+      dev.CopyToDevice(wire_send_.data(), narrow.data(), narrow.size() * sizeof(uint16_t));
+    }
+    auto w = ctx_.comm->AllToAllV(wire_send_.data(), sn, wire_recv_.data(), rn, wire);
     ctx_.queue.Wait(*w);
-    dev.CopyToHost(recv->data(), wire_recv_.data(), recv->size() * sizeof(float));
+    if (wire == DType::kF32) {
+      dev.CopyToHost(recv->data(), wire_recv_.data(), recv->size() * sizeof(float));
+    } else {
+      narrow.resize(recv->size());
+      dev.CopyToHost(narrow.data(), wire_recv_.data(), narrow.size() * sizeof(uint16_t));
+      for (size_t i = 0; i < narrow.size(); i++) (*recv)[i] = Bf16ToFloat(narrow[i]);
+    }
   };
 
   if (plan_.stage0()) {
@@ -94,6 +115,8 @@ void ShardedMuon::Step(const std::vector<UnitState>& units, float lr, float grad
       const bool mine = plan_.owner(static_cast<int>(k)) == ctx_.rank;
       tmp.resize(mine ? 0 : mt.numel());
       momentum(whole, mine ? owned.data() + mat_offset_[k] : tmp.data());
+      if (mine && wire == DType::kBF16)  // as if U had travelled, like at stages >= 1
+        for (size_t i = 0; i < mt.numel(); i++) owned[mat_offset_[k] + i] = Bf16ToFloat(FloatToBf16(owned[mat_offset_[k] + i]));
     }
   } else {
     std::vector<float> send(Total(send1_n_)), recv;
@@ -111,6 +134,7 @@ void ShardedMuon::Step(const std::vector<UnitState>& units, float lr, float grad
 
   // The owner's part: Newton-Schulz on whole matrices, then Moonlight's scale.
   const auto t0 = std::chrono::steady_clock::now();
+  const double c0 = ThreadCpuSeconds();
   for (int k : mine_) {
     const MuonMatrix& mt = mats[k];
     float* x = owned.data() + mat_offset_[k];
@@ -119,6 +143,7 @@ void ShardedMuon::Step(const std::vector<UnitState>& units, float lr, float grad
     for (size_t i = 0; i < mt.numel(); i++) x[i] *= scale;
   }
   ns_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ns_cpu_s_ = ThreadCpuSeconds() - c0;
 
   std::vector<float> send(Total(send2_n_)), recv;
   size_t at = 0;

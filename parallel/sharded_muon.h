@@ -11,7 +11,9 @@
 //   3. the owner: Newton-Schulz, times 0.2*sqrt(max(rows, cols));
 //   4. all-to-all-v #2: each rank receives the update of its own pieces (stage 0: of everything);
 //   5. element-wise: W = W*(1 - lr*wd) - lr*O on the fp32 master.
-// Both exchanges are counted in the ledger under all_to_all. On a device the host cannot
+// Both exchanges are counted in the ledger under all_to_all. Values travel in the gradients'
+// reduce dtype: fp32, or bf16 with --dtype bf16 (then U and the update are rounded to bf16 once
+// on every path, the rank's own blocks and stage 0 included, so results do not depend on N). On a device the host cannot
 // address (CUDA) the element-wise parts and Newton-Schulz run on host copies (not GPU kernels).
 //
 // Rank contract: Step is collective. Thread contract: the training thread.
@@ -37,8 +39,11 @@ class ShardedMuon {
   };
   // One Muon step on every Muon matrix (t >= 1; grad_scale carries clipping). Collective.
   void Step(const std::vector<UnitState>& units, float lr, float grad_scale);
-  // Seconds this rank spent in Newton-Schulz in the last Step.
+  // Seconds this rank spent in Newton-Schulz in the last Step: wall clock, and CPU time of
+  // the calling thread (what a rank's share of the work costs, whatever else shares its cores;
+  // it leaves out OpenBLAS's helper threads, so measure with OPENBLAS_NUM_THREADS=1).
   double last_ns_seconds() const { return ns_s_; }
+  double last_ns_cpu_seconds() const { return ns_cpu_s_; }
 
  private:
   // Reads n gradient values (dtype) at `src` (device) as fp32 into dst (host).
@@ -52,7 +57,7 @@ class ShardedMuon {
   std::vector<size_t> mat_offset_;  // per matrix: offset in mats_ (owned ones only)
   size_t mats_numel_ = 0;
   DeviceBuffer wire_send_, wire_recv_;  // device buffers the all-to-alls run on
-  double ns_s_ = 0;
+  double ns_s_ = 0, ns_cpu_s_ = 0;
 };
 
 }  // namespace shardgpt

@@ -50,8 +50,9 @@ double Formula::MuonTrafficBytes(double psi_muon, int world, const EngineOptions
   if (o.optimizer != OptimizerKind::kMuon) return 0;
   const double f = (world - 1.0) / world;
   // stage 0: owners send whole updates to N-1 ranks; else U to owners and updates back, the
-  // (N-1)/N of each rank's 1/N shard that another rank owns (fp32 on the wire)
-  return o.zero_stage == 0 ? 4 * psi_muon * f : 2 * 4 * psi_muon / world * f;
+  // (N-1)/N of each rank's 1/N shard that another rank owns (reduce dtype on the wire)
+  const double e = DTypeSize(o.reduce_dtype);
+  return o.zero_stage == 0 ? e * psi_muon * f : 2 * e * psi_muon / world * f;
 }
 
 double Formula::TrafficBytes(double psi, int world, const EngineOptions& o, int accum) {
@@ -120,9 +121,9 @@ CommLedger ExpectedStepTraffic(const ParamLayout& layout, const ShardPlan& plan,
   const int N = plan.world_size();
   if (o.optimizer == OptimizerKind::kMuon) {
     // one all-to-all-v for the updates, one before it for U at stage >= 1; the counter holds
-    // their bytes together (fp32 values)
+    // their bytes together (values in the reduce dtype)
     const MuonPlan mp(layout, plan, !o.shards_optimizer(), o.muon.ns_steps);
-    l.Add(CollKind::kAllToAll, mp.SentElements(rank) * sizeof(float));
+    l.Add(CollKind::kAllToAll, mp.SentElements(rank) * DTypeSize(o.reduce_dtype));
     if (o.shards_optimizer()) l.Add(CollKind::kAllToAll, 0);
   }
   auto add = [&](CollKind k, uint64_t count, DType d, int times) {

@@ -66,8 +66,9 @@ struct Formula {
   static double TrafficBytes(double psi, int world, const EngineOptions& o, int accum);
   // The same plus Muon's all-to-all traffic.
   static double TrafficBytes(double psi, int world, const EngineOptions& o, int accum, double psi_muon);
-  // Muon's all-to-all bytes per rank per step (fp32 values): stage >= 1 2*4*Psi_muon/N*(N-1)/N
-  // (U to the owners, updates back); stage 0 4*Psi_muon*(N-1)/N (owners send whole updates).
+  // Muon's all-to-all bytes per rank per step, e = reduce dtype size: stage >= 1
+  // 2*e*Psi_muon/N*(N-1)/N (U to the owners, updates back); stage 0 e*Psi_muon*(N-1)/N (owners
+  // send whole updates). An estimate: a rank's shard meets its own matrices more or less often.
   static double MuonTrafficBytes(double psi_muon, int world, const EngineOptions& o);
 };
 

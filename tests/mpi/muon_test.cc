@@ -271,5 +271,29 @@ TEST(MuonLedger, AllToAllEqualsElementCount) {
   }
 }
 
+// bf16 storage: U and the updates travel in bf16 (half the bytes of the fp32 run, equal to the
+// plan's prediction), and the losses stay within 2e-2 of the fp32 reference (the band bf16
+// storage keeps for AdamW, tests/mpi/engine_test.cc), at every stage.
+TEST(MuonBf16, HalfTheBytesAndTracksFp32) {
+  SetComputeThreads(1);
+  const Trajectory ref = Reference(1.0f);
+  auto comm = World();
+  ParamLayout layout(kConfig);
+  ShardPlan plan(layout, comm->world_size());
+  for (int stage = 0; stage <= 3; stage++) {
+    EngineOptions eo;
+    eo.zero_stage = stage;
+    std::vector<StepReport> r32, r16;
+    RunEngine(*comm, eo, 2, 1.0f, &r32);
+    eo.dtype = eo.reduce_dtype = DType::kBF16;
+    const Trajectory got = RunEngine(*comm, eo, 2, 1.0f, &r16);
+    for (int s = 0; s < kSteps; s++) EXPECT_NEAR(got.losses[s], ref.losses[s], 2e-2) << "stage " << stage;
+    EXPECT_EQ(2 * r16.back().comm[CollKind::kAllToAll].bytes_sent, r32.back().comm[CollKind::kAllToAll].bytes_sent);
+    eo.optimizer = OptimizerKind::kMuon;
+    EXPECT_EQ(r16.back().comm[CollKind::kAllToAll].bytes_sent,
+              ExpectedStepTraffic(layout, plan, eo, 2, comm->rank())[CollKind::kAllToAll].bytes_sent);
+  }
+}
+
 }  // namespace
 }  // namespace shardgpt
