@@ -2,13 +2,14 @@
 // prints figures, not a test. Run it at several rank counts:
 //
 //   OPENBLAS_NUM_THREADS=1 mpirun -n N build/bench/bench_muon [--n-layer L] [--n-embd C]
-//                                                             [--zero-stage S] [--steps K]
+//                                                             [--zero-stage S] [--steps K] [--bf16 1]
 //
 // It trains K steps of a GPT (default L=4, C=256) with --optimizer muon on this world and
 // prints, per rank and as the maximum over ranks:
 //  - all_to_all bytes sent per step (the ledger), against the goal 2 x (2 Psi_muon / N) bytes
 //    (the seed's 2-byte elements) and its fp32 form 2 x (4 Psi_muon / N), and against an
-//    all-gather of every matrix (Moonlight's approach, ~2 Psi_muon x (N-1)/N in bf16);
+//    all-gather of every matrix (Moonlight's approach, ~2 Psi_muon x (N-1)/N in bf16); with
+//    --bf16 1 (bf16 storage and reduction) U and the updates travel in bf16, the goal's units;
 //  - Newton-Schulz CPU time of the owner's matrices (the training thread's CPU clock, the
 //    median over the steps after the first), against T1: the CPU time rank 0 needs, in the
 //    same run, to orthogonalise EVERY matrix alone (one rank's work). Goal: max <= T1/N + 10%.
@@ -46,7 +47,7 @@ double Median(std::vector<double> v) {
 }
 
 int Main(int argc, char** argv) {
-  int L = 4, C = 256, stage = 1, steps = 4;
+  int L = 4, C = 256, stage = 1, steps = 4, bf16 = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const int v = std::atoi(argv[i + 1]);
@@ -54,6 +55,7 @@ int Main(int argc, char** argv) {
     else if (a == "--n-embd") C = v;
     else if (a == "--zero-stage") stage = v;
     else if (a == "--steps") steps = std::max(2, v);
+    else if (a == "--bf16") bf16 = v;
     else {
       std::fprintf(stderr, "bench_muon: error: unknown flag %s\n", a.c_str());
       return 1;
@@ -69,6 +71,7 @@ int Main(int argc, char** argv) {
   EngineOptions eo;
   eo.zero_stage = stage;
   eo.optimizer = OptimizerKind::kMuon;
+  if (bf16) eo.dtype = eo.reduce_dtype = DType::kBF16;
   auto engine_or = Engine::Create(layout, &comm, eo);
   if (!engine_or.ok()) {
     std::fprintf(stderr, "bench_muon: error: %s\n", engine_or.status().message().c_str());
@@ -127,15 +130,15 @@ int Main(int argc, char** argv) {
       total_flops += mp.OwnerFlops(r);
       max_flops = std::max(max_flops, mp.OwnerFlops(r));
     }
-    std::printf("bench_muon: L%d C%d, %zu Muon matrices, Psi_muon %.0f, %d rank(s), zero stage %d, %d steps\n", L, C,
-                mp.matrices().size(), psi_muon, N, stage, steps);
+    std::printf("bench_muon: L%d C%d, %zu Muon matrices, Psi_muon %.0f, %d rank(s), zero stage %d, %s, %d steps\n", L,
+                C, mp.matrices().size(), psi_muon, N, stage, bf16 ? "bf16" : "fp32", steps);
     for (int r = 0; r < N; r++)
       std::printf("  rank %d: all_to_all %.0f B/step | Newton-Schulz cpu %.2f ms, wall %.2f ms | %.1f%% of the FLOPs\n", r,
                   all[3 * r + 2], all[3 * r] * 1e3, all[3 * r + 1] * 1e3, 100 * mp.OwnerFlops(r) / total_flops);
     const double goal2 = 2 * (2 * psi_muon / N), goal4 = 2 * (4 * psi_muon / N);
     std::printf("traffic: max %.0f B/rank/step; goal 2x(2 Psi_muon/N) = %.0f B (fp32 form 2x(4 Psi_muon/N) = %.0f B): "
-                "%.2f of the fp32 goal; all-gather of every matrix (bf16) = %.0f B\n",
-                max_a2a, goal2, goal4, N > 1 ? max_a2a / goal4 : 0.0, 2 * psi_muon * (N - 1.0) / N);
+                "%.2f of the goal in the wire's element size; all-gather of every matrix (bf16) = %.0f B\n",
+                max_a2a, goal2, goal4, N > 1 ? max_a2a / (bf16 ? goal2 : goal4) : 0.0, 2 * psi_muon * (N - 1.0) / N);
     std::printf("Newton-Schulz: T1 (all matrices, one rank) %.2f ms cpu; max per rank %.2f ms = %.3f T1 "
                 "(goal <= 1/N + 10%% = %.3f T1); FLOP share of the busiest rank %.3f\n",
                 t1 * 1e3, max_cpu * 1e3, t1 > 0 ? max_cpu / t1 : 0.0, 1.0 / N * 1.1, max_flops / total_flops);
