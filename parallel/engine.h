@@ -18,7 +18,8 @@
 // The engine composes three parts chosen once from the options, so nothing below branches on
 // the stage: a ParamStore (replicated, or sharded with gather / prefetch / reshard), a
 // GradReducer (bucketed all-reduce, or per-unit reduce-scatter every micro-batch or in the
-// last one) and a ShardedAdamW. All buffers live on one Device (CPU or CUDA).
+// last one) and a ShardedAdamW (plus, with --optimizer muon, a ShardedMuon for the blocks'
+// matrices, run before AdamW in Step). All buffers live on one Device (CPU or CUDA).
 //
 // Rank contract: every public method is collective (all ranks call it in the same order).
 // Thread contract: one training thread; communication runs on the communicator's thread.
