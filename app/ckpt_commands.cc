@@ -45,8 +45,8 @@ Status RunCkptInspect(const std::string& path) {
   std::printf("  format version   %d (id %016llx)\n", idx.format_version,
               static_cast<unsigned long long>(idx.checkpoint_id));
   std::printf("  model            %s (padded vocab %d)\n", idx.config.ToString().c_str(), idx.config.padded_vocab());
-  std::printf("  saved by         %d rank(s), zero stage %d, dtype %s\n", idx.ranks, idx.zero_stage,
-              idx.dtype.c_str());
+  std::printf("  saved by         %d rank(s), zero stage %d, dtype %s, optimizer %s\n", idx.ranks,
+              idx.zero_stage, idx.dtype.c_str(), idx.optimizer.c_str());
   if (idx.shard_group_size < idx.ranks)
     std::printf("  HSDP             shard groups of %d rank(s), %d group(s); group 0 wrote the %d file(s) (the other "
                 "groups held the same shards)\n", idx.shard_group_size, idx.ranks / idx.shard_group_size, idx.world_size);

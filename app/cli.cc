@@ -82,7 +82,16 @@ struct EngineFlags {
   double bucket_mb = 25.0;
   bool reshard_after_forward = true;
   std::string shard_group_size;  // empty: all ranks
+  std::string optimizer = "adamw";
+  MuonConfig muon;
   void Add(CLI::App* app) {
+    app->add_option("--optimizer", optimizer, "adamw, or muon (Muon for the blocks' 2-D weight matrices, AdamW for "
+                                              "embeddings, head, LayerNorms and biases)")
+        ->check(CLI::IsMember({"adamw", "muon"}))->capture_default_str();
+    app->add_option("--muon-momentum", muon.momentum, "Muon's momentum mu (Nesterov)")
+        ->check(Finite(0, true, 1))->capture_default_str();
+    app->add_option("--muon-ns-steps", muon.ns_steps, "Muon's Newton-Schulz iterations")
+        ->check(CLI::Range(1, 100))->capture_default_str();
     app->add_option("--zero-stage", zero_stage, "0 = DDP, 1 = shard optimizer state, 2 = + gradients, 3 = + parameters")
         ->check(CLI::Range(0, 3))->capture_default_str();
     app->add_option("--dtype", dtype, "parameter/gradient storage: fp32 or bf16 (bf16 keeps fp32 master weights "
@@ -119,6 +128,8 @@ struct EngineFlags {
     e.reshard_after_forward = reshard_after_forward;
     e.reduce_every_micro = reduce_grads == "every-micro";
     e.shard_group_size = shard_group_size.empty() ? 0 : shard_group_size == "auto" ? kAutoGroup : std::stoi(shard_group_size);
+    e.optimizer = optimizer == "muon" ? OptimizerKind::kMuon : OptimizerKind::kAdamW;
+    e.muon = muon;
     return e;
   }
 };

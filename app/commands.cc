@@ -11,6 +11,7 @@
 #include "model/kernels_cpu.h"
 #include "model/sampler.h"
 #include "parallel/memory_model.h"
+#include "parallel/muon_plan.h"
 
 namespace shardgpt {
 
@@ -98,6 +99,17 @@ Status RunPlan(const PlanOptions& o) {
     std::printf("HSDP: stages 1-3 shard within %d group(s) of G=%d ranks and replicate across them (memory formulas "
                 "with G for N); stage 0 all-reduces over all %d\n", R, G, o.ranks);
   std::printf("activations (fp32, all layers saved, attention O(T)): %.3f %siB per rank\n", act / GiB, U);
+  double psi_muon = 0;
+  if (o.engine.optimizer == OptimizerKind::kMuon) {
+    const MuonPlan mp(layout, plan_group, false, o.engine.muon.ns_steps);
+    psi_muon = static_cast<double>(mp.muon_numel());
+    double most = 0, all = 0;
+    for (int r = 0; r < plan_group.world_size(); r++) most = std::max(most, mp.OwnerFlops(r)), all += mp.OwnerFlops(r);
+    std::printf("optimizer muon: %zu matrices, %.1fM elements (%.1f%% of Psi) with k-4 bytes of state each (no second "
+                "moment); Newton-Schulz %.3f GFLOP per step in all, %.3f GFLOP on the busiest of %d owner rank(s)\n",
+                mp.matrices().size(), psi_muon / 1e6, 100 * psi_muon / psi, all / 1e9, most / 1e9,
+                plan_group.world_size());
+  }
   std::printf("%-6s %11s %11s %11s %11s %12s %13s %13s%s%s\n", "stage", "params", "grads", "optimizer", "states",
               "formula", "peak", "traffic/step", R > 1 ? " across/step" : "", o.mem_gib > 0 ? "  fits?" : "");
   MemoryPrediction chosen;
@@ -107,19 +119,22 @@ Status RunPlan(const PlanOptions& o) {
     if (stage < 2) e.reduce_every_micro = true;
     const ShardPlan& plan = plan_for(stage);
     const int n = plan.world_size(), groups = stage == 0 ? 1 : R;
-    const StateSizes s = PersistentStateSizes(plan, e);
+    const StateSizes s = PersistentStateSizes(plan, e, &layout, 0);
     const CommLedger traffic = ExpectedStepTraffic(layout, plan, e, o.grad_accum);
     const CommLedger across = ExpectedCrossGroupTraffic(plan, e, groups);
     const MemoryPrediction m = PredictPeakMemory(layout, plan, e, o.micro_batch, o.seq_len, o.grad_accum);
     if (stage == o.engine.zero_stage) chosen = m;
     std::printf("%s%-5d %9.3f %s %9.3f %s %9.3f %s %9.3f %s %10.3f %s %11.3f %s %11.3f %s",
                 stage == o.engine.zero_stage ? "*" : " ", stage, s.params / GiB, U, s.grads / GiB, U, s.optimizer / GiB,
-                U, s.total() / GiB, U, Formula::ModelStateBytes(psi, n, e) / GiB, U, m.peak() / GiB, U,
+                U, s.total() / GiB, U, Formula::ModelStateBytes(psi, n, e, psi_muon) / GiB, U, m.peak() / GiB, U,
                 traffic.Total().bytes_sent / GiB, U);
     if (R > 1 && stage == 0) std::printf(" %11s", "(all ranks)");  // DDP: one all-reduce over N
     else if (R > 1) std::printf(" %9.3f %s", across.Total().bytes_sent / GiB, U);
     std::printf("%s\n", o.mem_gib <= 0 ? "" : m.peak() <= o.mem_gib * 1024.0 * 1024 * 1024 ? "  yes" : "  no");
   }
+  if (psi_muon > 0)
+    std::printf("(muon: traffic includes the all_to_all of U pieces to the matrix owners and of updates back, on rank "
+                "0, exact from the plan; optimizer = rank 0's allocation)\n");
   std::printf("(* = --zero-stage; bytes per rank; 'formula' is the seed's 2/2/k Psi split for this precision; "
               "traffic counts bytes sent per rank, ring model)\n");
   std::printf("(peak: the largest total of tracked device allocations in a step = states + optimizer workspace + "

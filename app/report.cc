@@ -6,6 +6,10 @@ namespace shardgpt {
 
 namespace {
 double MiB(double b) { return b / (1024.0 * 1024.0); }
+// Elements of the Muon matrices (0 under AdamW).
+double PsiMuon(const Engine& engine) {
+  return engine.muon_plan() ? static_cast<double>(engine.muon_plan()->muon_numel()) : 0.0;
+}
 
 }  // namespace
 
@@ -13,8 +17,13 @@ void PrintStartupReport(Engine& engine, const ParamLayout& layout, int A, const 
   const EngineOptions& o = engine.options();
   const int N = engine.plan().world_size();
   const double psi = static_cast<double>(layout.total_numel());
-  const StateSizes f = Formula::ModelStateByKind(psi, N, o);
+  const double psi_muon = PsiMuon(engine);
+  const StateSizes f = Formula::ModelStateByKind(psi, N, o, psi_muon);
   MemoryLedger& m = engine.memory();
+  if (psi_muon > 0)
+    std::printf("optimizer: Muon for %zu matrices (%.0f elements, %.1f%% of Psi; momentum only: k-4 bytes each), "
+                "AdamW for the rest\n",
+                engine.muon_plan()->matrices().size(), psi_muon, 100.0 * psi_muon / psi);
   std::printf("model state per rank (measured allocations | seed formula, Psi=%.0f, %s=%d, stage %d, %s):\n", psi,
               engine.num_groups() > 1 ? "G" : "N", N, o.zero_stage, DTypeName(o.dtype));
   std::printf("  params     %10.3f MiB | %10.3f MiB\n", MiB(m.current(MemKind::kParams)), MiB(f.params));
@@ -31,12 +40,15 @@ void PrintStartupReport(Engine& engine, const ParamLayout& layout, int A, const 
                 "group %d, index %d\n", R, N, engine.group_index(), engine.shard_comm().rank());
     std::printf("traffic per rank per step inside the group (seed formula with G, x(G-1)/G): %.3f MiB; across groups "
                 "(2 x (%dPsi/G) x (R-1)/R): %.3f MiB\n",
-                MiB(Formula::TrafficBytes(psi, N, o, A)), static_cast<int>(DTypeSize(o.reduce_dtype)),
+                MiB(Formula::TrafficBytes(psi, N, o, A, psi_muon)), static_cast<int>(DTypeSize(o.reduce_dtype)),
                 MiB(Formula::CrossGroupTrafficBytes(psi, N, R, o)));
   } else {
     std::printf("traffic per rank per step (seed formula, ring model, x(N-1)/N): %.3f MiB\n",
-                MiB(Formula::TrafficBytes(psi, N, o, A)));
+                MiB(Formula::TrafficBytes(psi, N, o, A, psi_muon)));
   }
+  if (psi_muon > 0)
+    std::printf("  of which Muon all-to-all (U to owners, updates back): %.3f MiB\n",
+                MiB(Formula::MuonTrafficBytes(psi_muon, N, o)));
   if (o.zero_stage >= 2 && A > 1)
     std::printf("gradient accumulation (A=%d): %s\n", A,
                 o.reduce_every_micro
@@ -56,7 +68,8 @@ nlohmann::json StepJson(const StepReport& r, const Engine& engine, const ParamLa
   comm["total"] = r.comm.Total().bytes_sent;
   nlohmann::json j;
   j["comm_bytes"] = comm;  // inside the shard group (every rank without HSDP)
-  j["comm_bytes_formula"] = Formula::TrafficBytes(psi, N, o, A);
+  const double psi_muon = PsiMuon(engine);
+  j["comm_bytes_formula"] = Formula::TrafficBytes(psi, N, o, A, psi_muon);
   const int R = engine.num_groups();
   if (R > 1) {  // HSDP: the same, across groups (N = G ranks per group here)
     nlohmann::json across;
@@ -70,7 +83,8 @@ nlohmann::json StepJson(const StepReport& r, const Engine& engine, const ParamLa
   }
   j["model_state_bytes"] = r.model_state_bytes;
   j["model_state_bytes_by_kind"] = {{"params", r.params_bytes}, {"grads", r.grads_bytes}, {"optimizer", r.optimizer_bytes}};
-  j["model_state_bytes_formula"] = Formula::ModelStateBytes(psi, N, o);
+  j["model_state_bytes_formula"] = Formula::ModelStateBytes(psi, N, o, psi_muon);
+  if (psi_muon > 0) j["muon_ns_ms"] = r.muon_ns_s * 1e3;
   j["peak_grads_bytes"] = r.peak_grads_bytes;
   j["peak_params_bytes"] = r.peak_params_bytes;
   j["activation_bytes"] = r.activation_bytes;

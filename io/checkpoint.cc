@@ -309,6 +309,7 @@ SaveRole SaveRoleOf(const Engine& engine) {
   SaveRole role;
   role.zero_stage = engine.options().zero_stage;
   role.dtype = engine.options().dtype;
+  role.optimizer = engine.options().optimizer;
   role.files = engine.shard_group_size();
   role.file = engine.shard_rank();
   // HSDP: the replicas of a shard (one per group) hold bitwise-equal state (the cross-group
@@ -377,6 +378,7 @@ Status SaveCheckpointFrom(const std::string& dir, const TrainState& state, const
     idx.shard_group_size = world;
     idx.zero_stage = role.zero_stage;
     idx.dtype = DTypeName(role.dtype);
+    idx.optimizer = OptimizerName(role.optimizer);
     idx.state = state;
     idx.pieces = pieces;
     for (int r = 0; r < world; r++) {
@@ -432,6 +434,12 @@ StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& 
     if (!read.ok()) return read.status();
     idx = std::move(read.value());
     SHARDGPT_RETURN_IF_ERROR(CheckLayout(idx, layout, idx.dir + "/" + kIndexName));
+    // Muon's momentum is not AdamW's first moment (and Muon keeps no second moment there).
+    const std::string want = OptimizerName(engine.options().optimizer);
+    if (idx.optimizer != want)
+      return Status::InvalidArgument(idx.dir + "/" + kIndexName + ": saved by --optimizer " + idx.optimizer +
+                                     ", this run uses --optimizer " + want + " (its optimizer state cannot continue " +
+                                     "as the other's; resume with --optimizer " + idx.optimizer + ")");
     for (const CheckpointFile& f : idx.files)
       SHARDGPT_RETURN_IF_ERROR(CheckShardFileSize(idx.dir + "/" + f.name, f.bytes));
     return Status::OK();

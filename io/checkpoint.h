@@ -46,11 +46,12 @@ Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& e
 
 // What a rank's part of a save is: `files` shard files (the shard group size G; N without
 // HSDP), written by the ranks of group 0 only (`writer`: HSDP's replicas hold bitwise-equal
-// shards), this rank's being file `file` (its index in its group), and the stage and dtype the
-// index records.
+// shards), this rank's being file `file` (its index in its group), and the stage, dtype and
+// optimizer the index records.
 struct SaveRole {
   int zero_stage = 0;
   DType dtype = DType::kF32;
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
   int files = 1, file = 0;
   bool writer = true;
 };

@@ -292,6 +292,7 @@ Status FromJson(const json& root, const std::string& path, CheckpointIndex* idx)
                        U64{"seed", &idx->state.seed}})
     if (!(m = Member(root, f.name)) || !AsU64(*m, f.v)) return r.Bad(f.name, "an unsigned integer");
   if (!(m = Member(root, "dtype")) || !AsString(*m, &idx->dtype, 16)) return r.Bad("dtype", "a short string");
+  if ((m = Member(root, "optimizer")) && !AsString(*m, &idx->optimizer, 16)) return r.Bad("optimizer", "a short string");
   // Ranges are checked here, where the values are still 64-bit (ValidateCheckpointIndex sees ints).
   if (world < 1 || world > kMaxWorld)
     return Status::Corruption(path + ": world_size " + std::to_string(world) + " (expected 1 to 2^24 ranks)");
@@ -443,6 +444,7 @@ json ToJson(const CheckpointIndex& idx) {
           {"shard_group_size", idx.world_size},
           {"zero_stage", idx.zero_stage},
           {"dtype", idx.dtype},
+          {"optimizer", idx.optimizer},
           {"step", idx.state.step},
           {"tokens", idx.state.tokens},
           {"loader_position", idx.state.loader_position},
@@ -504,6 +506,8 @@ Status ValidateCheckpointIndex(const CheckpointIndex& idx, const std::string& wh
     return bad("shard_group_size " + std::to_string(idx.shard_group_size) + " (expected world_size " +
                std::to_string(idx.world_size) + ")");
   if (idx.dtype != "f32" && idx.dtype != "bf16") return bad("dtype '" + idx.dtype + "' (expected f32 or bf16)");
+  if (idx.optimizer != "adamw" && idx.optimizer != "muon")
+    return bad("optimizer '" + idx.optimizer + "' (expected adamw or muon)");
   if (idx.state.step < 0 || idx.state.step > kMaxStep)
     return bad("step " + std::to_string(idx.state.step) + " (expected 0 to 2^31-1)");
   if (idx.state.tokens < 0) return bad("tokens " + std::to_string(idx.state.tokens) + " (expected >= 0)");
@@ -641,7 +645,8 @@ Status WriteHdf5(const std::string& path, const CheckpointIndex& idx, uint64_t u
             h5::WriteAttrI64(f, "world_size", idx.world_size) && h5::WriteAttrI64(f, "zero_stage", idx.zero_stage) &&
             h5::WriteAttrI64(f, "ranks", idx.ranks > 0 ? idx.ranks : idx.world_size) &&
             h5::WriteAttrI64(f, "shard_group_size", idx.world_size) &&
-            h5::WriteAttrStr(f, "dtype", idx.dtype) && h5::WriteAttrI64(f, "step", idx.state.step) &&
+            h5::WriteAttrStr(f, "dtype", idx.dtype) && h5::WriteAttrStr(f, "optimizer", idx.optimizer) &&
+            h5::WriteAttrI64(f, "step", idx.state.step) &&
             h5::WriteAttrI64(f, "tokens", idx.state.tokens) &&
             h5::WriteAttrI64(f, "lr_schedule_position", idx.state.step) &&
             h5::WriteAttrI64(f, "adamw_t", idx.state.step) &&

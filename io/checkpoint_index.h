@@ -88,6 +88,8 @@ struct CheckpointIndex {
   int shard_group_size = 0;         // saving run's G (HSDP), = world_size (optional in the file)
   int zero_stage = 0;
   std::string dtype;                // saving run's parameter dtype ("f32", "bf16"); state is fp32
+  std::string optimizer = "adamw";  // "adamw" or "muon" (m then holds Muon's momentum at its
+                                    // matrices, v zeros there); absent in older indexes: adamw
   TrainState state;
   std::vector<SavedPiece> pieces;  // the saving run's plan
   std::vector<CheckpointFile> files;

@@ -1,5 +1,5 @@
 // Communicator: the one interface through which the engine talks to other ranks
-// (all-reduce, reduce-scatter, all-gather, broadcast, plus a few blocking control helpers),
+// (all-reduce, reduce-scatter, all-gather, broadcast, all-to-all-v, plus a few blocking control helpers),
 // like PyTorch's ProcessGroup. MpiCommunicator (parallel/mpi_communicator.h) implements it
 // over host memory; a NCCL communicator for the CUDA backend implements the same interface,
 // so the engine does not change. Not here: sharding plans, bucketing, topology.
@@ -74,7 +74,9 @@ namespace shardgpt {
 // rank gets the same bits.
 enum class ReduceOp { kSum, kAvg };
 
-enum class CollKind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kCount };
+// kAllToAll (AllToAllV) is not a ring collective: it is counted as the exact bytes this rank
+// sends to the OTHER ranks (its own block stays local), see CommLedger::AllToAllBytes.
+enum class CollKind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kAllToAll, kCount };
 constexpr size_t kNumCollKinds = static_cast<size_t>(CollKind::kCount);
 
 // "all_reduce", "reduce_scatter", "all_gather", "broadcast".
@@ -84,6 +86,7 @@ inline const char* CollKindName(CollKind kind) {
     case CollKind::kReduceScatter: return "reduce_scatter";
     case CollKind::kAllGather: return "all_gather";
     case CollKind::kBroadcast: return "broadcast";
+    case CollKind::kAllToAll: return "all_to_all";
     case CollKind::kCount: break;
   }
   return "unknown";
@@ -110,7 +113,7 @@ struct CommLedger {
     control.calls += 1;
   }
   void Reset() { *this = CommLedger(); }
-  // Sum over the four big collectives; control traffic excluded.
+  // Sum over the big collectives (all-to-all included); control traffic excluded.
   Counter Total() const {
     Counter t;
     for (const Counter& c : kinds) {
@@ -143,8 +146,16 @@ struct CommLedger {
       case CollKind::kReduceScatter: elems = (n - 1) * count; break;
       case CollKind::kAllGather: elems = (n - 1) * count; break;
       case CollKind::kBroadcast: elems = (n - 1) * count / n; break;
+      case CollKind::kAllToAll:  // not ring-modelled: see AllToAllBytes
       case CollKind::kCount: break;
     }
+    return elems * DTypeSize(dtype);
+  }
+  // Bytes `rank` sends in AllToAllV: its blocks for every other rank (exact, no model).
+  static uint64_t AllToAllBytes(const std::vector<size_t>& send_counts, int rank, DType dtype) {
+    uint64_t elems = 0;
+    for (size_t j = 0; j < send_counts.size(); j++)
+      if (static_cast<int>(j) != rank) elems += send_counts[j];
     return elems * DTypeSize(dtype);
   }
   // nccl-tests' bus-bandwidth factor: busbw = algbw * factor, algbw = S / time, S being the
@@ -155,7 +166,8 @@ struct CommLedger {
     switch (kind) {
       case CollKind::kAllReduce: return 2.0 * (n - 1) / n;
       case CollKind::kReduceScatter:
-      case CollKind::kAllGather: return (n - 1) / n;
+      case CollKind::kAllGather:
+      case CollKind::kAllToAll: return (n - 1) / n;
       case CollKind::kBroadcast: return 1.0;
       case CollKind::kCount: break;
     }
@@ -220,6 +232,14 @@ class Communicator {
                                           DType dtype) = 0;
   // buf holds count elements; afterwards every rank holds root's.
   virtual std::shared_ptr<Work> Broadcast(void* buf, size_t count, DType dtype, int root) = 0;
+
+  // Personalised exchange (MPI_Alltoallv): send holds world blocks back to back, block j of
+  // send_counts[j] elements going to rank j; recv receives world blocks back to back, block j
+  // of recv_counts[j] elements from rank j. Counts must agree pairwise (rank i's
+  // send_counts[j] == rank j's recv_counts[i]); send and recv must not overlap. Used by
+  // distributed Muon (parallel/sharded_muon.h); counted under kAllToAll.
+  virtual std::shared_ptr<Work> AllToAllV(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                                          const std::vector<size_t>& recv_counts, DType dtype) = 0;
 
   // Blocking: returns when all ranks have entered it and all earlier work is complete.
   virtual Status Barrier() = 0;

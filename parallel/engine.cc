@@ -32,7 +32,9 @@ Engine::Engine(const ParamLayout& layout, Communicator* world, std::unique_ptr<C
       ctx_(layout, own_shard_ ? own_shard_.get() : world, &device, options, own_replica_.get()),
       params_(ParamStore::Create(&ctx_)),
       grads_(GradReducer::Create(&ctx_)),
-      adamw_(&ctx_) {}
+      adamw_(&ctx_) {
+  if (options.optimizer == OptimizerKind::kMuon) muon_ = std::make_unique<ShardedMuon>(&ctx_);
+}
 
 Engine::~Engine() { ctx_.queue.WaitAll(); }
 
@@ -99,7 +101,7 @@ float Engine::Step(float lr, float grad_clip) {
   // gradient on every rank; stages >= 1 sum their owned slices' squares over ranks.
   double ss = 0;
   for (int u = 0; u < ctx_.plan.num_units(); u++) {
-    const OwnedState st = Owned(u);
+    const OwnedState st = Internal(u);
     ss += ctx_.kernels().sum_squares(grads_->Owned(u), ctx_.opt.dtype, st.end - st.begin);
   }
   if (ctx_.opt.shards_optimizer()) ss = ctx_.comm->AllReduceScalar(ss, ReduceOp::kSum);
@@ -107,6 +109,16 @@ float Engine::Step(float lr, float grad_clip) {
   const float scale = (grad_clip > 0 && norm > grad_clip) ? grad_clip / (norm + 1e-6f) : 1.0f;
 
   t_++;
+  if (muon_) {  // the Muon matrices' master weights first; the loop below stores and publishes them
+    std::vector<ShardedMuon::UnitState> units(ctx_.plan.num_units());
+    for (int u = 0; u < ctx_.plan.num_units(); u++) {
+      const OwnedState st = Internal(u);
+      units[u] = ShardedMuon::UnitState{grads_->Owned(u), st.master, st.m};
+    }
+    muon_->Step(units, lr, scale);
+    report_.muon_ns_s = muon_->last_ns_seconds();
+    report_.muon_ns_cpu_s = muon_->last_ns_cpu_seconds();
+  }
   for (int u = 0; u < ctx_.plan.num_units(); u++) {
     adamw_.Update(u, grads_->Owned(u), params_->Owned(u), lr, scale, t_);
     params_->Publish(u);
@@ -139,7 +151,7 @@ double Engine::CommBusySeconds() const {
 void Engine::LoadFullParams(const float* full) {
   ctx_.queue.WaitAll();
   for (int u = 0; u < ctx_.plan.num_units(); u++) {
-    const OwnedState st = Owned(u);
+    const OwnedState st = Internal(u);
     const float* src = full + ctx_.layout.units()[u].offset;
     ctx_.device->CopyToDevice(st.master, src + st.begin, (st.end - st.begin) * sizeof(float));
     adamw_.StoreFromMaster(u, params_->Owned(u));
@@ -154,7 +166,7 @@ void Engine::InitOwned(uint64_t seed) {
   ctx_.queue.WaitAll();
   std::vector<float> slice;
   for (int u = 0; u < ctx_.plan.num_units(); u++) {
-    const OwnedState st = Owned(u);
+    const OwnedState st = Internal(u);
     slice.resize(st.end - st.begin);
     InitParameterRange(ctx_.layout, seed, u, st.begin, st.end, slice.data());
     ctx_.device->CopyToDevice(st.master, slice.data(), slice.size() * sizeof(float));
@@ -189,6 +201,7 @@ Status Engine::LoadOwnedParams(const std::function<Status(int, uint64_t, uint64_
 
 void Engine::SyncParamsFromMaster() {
   ctx_.queue.WaitAll();
+  adamw_.CommitV();  // Muon: pack the second moments a checkpoint load wrote
   for (int u = 0; u < ctx_.plan.num_units(); u++) {
     adamw_.StoreFromMaster(u, params_->Owned(u));
     params_->Publish(u);
@@ -200,7 +213,7 @@ void Engine::GatherFullParams(float* out) {
   ctx_.queue.WaitAll();
   for (int u = 0; u < ctx_.plan.num_units(); u++) {
     const UnitShardInfo& s = ctx_.plan.unit(u);
-    const OwnedState st = Owned(u);
+    const OwnedState st = Internal(u);
     float* dst = out + ctx_.layout.units()[u].offset;
     if (!ctx_.opt.shards_optimizer()) {
       ctx_.device->CopyToHost(dst, st.master, s.numel * sizeof(float));

@@ -18,7 +18,8 @@
 // The engine composes three parts chosen once from the options, so nothing below branches on
 // the stage: a ParamStore (replicated, or sharded with gather / prefetch / reshard), a
 // GradReducer (bucketed all-reduce, or per-unit reduce-scatter every micro-batch or in the
-// last one) and a ShardedAdamW. All buffers live on one Device (CPU or CUDA).
+// last one) and a ShardedAdamW (plus, with --optimizer muon, a ShardedMuon for the blocks'
+// matrices, run before AdamW in Step). All buffers live on one Device (CPU or CUDA).
 //
 // HSDP (options.shard_group_size = G < N, FSDP2's HSDP / ZeRO++'s hpZ): Create splits the
 // world once into N/G shard groups of G consecutive ranks (group g = ranks gG .. gG+G-1, meant
@@ -45,6 +46,7 @@
 #include "parallel/grad_reducer.h"
 #include "parallel/param_store.h"
 #include "parallel/sharded_adamw.h"
+#include "parallel/sharded_muon.h"
 #include "parallel/zero_math.h"
 
 namespace shardgpt {
@@ -70,6 +72,8 @@ struct StepReport {
   // from it; bench_train reports scaling efficiency instead).
   double comm_busy_s = 0;
   int buckets_done_during_backward = 0;  // reductions already complete when backward ended
+  double muon_ns_s = 0;      // --optimizer muon: seconds this rank spent in Newton-Schulz
+  double muon_ns_cpu_s = 0;  // the same in CPU time of the training thread
 };
 
 class Engine : public UnitHooks {
@@ -82,6 +86,8 @@ class Engine : public UnitHooks {
 
   const EngineOptions& options() const { return ctx_.opt; }
   const ShardPlan& plan() const { return ctx_.plan; }
+  // --optimizer muon: which matrices are Muon's and their owners; null for AdamW.
+  const MuonPlan* muon_plan() const { return muon_ ? &muon_->plan() : nullptr; }
   MemoryLedger& memory() { return ctx_.memory; }
   // The world communicator given to Create (control plane: loss, agreement, checkpoints).
   Communicator& comm() { return *world_; }
@@ -131,9 +137,10 @@ class Engine : public UnitHooks {
 
   // For checkpoints: this rank's owned fp32 master slice and moments (stage >= 1: the shard;
   // stage 0: the full unit), in unit coordinates [begin, end). DEVICE memory: copy through
-  // device().CopyToHost / CopyToDevice.
+  // device().CopyToHost / CopyToDevice. Under Muon, m holds Muon's momentum at the Muon
+  // matrices and v is an unpacked copy (zeros there) until SyncParamsFromMaster.
   using OwnedState = ShardedAdamW::Slice;
-  OwnedState Owned(int unit) { return adamw_.Owned(unit, params_->Owned(unit)); }
+  OwnedState Owned(int unit) { return adamw_.Owned(unit, params_->Owned(unit), true); }
   void set_step_count(int64_t t) { t_ = t; }
   // After writing master values through Owned(): refresh the compute parameters. Collective.
   void SyncParamsFromMaster();
@@ -141,6 +148,7 @@ class Engine : public UnitHooks {
  private:
   Engine(const ParamLayout& layout, Communicator* world, std::unique_ptr<Communicator> shard,
          std::unique_ptr<Communicator> replica, const EngineOptions& options, Device& device);
+  OwnedState Internal(int unit) { return adamw_.Owned(unit, params_->Owned(unit)); }  // v not needed
 
   double CommBusySeconds() const;
 
@@ -150,6 +158,7 @@ class Engine : public UnitHooks {
   std::unique_ptr<ParamStore> params_;
   std::unique_ptr<GradReducer> grads_;
   ShardedAdamW adamw_;
+  std::unique_ptr<ShardedMuon> muon_;  // --optimizer muon only
   bool sync_micro_ = true;  // this micro-batch reduces gradients
   int64_t t_ = 0;
   StepReport report_;

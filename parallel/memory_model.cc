@@ -70,7 +70,7 @@ double OptimizerWorkspaceBytes(const ShardPlan& plan, const EngineOptions& o) {
 MemoryPrediction PredictPeakMemory(const ParamLayout& layout, const ShardPlan& plan, const EngineOptions& o, int B,
                                    int T, int accum) {
   MemoryPrediction p;
-  const StateSizes s = PersistentStateSizes(plan, o);
+  const StateSizes s = PersistentStateSizes(plan, o, &layout);  // rank 0: Muon packs second moments per rank
   p.params = s.params, p.grads = s.grads, p.optimizer = s.optimizer;
   p.workspace = OptimizerWorkspaceBytes(plan, o);
   p.activations = static_cast<double>(GPT::ActivationBytes(layout.config(), B, T));

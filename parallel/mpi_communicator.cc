@@ -340,6 +340,34 @@ StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::DuplicateControl() {
   return Derive("MPI_Comm_dup", [](MPI_Comm comm, MPI_Comm* out) { return MPI_Comm_dup(comm, out); }, nullptr);
 }
 
+std::shared_ptr<Work> MpiCommunicator::AllToAllV(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                                                 const std::vector<size_t>& recv_counts, DType dtype) {
+  if (send_counts.size() != static_cast<size_t>(world_) || recv_counts.size() != static_cast<size_t>(world_))
+    return Refused("AllToAllV: need " + std::to_string(world_) + " send and recv counts, got " +
+                   std::to_string(send_counts.size()) + " and " + std::to_string(recv_counts.size()));
+  // MPI takes int counts and displacements: every prefix sum must fit.
+  std::vector<int> sc(world_), sd(world_), rc(world_), rd(world_);
+  size_t s_total = 0, r_total = 0;
+  for (int j = 0; j < world_; j++) {
+    if (s_total + send_counts[j] > static_cast<size_t>(INT_MAX) || r_total + recv_counts[j] > static_cast<size_t>(INT_MAX))
+      return Refused("AllToAllV: more than INT_MAX elements");
+    sd[j] = static_cast<int>(s_total), sc[j] = static_cast<int>(send_counts[j]);
+    rd[j] = static_cast<int>(r_total), rc[j] = static_cast<int>(recv_counts[j]);
+    s_total += send_counts[j], r_total += recv_counts[j];
+  }
+  const size_t esize = DTypeSize(dtype);
+  if ((s_total > 0 && send == nullptr) || (r_total > 0 && recv == nullptr))
+    return Refused("AllToAllV: null buffer with a non-zero count");
+  if (Overlaps(send, s_total * esize, recv, r_total * esize)) return Refused("AllToAllV: send overlaps recv");
+  ledger_.Add(CollKind::kAllToAll, CommLedger::AllToAllBytes(send_counts, rank_, dtype));
+  return Submit([this, sc, sd, rc, rd, dtype](const void* send, void* recv) -> Status {
+    const MPI_Datatype type = MpiType(dtype);
+    SHARDGPT_MPI_CALL(MPI_Alltoallv(send, sc.data(), sd.data(), type, recv, rc.data(), rd.data(), type, comm_),
+                      "MPI_Alltoallv");
+    return Status::OK();
+  }, send, s_total * esize, recv, r_total * esize);
+}
+
 Status MpiCommunicator::Barrier() {
   ledger_.AddControl(0);
   auto work = Enqueue([this]() -> Status {

@@ -2,7 +2,7 @@
 //
 // Every call (collective or blocking helper) is queued, in call order, to ONE communication
 // thread owned by this object, which runs it with a blocking MPI call (MPI_Allreduce,
-// MPI_Reduce_scatter_block, MPI_Allgather, MPI_Bcast, MPI_Barrier). That thread is what makes
+// MPI_Reduce_scatter_block, MPI_Allgather, MPI_Bcast, MPI_Alltoallv, MPI_Barrier). That thread is what makes
 // a collective progress while the caller computes. It sleeps on a condition variable when
 // the queue is empty (no busy spin); inside an MPI call, Open MPI itself may poll.
 //
@@ -37,6 +37,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "base/status.h"
 #include "model/device.h"
@@ -64,6 +65,8 @@ class MpiCommunicator final : public Communicator {
   std::shared_ptr<Work> AllGather(const void* send, void* recv, size_t send_count,
                                   DType dtype) override;
   std::shared_ptr<Work> Broadcast(void* buf, size_t count, DType dtype, int root) override;
+  std::shared_ptr<Work> AllToAllV(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                                  const std::vector<size_t>& recv_counts, DType dtype) override;
 
   Status Barrier() override;
   bool AllTrue(bool local) override;

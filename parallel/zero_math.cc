@@ -3,13 +3,27 @@
 #include <algorithm>
 #include <string>
 
+#include "parallel/muon_plan.h"
+
 namespace shardgpt {
+
+StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name) {
+  if (name == "adamw") return OptimizerKind::kAdamW;
+  if (name == "muon") return OptimizerKind::kMuon;
+  return Status::InvalidArgument("--optimizer: unknown optimizer '" + name + "' (expected adamw or muon)");
+}
+
+const char* OptimizerName(OptimizerKind k) { return k == OptimizerKind::kMuon ? "muon" : "adamw"; }
 
 Status EngineOptions::Validate() const {
   if (zero_stage < 0 || zero_stage > 3)
     return Status::InvalidArgument("--zero-stage must be 0, 1, 2 or 3, got " + std::to_string(zero_stage));
   if (dtype == DType::kF32 && reduce_dtype == DType::kBF16)
     return Status::InvalidArgument("--reduce-dtype bf16 needs --dtype bf16 (fp32 gradients are reduced in fp32)");
+  if (optimizer == OptimizerKind::kMuon && !(muon.momentum >= 0 && muon.momentum < 1))
+    return Status::InvalidArgument("--muon-momentum must be in [0, 1), got " + std::to_string(muon.momentum));
+  if (optimizer == OptimizerKind::kMuon && (muon.ns_steps < 1 || muon.ns_steps > 100))
+    return Status::InvalidArgument("--muon-ns-steps must be in 1..100, got " + std::to_string(muon.ns_steps));
   if (!(bucket_mb > 0)) return Status::InvalidArgument("--bucket-mb must be > 0");
   if (!reduce_every_micro && zero_stage < 2)
     return Status::InvalidArgument(
@@ -28,13 +42,28 @@ StatusOr<int> EngineOptions::ShardGroupSize(int world) const {
   return G;
 }
 
-StateSizes Formula::ModelStateByKind(double psi, int world, const EngineOptions& o) {
+StateSizes Formula::ModelStateByKind(double psi, int world, const EngineOptions& o, double psi_muon) {
   const double p = DTypeSize(o.dtype), k = o.optimizer_bytes_per_param(), N = world;
   StateSizes s;
   s.params = o.shards_params() ? p * psi / N : p * psi;
   s.grads = o.keeps_full_grads() ? p * psi : p * psi / N;
-  s.optimizer = o.shards_optimizer() ? k * psi / N : k * psi;
+  if (o.optimizer != OptimizerKind::kMuon) psi_muon = 0;
+  const double opt = k * psi - 4 * psi_muon;  // Muon elements: no second moment (k - 4)
+  s.optimizer = o.shards_optimizer() ? opt / N : opt;
   return s;
+}
+
+double Formula::TrafficBytes(double psi, int world, const EngineOptions& o, int accum, double psi_muon) {
+  return TrafficBytes(psi, world, o, accum) + MuonTrafficBytes(psi_muon, world, o);
+}
+
+double Formula::MuonTrafficBytes(double psi_muon, int world, const EngineOptions& o) {
+  if (o.optimizer != OptimizerKind::kMuon) return 0;
+  const double f = (world - 1.0) / world;
+  // stage 0: owners send whole updates to N-1 ranks; else U to owners and updates back, the
+  // (N-1)/N of each rank's 1/N shard that another rank owns (reduce dtype on the wire)
+  const double e = DTypeSize(o.reduce_dtype);
+  return o.zero_stage == 0 ? e * psi_muon * f : 2 * e * psi_muon / world * f;
 }
 
 double Formula::TrafficBytes(double psi, int world, const EngineOptions& o, int accum) {
@@ -54,13 +83,37 @@ double Formula::CrossGroupTrafficBytes(double psi, int group, int groups, const 
   return 2 * (r * psi / group) * (R - 1) / R;
 }
 
-StateSizes PersistentStateSizes(const ShardPlan& plan, const EngineOptions& o) {
+namespace {
+// The owned pieces of unit u: OwnedPieces at stage >= 1, the whole unit at stage 0.
+std::vector<OwnedPiece> PiecesOf(const ShardPlan& plan, bool sharded, int u, int r) {
+  if (sharded) return plan.OwnedPieces(u, r);
+  return {OwnedPiece{0, plan.unit(u).numel, 0}};
+}
+}  // namespace
+
+size_t SecondMomentElements(const ParamLayout& layout, const ShardPlan& plan, const EngineOptions& o, int rank) {
+  const bool sharded = o.shards_optimizer();
+  if (o.optimizer != OptimizerKind::kMuon) return sharded ? plan.total_shard() : plan.total_padded();
+  MuonPlan mp(layout, plan, !sharded, o.muon.ns_steps);
+  size_t n = 0;
+  for (int u = 0; u < plan.num_units(); u++)
+    for (const OwnedPiece& p : PiecesOf(plan, sharded, u, rank)) {
+      n += p.end - p.begin;  // minus the piece's Muon elements
+      for (const auto& [b, e] : mp.muon_ranges(u))
+        if (std::min(e, p.end) > std::max(b, p.begin)) n -= std::min(e, p.end) - std::max(b, p.begin);
+    }
+  return n;
+}
+
+StateSizes PersistentStateSizes(const ShardPlan& plan, const EngineOptions& o, const ParamLayout* layout, int rank) {
   const double Tp = static_cast<double>(plan.total_padded()), Ts = static_cast<double>(plan.total_shard());
   const double elt = static_cast<double>(DTypeSize(o.dtype));
   StateSizes s;
   s.params = (o.shards_params() ? Ts : Tp) * elt;
   s.grads = (o.keeps_full_grads() ? Tp : Ts) * elt;
   s.optimizer = (o.shards_optimizer() ? Ts : Tp) * o.optimizer_bytes_per_param();
+  if (o.optimizer == OptimizerKind::kMuon && layout != nullptr)  // v only for the AdamW elements
+    s.optimizer -= ((o.shards_optimizer() ? Ts : Tp) - static_cast<double>(SecondMomentElements(*layout, plan, o, rank))) * 4;
   return s;
 }
 
@@ -79,9 +132,17 @@ std::vector<std::vector<int>> PlanBuckets(const ShardPlan& plan, const EngineOpt
   return buckets;
 }
 
-CommLedger ExpectedStepTraffic(const ParamLayout& layout, const ShardPlan& plan, const EngineOptions& o, int accum) {
+CommLedger ExpectedStepTraffic(const ParamLayout& layout, const ShardPlan& plan, const EngineOptions& o, int accum,
+                               int rank) {
   CommLedger l;
   const int N = plan.world_size();
+  if (o.optimizer == OptimizerKind::kMuon) {
+    // one all-to-all-v for the updates, one before it for U at stage >= 1; the counter holds
+    // their bytes together (values in the reduce dtype)
+    const MuonPlan mp(layout, plan, !o.shards_optimizer(), o.muon.ns_steps);
+    l.Add(CollKind::kAllToAll, mp.SentElements(rank) * DTypeSize(o.reduce_dtype));
+    if (o.shards_optimizer()) l.Add(CollKind::kAllToAll, 0);
+  }
   auto add = [&](CollKind k, uint64_t count, DType d, int times) {
     for (int i = 0; i < times; i++) l.Add(k, CommLedger::RingBytes(k, count, d, N));
   };

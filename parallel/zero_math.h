@@ -5,15 +5,23 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "base/dtype.h"
+#include "model/muon.h"
 #include "model/optimizer.h"
 #include "model/param_layout.h"
 #include "parallel/communicator.h"
 #include "parallel/shard_plan.h"
 
 namespace shardgpt {
+
+// --optimizer: AdamW for everything, or Muon for the blocks' 2-D matrices (parallel/muon_plan.h)
+// with AdamW for the rest.
+enum class OptimizerKind { kAdamW, kMuon };
+StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name);
+const char* OptimizerName(OptimizerKind k);  // "adamw", "muon"
 
 struct EngineOptions {
   int zero_stage = 0;                 // 0 (DDP), 1, 2, 3
@@ -24,6 +32,8 @@ struct EngineOptions {
   bool reduce_every_micro = true;     // stages 2/3: reduce-scatter every micro-batch
   int shard_group_size = 0;           // HSDP: shard within groups of G ranks (0 = all ranks)
   AdamWConfig adamw;
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  MuonConfig muon;  // with OptimizerKind::kMuon
 
   bool shards_optimizer() const { return zero_stage >= 1; }
   bool shards_grads() const { return zero_stage >= 2; }
@@ -50,9 +60,11 @@ struct StateSizes {
 struct Formula {
   // Model state per rank: DDP 2Ψ+2Ψ+kΨ; ZeRO-1 2Ψ+2Ψ+kΨ/N; ZeRO-2 2Ψ+(2Ψ+kΨ)/N; ZeRO-3 (2Ψ+2Ψ+kΨ)/N
   // (stage 2/3 with last-micro reduction keep a full gradient).
-  static StateSizes ModelStateByKind(double psi, int world, const EngineOptions& o);
-  static double ModelStateBytes(double psi, int world, const EngineOptions& o) {
-    return ModelStateByKind(psi, world, o).total();
+  // Muon (psi_muon = elements of the Muon matrices, ignored for AdamW): those elements need
+  // no second moment, so k drops by 4 for them (12 -> 8 with bf16, 8 -> 4 with fp32).
+  static StateSizes ModelStateByKind(double psi, int world, const EngineOptions& o, double psi_muon = 0);
+  static double ModelStateBytes(double psi, int world, const EngineOptions& o, double psi_muon = 0) {
+    return ModelStateByKind(psi, world, o, psi_muon).total();
   }
   // Bytes sent per rank per step (ring model, (N-1)/N included), A micro-batches. With HSDP
   // `world` is the shard group size G and this is the traffic inside the group.
@@ -61,15 +73,28 @@ struct Formula {
   // shard (Psi/G elements, reduce dtype r bytes) among the R = N/G ranks holding the same
   // shard, once per step: 2 * (r*Psi/G) * (R-1)/R (0 when R = 1).
   static double CrossGroupTrafficBytes(double psi, int group, int groups, const EngineOptions& o);
+  // The same plus Muon's all-to-all traffic.
+  static double TrafficBytes(double psi, int world, const EngineOptions& o, int accum, double psi_muon);
+  // Muon's all-to-all bytes per rank per step, e = reduce dtype size: stage >= 1
+  // 2*e*Psi_muon/N*(N-1)/N (U to the owners, updates back); stage 0 e*Psi_muon*(N-1)/N (owners
+  // send whole updates). An estimate: a rank's shard meets its own matrices more or less often.
+  static double MuonTrafficBytes(double psi_muon, int world, const EngineOptions& o);
 };
 
-// Exact persistent allocations of one rank (padding included), from the plan.
-StateSizes PersistentStateSizes(const ShardPlan& plan, const EngineOptions& o);
+// Exact persistent allocations of one rank (padding included), from the plan. Muon needs the
+// layout (its second moments cover only rank `rank`'s owned AdamW elements).
+StateSizes PersistentStateSizes(const ShardPlan& plan, const EngineOptions& o, const ParamLayout* layout = nullptr,
+                                int rank = 0);
+// Second-moment elements rank r allocates: every owned element (padding included) for AdamW;
+// under Muon only the owned real elements outside the Muon matrices.
+size_t SecondMomentElements(const ParamLayout& layout, const ShardPlan& plan, const EngineOptions& o, int rank);
 // Stage 0 buckets: unit ids per bucket, in backward order (final, blocks L..1, embed).
 std::vector<std::vector<int>> PlanBuckets(const ShardPlan& plan, const EngineOptions& o);
 // Bytes one rank sends in one step of A micro-batches, per collective kind (ring model),
-// derived from the plan; control traffic (loss, norm) excluded.
-CommLedger ExpectedStepTraffic(const ParamLayout& layout, const ShardPlan& plan, const EngineOptions& o, int accum);
+// derived from the plan; control traffic (loss, norm) excluded. Muon's all_to_all traffic
+// differs between ranks: it is rank `rank`'s (MuonPlan::SentElements).
+CommLedger ExpectedStepTraffic(const ParamLayout& layout, const ShardPlan& plan, const EngineOptions& o, int accum,
+                               int rank = 0);
 // HSDP: bytes one rank sends across groups in one step (one all-reduce of each unit's owned
 // gradient shard among the `groups` replicas of it), from the plan of the group (size G).
 CommLedger ExpectedCrossGroupTraffic(const ShardPlan& plan, const EngineOptions& o, int groups);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks (figures, not tests): kernels, end-to-end tokens/s per config on 1 rank x 2
-# threads, then 1 and 2 ranks x 1 thread for every ZeRO stage, then checkpoint save speed.
+# threads, then 1 and 2 ranks x 1 thread for every ZeRO stage, then checkpoint save speed, then
+# distributed Muon at 1-4 ranks.
 # Usage: scripts/bench.sh [build-dir]. Quote medians; the machine is shared and noisy.
 set -euo pipefail
 BUILD=${1:-build}
@@ -22,3 +23,7 @@ echo "== checkpoint save vs plain sequential write (d6, 2 ranks)"
 mkdir -p "$BUILD"/bench_tmp
 mpirun -np 2 --oversubscribe "$BUILD"/bench/bench_ckpt d6 "$BUILD"/bench_tmp/ckpt 3 || true
 rm -rf "$BUILD"/bench_tmp
+echo "== Muon: all_to_all bytes and Newton-Schulz CPU time per rank, 1-4 ranks (fp32 and bf16 on the wire)"
+for b in 0 1; do for n in 1 2 3 4; do
+  OPENBLAS_NUM_THREADS=1 mpirun -np $n --oversubscribe "$BUILD"/bench/bench_muon --zero-stage 1 --bf16 $b | grep -v "^  rank"
+done; done

@@ -115,6 +115,29 @@ class NcclCommunicator final : public Communicator {
     return Launch("ncclBroadcast", [&] { return ncclBroadcast(buf, buf, count, NcclType(dtype), root, nccl_, stream_); });
   }
 
+  // ncclSend / ncclRecv to every peer inside one group (NCCL's documented all-to-all-v
+  // pattern); the self block is a send to and a receive from this rank, which NCCL copies.
+  std::shared_ptr<Work> AllToAllV(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                                  const std::vector<size_t>& recv_counts, DType dtype) override {
+    if (send_counts.size() != static_cast<size_t>(world_) || recv_counts.size() != static_cast<size_t>(world_))
+      return std::make_shared<CompletedWork>(Status::InvalidArgument("AllToAllV: need one count per rank"));
+    ledger_.Add(CollKind::kAllToAll, CommLedger::AllToAllBytes(send_counts, rank_, dtype));
+    const size_t esize = DTypeSize(dtype);
+    return Launch("ncclSend/ncclRecv (all-to-all-v)", [&]() -> ncclResult_t {
+      ncclResult_t r = ncclGroupStart();
+      size_t so = 0, ro = 0;
+      for (int j = 0; j < world_ && (r == ncclSuccess || r == ncclInProgress); j++) {
+        if (send_counts[j] > 0)
+          r = ncclSend(static_cast<const char*>(send) + so * esize, send_counts[j], NcclType(dtype), j, nccl_, stream_);
+        if (recv_counts[j] > 0 && (r == ncclSuccess || r == ncclInProgress))
+          r = ncclRecv(static_cast<char*>(recv) + ro * esize, recv_counts[j], NcclType(dtype), j, nccl_, stream_);
+        so += send_counts[j], ro += recv_counts[j];
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return (r == ncclSuccess || r == ncclInProgress) ? end : r;
+    });
+  }
+
   // Control plane on MPI, after every collective queued before it (stream order).
   Status Barrier() override {
     Drain();

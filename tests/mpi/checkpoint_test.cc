@@ -86,7 +86,8 @@ struct Run {
 
 // device: where the engine keeps its state (default: host memory).
 std::unique_ptr<Run> MakeRun(MPI_Comm mpi, const GPTConfig& config, int stage, uint64_t seed,
-                             DType dtype = DType::kF32, Device& device = CpuDevice()) {
+                             DType dtype = DType::kF32, Device& device = CpuDevice(),
+                             OptimizerKind optimizer = OptimizerKind::kAdamW) {
   auto run = std::make_unique<Run>();
   run->mpi = mpi;
   auto comm = MpiCommunicator::Create(mpi, &device);
@@ -97,6 +98,7 @@ std::unique_ptr<Run> MakeRun(MPI_Comm mpi, const GPTConfig& config, int stage, u
   opt.zero_stage = stage;
   opt.dtype = dtype;
   opt.reduce_dtype = dtype;
+  opt.optimizer = optimizer;
   auto engine = Engine::Create(*run->layout, run->comm.get(), opt, device);
   EXPECT_TRUE(engine.ok()) << engine.status().ToString();
   run->engine = std::move(engine).value();
@@ -255,6 +257,81 @@ TEST(Checkpoint, ReshardAcrossWorldsAndStages) {
       MPI_Comm_free(&load_comm);
     }
     MPI_Barrier(MPI_COMM_WORLD);
+  }
+  Cleanup(dir);
+}
+
+// Muon: its momentum (in m at the Muon matrices; v is zero there) and the AdamW state of the
+// rest reshard across rank counts and stages bitwise, and training goes on.
+TEST(Checkpoint, MuonReshardAcrossWorldsAndStages) {
+  const int W = WorldSize();
+  const std::string dir = SharedDir("muon");
+  struct Case {
+    int save_n, save_stage, load_n, load_stage;
+  };
+  const Case cases[] = {{W, 1, 1, 3}, {1, 0, W, 2}, {2, 3, 3, 0}, {W, 2, W, 0}};
+  int i = 0;
+  const ParamLayout layout(SmallConfig());
+  const size_t n = layout.total_numel();
+  const size_t qkv = layout.units()[1].offset + layout.block().qkv_w;  // a Muon matrix of block 0
+  for (const Case c : cases) {
+    if (c.save_n > W || c.load_n > W) continue;
+    SCOPED_TRACE(std::to_string(c.save_n) + " ranks stage " + std::to_string(c.save_stage) + " -> " +
+                 std::to_string(c.load_n) + " ranks stage " + std::to_string(c.load_stage));
+    const std::string cdir = dir + "/c" + std::to_string(i++);
+    std::vector<uint32_t> expected(3 * n, 0);
+    MPI_Comm save_comm = FirstRanks(c.save_n);
+    if (save_comm != MPI_COMM_NULL) {
+      auto a = MakeRun(save_comm, SmallConfig(), c.save_stage, 7, DType::kF32, CpuDevice(), OptimizerKind::kMuon);
+      Train(*a, 2);
+      expected = FullState(*a);
+      Status st = SaveCheckpoint(cdir, StateOf(*a), *a->engine, *a->layout, *a->comm, 0, true);
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      a.reset();
+      MPI_Comm_free(&save_comm);
+    }
+    MPI_Bcast(expected.data(), static_cast<int>(expected.size()), MPI_UINT32_T, 0, MPI_COMM_WORLD);
+    EXPECT_NE(expected[n + qkv], 0u) << "Muon momentum is saved in m";
+    EXPECT_EQ(expected[2 * n + qkv], 0u) << "no second moment at a Muon element";
+    MPI_Comm load_comm = FirstRanks(c.load_n);
+    if (load_comm != MPI_COMM_NULL) {
+      auto b = MakeRun(load_comm, SmallConfig(), c.load_stage, 8, DType::kF32, CpuDevice(), OptimizerKind::kMuon);
+      auto st = LoadCheckpoint(cdir, "", *b->engine, *b->layout, *b->comm, true);
+      ASSERT_TRUE(st.ok()) << st.status().ToString();
+      EXPECT_TRUE(FullState(*b) == expected);
+      Train(*b, 1);
+      EXPECT_FALSE(FullState(*b) == expected);
+      b.reset();
+      MPI_Comm_free(&load_comm);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  Cleanup(dir);
+}
+
+// An AdamW checkpoint does not resume as Muon, nor the reverse: every rank gets one line naming
+// the index and both optimizers, and the engine is untouched.
+TEST(Checkpoint, RefusesResumeAcrossOptimizers) {
+  const std::string dir = SharedDir("optim");
+  for (OptimizerKind saved : {OptimizerKind::kAdamW, OptimizerKind::kMuon}) {
+    const OptimizerKind other = saved == OptimizerKind::kMuon ? OptimizerKind::kAdamW : OptimizerKind::kMuon;
+    const std::string cdir = dir + "/" + OptimizerName(saved);
+    auto a = MakeRun(MPI_COMM_WORLD, SmallConfig(), 1, 7, DType::kF32, CpuDevice(), saved);
+    Train(*a, 1);
+    ASSERT_TRUE(SaveCheckpoint(cdir, StateOf(*a), *a->engine, *a->layout, *a->comm, 0, true).ok());
+    auto b = MakeRun(MPI_COMM_WORLD, SmallConfig(), 2, 8, DType::kF32, CpuDevice(), other);
+    const std::vector<uint32_t> before = FullState(*b);
+    auto st = LoadCheckpoint(cdir, "", *b->engine, *b->layout, *b->comm, true);
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.status().message().find(std::string("saved by --optimizer ") + OptimizerName(saved) +
+                                         ", this run uses --optimizer " + OptimizerName(other)),
+              std::string::npos)
+        << st.status().message();
+    EXPECT_NE(st.status().message().find("index.h5"), std::string::npos);
+    EXPECT_EQ(st.status().message().find('\n'), std::string::npos);
+    EXPECT_TRUE(FullState(*b) == before);
+    auto same = MakeRun(MPI_COMM_WORLD, SmallConfig(), 2, 8, DType::kF32, CpuDevice(), saved);
+    EXPECT_TRUE(LoadCheckpoint(cdir, "", *same->engine, *same->layout, *same->comm, true).ok());
   }
   Cleanup(dir);
 }
