@@ -77,7 +77,7 @@ struct ModelFlags {
 // Flags of the data-parallel engine, shared by train and plan.
 struct EngineFlags {
   int zero_stage = 0;
-  std::string dtype = "fp32", reduce_dtype, reduce_grads = "every-micro";
+  std::string dtype = "fp32", reduce_dtype, reduce_grads = "every-micro", shard_layout = "flat";
   double bucket_mb = 25.0;
   bool reshard_after_forward = true;
   void Add(CLI::App* app) {
@@ -95,6 +95,10 @@ struct EngineFlags {
                     "stages 2/3 with --grad-accum > 1: every-micro (sharded memory, traffic x A) or last-micro "
                     "(traffic x 1, full-gradient memory)")
         ->check(CLI::IsMember({"every-micro", "last-micro"}))->capture_default_str();
+    app->add_option("--shard-layout", shard_layout,
+                    "how stages >= 1 cut a unit into N shards: flat (the unit's flat buffer in N equal ranges, "
+                    "FSDP1) or per-param (every parameter along dim 0, FSDP2)")
+        ->check(CLI::IsMember({"flat", "per-param"}))->capture_default_str();
   }
   EngineOptions Resolve() const {
     EngineOptions e;
@@ -104,6 +108,7 @@ struct EngineFlags {
     e.bucket_mb = bucket_mb;
     e.reshard_after_forward = reshard_after_forward;
     e.reduce_every_micro = reduce_grads == "every-micro";
+    e.shard_layout = shard_layout == "per-param" ? ShardLayout::kPerParam : ShardLayout::kFlat;
     return e;
   }
 };

@@ -69,7 +69,7 @@ Status RunPlan(const PlanOptions& o) {
   SHARDGPT_RETURN_IF_ERROR(o.engine.Validate());
   if (o.ranks < 1) return Status::InvalidArgument("--ranks must be >= 1");
   ParamLayout layout(o.model);
-  ShardPlan plan(layout, o.ranks);
+  ShardPlan plan(layout, o.ranks, o.engine.shard_layout);
   const double psi = static_cast<double>(layout.total_numel()), GiB = 1024.0 * 1024 * 1024;
   const double act = static_cast<double>(GPT::ActivationBytes(o.model, o.micro_batch, o.seq_len));
   std::printf("model %s: %.1fM parameters; %d ranks, micro-batch %d x %d tokens, grad-accum %d, %s (reduce %s)\n",
@@ -98,6 +98,17 @@ Status RunPlan(const PlanOptions& o) {
   std::printf("(* = --zero-stage; bytes per rank; 'formula' is the seed's 2/2/k Psi split for this precision; "
               "traffic counts bytes sent per rank, ring model)\n");
   std::printf("(+activations includes, for stage 3, two gathered units: the running one and the prefetched one)\n");
+  // What each shard layout pads: every full buffer (stages 0-2 parameters, full gradients,
+  // gathered units) and every collective carries it; each shard carries 1/N of it.
+  std::printf("shard layout padding (elements added per full copy of the model, %d ranks):\n", o.ranks);
+  for (ShardLayout sl : {ShardLayout::kFlat, ShardLayout::kPerParam}) {
+    const ShardPlan p(layout, o.ranks, sl);
+    std::printf("%s %-10s %12zu elements = %8.4f%% of Psi (%.3f MiB per %s copy)\n",
+                sl == o.engine.shard_layout ? "*" : " ", ShardLayoutName(sl), p.total_padding(),
+                100.0 * p.total_padding() / psi, p.total_padding() * DTypeSize(o.engine.dtype) / 1048576.0,
+                DTypeName(o.engine.dtype));
+  }
+  std::printf("(* = --shard-layout; flat pads each unit to a multiple of N, per-param each tensor's rows)\n");
   return Status::OK();
 }
 

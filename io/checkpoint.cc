@@ -220,10 +220,15 @@ ShardFill EngineFill(Engine& engine, const std::vector<SavedPiece>& pieces, int 
       if (pi == 0 || pi > mine.size()) return Status::Internal("checkpoint: shard element " + std::to_string(at) +
                                                               " is in no piece of rank " + std::to_string(rank));
       const SavedPiece& p = mine[pi - 1];
-      const Engine::OwnedState st = engine.Owned(p.unit);
-      if (p.begin < st.begin || p.end > st.end)
+      // the engine piece holding this saved piece (the same piece at stage >= 1, the whole
+      // unit at stage 0)
+      const std::vector<Engine::OwnedState> owned = engine.OwnedPieces(p.unit);
+      auto it = std::find_if(owned.begin(), owned.end(),
+                             [&](const Engine::OwnedState& o) { return o.begin <= p.begin && p.end <= o.end; });
+      if (it == owned.end())
         return Status::Internal("checkpoint: unit " + std::to_string(p.unit) + " piece not owned by rank " +
                                 std::to_string(rank));
+      const Engine::OwnedState& st = *it;
       const float* base = k == 0 ? st.master : k == 1 ? st.m : st.v;
       const uint64_t unit_at = p.begin + (at - p.file_offset);
       const uint64_t cnt = std::min<uint64_t>(stop, p.file_offset + (p.end - p.begin)) - at;
@@ -295,7 +300,7 @@ Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& e
   SHARDGPT_RETURN_IF_ERROR(AgreeAll(comm, rank == 0 ? PrepareSave(dir, tmp) : Status::OK()));
   comm.ControlBroadcast(id, sizeof(id), 0);
 
-  const std::vector<SavedPiece> pieces = PlanSave(layout, world);
+  const std::vector<SavedPiece> pieces = PlanSave(layout, world, engine.options().shard_layout);
   ShardWriteResult res;
   const std::string shard_path = tmp + "/" + ShardFileName(rank);
   uint64_t elements = 0;
@@ -398,11 +403,11 @@ StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& 
     float* dst[3];
   };
   std::map<int, std::vector<Job>> by_file;
-  for (int u = 0; u < layout.num_units(); u++) {
-    const Engine::OwnedState own = engine.Owned(u);
-    for (const ReadOp& op : PlanReads(idx.pieces, u, own.begin, own.end))
-      by_file[op.file].push_back(Job{op, {own.master + op.dest_offset, own.m + op.dest_offset, own.v + op.dest_offset}});
-  }
+  for (int u = 0; u < layout.num_units(); u++)
+    for (const Engine::OwnedState& own : engine.OwnedPieces(u))
+      for (const ReadOp& op : PlanReads(idx.pieces, u, own.begin, own.end))
+        by_file[op.file].push_back(
+            Job{op, {own.master + op.dest_offset, own.m + op.dest_offset, own.v + op.dest_offset}});
   // Open every needed file first (ids, dataset lengths), so a bad file fails before any data moves.
   std::map<int, ShardFileReader> readers;
   st = Status::OK();

@@ -12,17 +12,16 @@
 
 namespace shardgpt {
 
-std::vector<SavedPiece> PlanSave(const ParamLayout& layout, int world) {
-  const ShardPlan plan(layout, world);
+std::vector<SavedPiece> PlanSave(const ParamLayout& layout, int world, ShardLayout shard_layout) {
+  const ShardPlan plan(layout, world, shard_layout);
   std::vector<SavedPiece> pieces;
   for (int r = 0; r < world; r++) {
     uint64_t off = 0;
-    for (int u = 0; u < plan.num_units(); u++) {
-      const uint64_t b = plan.OwnedBegin(u, r), e = plan.OwnedEnd(u, r);
-      if (b >= e) continue;
-      pieces.push_back(SavedPiece{u, r, b, e, off});
-      off += e - b;
-    }
+    for (int u = 0; u < plan.num_units(); u++)
+      for (const OwnedPiece& p : plan.OwnedPieces(u, r)) {
+        pieces.push_back(SavedPiece{u, r, p.begin, p.end, off});
+        off += p.end - p.begin;
+      }
   }
   return pieces;
 }

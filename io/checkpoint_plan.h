@@ -3,9 +3,10 @@
 // DCP's planner), so every resharding case is unit-testable in one process.
 //
 // A checkpoint saved by N ranks has N shard files. File r holds, for every unit u in order,
-// the real elements [OwnedBegin(u, r), OwnedEnd(u, r)) of ShardPlan(layout, N), concatenated
-// (no padding), once per state kind (master, m, v). With stage 0 every rank still writes only
-// that 1/N slice, so nothing is written twice. The table of these pieces (SavedPiece) is
+// the real elements of rank r's pieces of ShardPlan(layout, N, shard layout)
+// (ShardPlan::OwnedPieces: one range per unit for the flat layout, one per tensor row-slice
+// for per-param), concatenated (no padding), once per state kind (master, m, v). With stage 0
+// every rank still writes only those pieces, so nothing is written twice. The table of these pieces (SavedPiece) is
 // stored in the index; loading intersects it with the range a loading rank needs.
 #pragma once
 
@@ -16,6 +17,7 @@
 
 #include "base/status.h"
 #include "model/param_layout.h"
+#include "parallel/shard_plan.h"
 
 namespace shardgpt {
 
@@ -38,7 +40,7 @@ struct ReadOp {
 };
 
 // The pieces written by a run of `world` ranks, in (file, unit) order; empty ranges omitted.
-std::vector<SavedPiece> PlanSave(const ParamLayout& layout, int world);
+std::vector<SavedPiece> PlanSave(const ParamLayout& layout, int world, ShardLayout shard_layout = ShardLayout::kFlat);
 // Elements per file of the plan above (the length of each file's datasets).
 std::vector<uint64_t> FileElements(const std::vector<SavedPiece>& pieces, int num_files);
 

@@ -94,17 +94,19 @@ class Engine : public UnitHooks {
   UnitBuffers PreBackward(int unit) override;
   void PostBackward(int unit) override;
 
-  // For checkpoints: this rank's owned fp32 master slice and moments (stage >= 1: the shard;
-  // stage 0: the full unit), in unit coordinates [begin, end). DEVICE memory: copy through
-  // device().CopyToHost / CopyToDevice.
+  // For checkpoints: this rank's owned fp32 master pieces and moments of a unit (stage >= 1:
+  // its plan pieces; stage 0: the full unit), each in unit coordinates [begin, end). DEVICE
+  // memory: copy through device().CopyToHost / CopyToDevice.
   using OwnedState = ShardedAdamW::Slice;
-  OwnedState Owned(int unit) { return adamw_.Owned(unit, params_->Owned(unit)); }
+  std::vector<OwnedState> OwnedPieces(int unit);
   void set_step_count(int64_t t) { t_ = t; }
   // After writing master values through Owned(): refresh the compute parameters. Collective.
   void SyncParamsFromMaster();
 
  private:
   Engine(const ParamLayout& layout, Communicator* comm, const EngineOptions& options, Device& device);
+  // Stored parameters of unit u from its master pieces, then published to every rank.
+  void StoreAndPublish(int u);
 
   EngineContext ctx_;
   std::unique_ptr<ParamStore> params_;

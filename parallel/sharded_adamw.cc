@@ -22,21 +22,22 @@ ShardedAdamW::ShardedAdamW(EngineContext* ctx) : ctx_(*ctx) {
   }
 }
 
-ShardedAdamW::Slice ShardedAdamW::Owned(int u, void* stored) {
+ShardedAdamW::Slice ShardedAdamW::Owned(int u, const OwnedPiece& p, void* stored) {
   const UnitShardInfo& s = ctx_.plan.unit(u);
-  const bool sharded = ctx_.opt.shards_optimizer();
-  const size_t off = sharded ? s.shard_offset : s.padded_offset;
+  // stage >= 1: state in shard order; stage 0: in flat order over the whole unit
+  const size_t off = ctx_.opt.shards_optimizer() ? s.shard_offset + p.shard_offset : s.padded_offset + p.begin;
   Slice sl;
-  sl.begin = sharded ? ctx_.plan.OwnedBegin(u, ctx_.rank) : 0;
-  sl.end = sharded ? ctx_.plan.OwnedEnd(u, ctx_.rank) : s.numel;
+  sl.begin = p.begin;
+  sl.end = p.end;
   sl.master = ctx_.opt.dtype == DType::kBF16 ? master_.as<float>() + off : static_cast<float*>(stored);
   sl.m = m_.as<float>() + off;
   sl.v = v_.as<float>() + off;
   return sl;
 }
 
-void ShardedAdamW::Update(int u, const void* grads, void* stored, float lr, float grad_scale, int64_t t) {
-  const Slice sl = Owned(u, stored);
+void ShardedAdamW::Update(int u, const OwnedPiece& p, const void* grads, void* stored, float lr, float grad_scale,
+                          int64_t t) {
+  const Slice sl = Owned(u, p, stored);
   const size_t n = sl.end - sl.begin;
   const float* g = static_cast<const float*>(grads);
   if (ctx_.opt.dtype == DType::kBF16) {
@@ -48,12 +49,12 @@ void ShardedAdamW::Update(int u, const void* grads, void* stored, float lr, floa
     ctx_.kernels().adamw(sl.master + i, g + i, sl.m + i, sl.v + i, r.end - r.begin, lr,
                          r.decay ? ctx_.opt.adamw.weight_decay : 0.0f, ctx_.opt.adamw, t, grad_scale);
   }
-  StoreFromMaster(u, stored);
+  StoreFromMaster(u, p, stored);
 }
 
-void ShardedAdamW::StoreFromMaster(int u, void* stored) {
+void ShardedAdamW::StoreFromMaster(int u, const OwnedPiece& p, void* stored) {
   if (ctx_.opt.dtype == DType::kF32) return;  // the stored parameters are the master
-  const Slice sl = Owned(u, stored);
+  const Slice sl = Owned(u, p, stored);
   ctx_.kernels().convert(sl.master, DType::kF32, stored, ctx_.opt.dtype, sl.end - sl.begin);
 }
 

@@ -22,6 +22,7 @@ struct EngineOptions {
   double bucket_mb = 25.0;            // stage 0 bucket size (DDP's default)
   bool reshard_after_forward = true;  // stage 3: free block parameters after forward
   bool reduce_every_micro = true;     // stages 2/3: reduce-scatter every micro-batch
+  ShardLayout shard_layout = ShardLayout::kFlat;  // flat unit shards (FSDP1) or per-parameter dim-0 (FSDP2)
   AdamWConfig adamw;
 
   bool shards_optimizer() const { return zero_stage >= 1; }
