@@ -337,7 +337,9 @@ Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& e
     idx.zero_stage = engine.options().zero_stage;
     idx.dtype = DTypeName(engine.options().dtype);
     idx.state = state;
+    idx.shard_layout = ShardLayoutName(engine.options().shard_layout);
     idx.pieces = pieces;
+    idx.chunks = ChunksFromPieces(layout, pieces);
     for (int r = 0; r < world; r++) {
       const uint64_t* a = &all[5 * r];
       CheckpointFile f{ShardFileName(r), a[0], a[1], static_cast<uint32_t>(a[2] >> 32),
@@ -456,10 +458,11 @@ StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& 
       total += static_cast<double>(all[2 * r]);
       per_rank += " " + Gbps(static_cast<double>(all[2 * r]), s);
     }
-    std::printf("checkpoint: loaded %s (saved by %d rank(s), stage %d; step %lld) on %d rank(s), stage %d: %.3f GB "
-                "read in %.3f s: %s GB/s total; per rank GB/s:%s\n",
-                idx.dir.c_str(), idx.world_size, idx.zero_stage, static_cast<long long>(idx.state.step),
-                comm.world_size(), engine.options().zero_stage, total / 1e9, wall, Gbps(total, wall).c_str(),
+    std::printf("checkpoint: loaded %s (saved by %d rank(s), stage %d, %s layout; step %lld) on %d rank(s), stage %d, "
+                "%s layout: %.3f GB read in %.3f s: %s GB/s total; per rank GB/s:%s\n",
+                idx.dir.c_str(), idx.world_size, idx.zero_stage, idx.shard_layout.c_str(),
+                static_cast<long long>(idx.state.step), comm.world_size(), engine.options().zero_stage,
+                ShardLayoutName(engine.options().shard_layout), total / 1e9, wall, Gbps(total, wall).c_str(),
                 per_rank.c_str());
     std::fflush(stdout);
   }

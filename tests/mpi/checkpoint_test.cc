@@ -174,7 +174,7 @@ TEST(Checkpoint, SameWorldAndStageIsBitwise) {
   };
   constexpr ShardLayout kPP = ShardLayout::kPerParam;
   for (const Case c : {Case{0, DType::kF32}, Case{1, DType::kF32}, Case{2, DType::kF32}, Case{3, DType::kF32},
-                       Case{1, DType::kBF16}, Case{2, DType::kF32, kPP}, Case{3, DType::kBF16, kPP}}) {
+                       Case{1, DType::kBF16}, Case{3, DType::kBF16, kPP}}) {
     SCOPED_TRACE("stage " + std::to_string(c.stage) + " " + DTypeName(c.dtype) + " " + ShardLayoutName(c.layout));
     const std::string cdir = dir + "/s" + std::to_string(c.stage) + DTypeName(c.dtype) + ShardLayoutName(c.layout);
     auto a = MakeRun(MPI_COMM_WORLD, SmallConfig(), c.stage, 1, c.dtype, CpuDevice(), c.layout);
@@ -204,7 +204,7 @@ TEST(Checkpoint, SameWorldAndStageIsBitwise) {
     b->engine->GatherFullParams(pb.data());
     EXPECT_TRUE(Bits(pa) == Bits(pb));
   }
-  auto cfg = ReadCheckpointConfig("latest", dir + "/s0f32");
+  auto cfg = ReadCheckpointConfig("latest", dir + "/s0f32flat");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
   EXPECT_EQ(cfg->FirstDifference(SmallConfig()), "");
   Cleanup(dir);
@@ -220,11 +220,10 @@ TEST(Checkpoint, ReshardAcrossWorldsAndStages) {
     ShardLayout save_layout = ShardLayout::kFlat, load_layout = ShardLayout::kFlat;
   };
   constexpr ShardLayout kFlat = ShardLayout::kFlat, kPP = ShardLayout::kPerParam;
-  // the last five cross shard layouts (flat N=2 stage 2 -> per-param N=3 stage 3 and back, ...)
+  // the last three cross shard layouts (flat N=2 stage 2 -> per-param N=3 stage 3 and back, ...)
   const Case cases[] = {{2, 1, 3, 3}, {4, 1, 1, 0}, {1, 0, 4, 2}, {W, 0, W, 3}, {W, 3, W, 0},
                         {1, 3, W, 1}, {3, 2, 2, 3}, {W, 2, 1, 1}, {2, 0, 1, 3},
-                        {2, 2, 3, 3, kFlat, kPP}, {3, 3, 2, 2, kPP, kFlat}, {W, 1, W, 0, kPP, kFlat},
-                        {1, 0, W, 3, kFlat, kPP}, {4, 2, 3, 1, kPP, kPP}};
+                        {2, 2, 3, 3, kFlat, kPP}, {3, 3, 2, 2, kPP, kFlat}, {W, 1, W, 0, kPP, kFlat}};
   int i = 0;
   for (const Case c : cases) {
     if (c.save_n > W || c.load_n > W) continue;

@@ -62,6 +62,42 @@ TEST(CheckpointPlan, SavedPiecesCoverEveryUnitOnce) {
     }
 }
 
+// Pieces as per-parameter chunks (the index's form): each chunk a contiguous box of one
+// tensor; back in unit coordinates they tile the pieces exactly, file offsets included. A flat
+// piece that starts and ends inside rows of a 2-D tensor is a partial row, whole rows and a
+// partial row; a per-param piece (whole rows) is one chunk.
+TEST(CheckpointPlan, ChunksAreBoxesOfOneTensorThatTileThePieces) {
+  const ParamLayout L(Small());
+  for (ShardLayout sl : kLayouts)
+    for (int world = 1; world <= 7; world++) {
+      const auto pieces = PlanSave(L, world, sl);
+      const auto chunks = ChunksFromPieces(L, pieces);
+      std::vector<SavedPiece> back;
+      for (const SavedChunk& c : chunks) {
+        SavedPiece p;
+        ASSERT_TRUE(PieceOfChunk(L, c, world, &p).ok());
+        back.push_back(p);
+      }
+      EXPECT_TRUE(CheckPieces(back, UnitNumel(L), world).ok());
+      EXPECT_EQ(FileElements(back, world), FileElements(pieces, world));
+      if (sl == ShardLayout::kPerParam) EXPECT_EQ(chunks.size(), pieces.size()) << "world " << world;
+    }
+  // wte of Small() is [Vp, C]: elements [C + 3, 5C - 2) are row 1 from column 3, rows 2-3, row 4
+  // up to column C - 2.
+  const uint64_t C = static_cast<uint64_t>(L.config().n_embd);
+  const auto chunks = ChunksFromPieces(L, {SavedPiece{0, 0, C + 3, 5 * C - 2, 100}});
+  ASSERT_EQ(chunks.size(), 3u);
+  EXPECT_EQ(chunks[0].offsets, (std::vector<uint64_t>{1, 3}));
+  EXPECT_EQ(chunks[0].sizes, (std::vector<uint64_t>{1, C - 3}));
+  EXPECT_EQ(chunks[0].file_offset, 100u);
+  EXPECT_EQ(chunks[1].offsets, (std::vector<uint64_t>{2, 0}));
+  EXPECT_EQ(chunks[1].sizes, (std::vector<uint64_t>{2, C}));
+  EXPECT_EQ(chunks[1].file_offset, 100u + C - 3);
+  EXPECT_EQ(chunks[2].offsets, (std::vector<uint64_t>{4, 0}));
+  EXPECT_EQ(chunks[2].sizes, (std::vector<uint64_t>{1, C - 2}));
+  EXPECT_EQ(chunks[2].file_offset, 100u + 3 * C - 3);
+}
+
 TEST(CheckpointPlan, CheckPiecesNamesTheProblem) {
   const ParamLayout L(Small());
   auto pieces = PlanSave(L, 2);
