@@ -35,6 +35,9 @@ namespace shardgpt {
 // Version 1 indexes (plain HDF5, no checksum) are refused with a message.
 constexpr int kCheckpointFormatVersion = 3;
 constexpr int kOldestReadFormatVersion = 2;
+// Shard files did not change in format 3: their header still says "format 2", so the shard
+// files of format 2 and 3 checkpoints are read alike.
+constexpr int kShardFormatVersion = 2;
 constexpr size_t kIndexHeaderBytes = 128;                  // the text header; the JSON follows
 constexpr uint64_t kMaxIndexBytes = uint64_t{256} << 20;  // ~100x the index of 4096 ranks x d48
 // Shard files (io/checkpoint_shard.h): a 512-byte text header (HDF5 user block), then HDF5
