@@ -45,8 +45,8 @@ Status RunCkptInspect(const std::string& path) {
   std::printf("  format version   %d (id %016llx)\n", idx.format_version,
               static_cast<unsigned long long>(idx.checkpoint_id));
   std::printf("  model            %s (padded vocab %d)\n", idx.config.ToString().c_str(), idx.config.padded_vocab());
-  std::printf("  saved by         %d rank(s), zero stage %d, dtype %s, optimizer %s\n", idx.ranks,
-              idx.zero_stage, idx.dtype.c_str(), idx.optimizer.c_str());
+  std::printf("  saved by         %d rank(s), zero stage %d, dtype %s, optimizer %s, shard layout %s\n",
+              idx.ranks, idx.zero_stage, idx.dtype.c_str(), idx.optimizer.c_str(), idx.shard_layout.c_str());
   if (idx.shard_group_size < idx.ranks)
     std::printf("  HSDP             shard groups of %d rank(s), %d group(s); group 0 wrote the %d file(s) (the other "
                 "groups held the same shards)\n", idx.shard_group_size, idx.ranks / idx.shard_group_size, idx.world_size);
@@ -62,11 +62,13 @@ Status RunCkptInspect(const std::string& path) {
     std::printf("    %-16s %12llu elements %14llu bytes  crc32c master %08x m %08x v %08x\n", f.name.c_str(),
                 static_cast<unsigned long long>(f.elements), static_cast<unsigned long long>(f.bytes), f.crc_master,
                 f.crc_m, f.crc_v);
-  std::printf("  pieces (unit: [begin, end) -> file @ offset)\n");
-  for (const SavedPiece& p : idx.pieces)
-    std::printf("    %-8s [%llu, %llu) -> %s @ %llu\n", idx.units[p.unit].name.c_str(),
-                static_cast<unsigned long long>(p.begin), static_cast<unsigned long long>(p.end),
-                idx.files[p.file].name.c_str(), static_cast<unsigned long long>(p.file_offset));
+  std::printf("  chunks (tensor [global shape]: offsets + sizes -> file @ element offset)\n");
+  for (const SavedChunk& c : idx.chunks) {
+    std::vector<int64_t> off(c.offsets.begin(), c.offsets.end()), size(c.sizes.begin(), c.sizes.end());
+    std::printf("    %-28s %-14s %s + %s -> %s @ %llu\n", idx.tensors[c.tensor].name.c_str(),
+                Shape(idx.tensors[c.tensor].shape).c_str(), Shape(off).c_str(), Shape(size).c_str(),
+                idx.files[c.file].name.c_str(), static_cast<unsigned long long>(c.file_offset));
+  }
   size_t total = 0;
   std::printf("  tensors (%zu)\n", idx.tensors.size());
   for (const TensorInfo& t : idx.tensors) {

@@ -78,7 +78,7 @@ struct ModelFlags {
 // Flags of the data-parallel engine, shared by train and plan.
 struct EngineFlags {
   int zero_stage = 0;
-  std::string dtype = "fp32", reduce_dtype, reduce_grads = "every-micro";
+  std::string dtype = "fp32", reduce_dtype, reduce_grads = "every-micro", shard_layout = "flat";
   double bucket_mb = 25.0;
   bool reshard_after_forward = true;
   std::string shard_group_size;  // empty: all ranks
@@ -118,6 +118,10 @@ struct EngineFlags {
               return why;
             },
             "G|auto"));
+    app->add_option("--shard-layout", shard_layout,
+                    "how stages >= 1 cut a unit into N shards: flat (the unit's flat buffer in N equal ranges, "
+                    "FSDP1) or per-param (every parameter along dim 0, FSDP2)")
+        ->check(CLI::IsMember({"flat", "per-param"}))->capture_default_str();
   }
   EngineOptions Resolve() const {
     EngineOptions e;
@@ -130,6 +134,7 @@ struct EngineFlags {
     e.shard_group_size = shard_group_size.empty() ? 0 : shard_group_size == "auto" ? kAutoGroup : std::stoi(shard_group_size);
     e.optimizer = optimizer == "muon" ? OptimizerKind::kMuon : OptimizerKind::kAdamW;
     e.muon = muon;
+    e.shard_layout = shard_layout == "per-param" ? ShardLayout::kPerParam : ShardLayout::kFlat;
     return e;
   }
 };

@@ -78,7 +78,7 @@ Status RunPlan(const PlanOptions& o) {
   if (!group.ok()) return group.status();
   const int G = group.value(), R = o.ranks / G;
   ParamLayout layout(o.model);
-  ShardPlan plan_all(layout, o.ranks), plan_group(layout, G);
+  ShardPlan plan_all(layout, o.ranks, o.engine.shard_layout), plan_group(layout, G, o.engine.shard_layout);
   auto plan_for = [&](int stage) -> const ShardPlan& { return stage == 0 ? plan_all : plan_group; };
   const double psi = static_cast<double>(layout.total_numel());
   const double act = static_cast<double>(GPT::ActivationBytes(o.model, o.micro_batch, o.seq_len));
@@ -159,6 +159,17 @@ Status RunPlan(const PlanOptions& o) {
               o.engine.zero_stage, chosen.peak() / GiB, U, chosen.where.c_str(),
               (chosen.params + chosen.grads + chosen.optimizer) / GiB, chosen.workspace / GiB, chosen.activations / GiB,
               chosen.gathered / GiB, chosen.grad_scratch / GiB, chosen.comm / GiB);
+  // What each shard layout pads: every full buffer (stages 0-2 parameters, full gradients,
+  // gathered units) and every collective carries it; each shard carries 1/N of it.
+  std::printf("shard layout padding (elements added per full copy of the model, sharded over %d ranks):\n", G);
+  for (ShardLayout sl : {ShardLayout::kFlat, ShardLayout::kPerParam}) {
+    const ShardPlan p(layout, G, sl);
+    std::printf("%s %-10s %12zu elements = %8.4f%% of Psi (%.3f MiB per %s copy)\n",
+                sl == o.engine.shard_layout ? "*" : " ", ShardLayoutName(sl), p.total_padding(),
+                100.0 * p.total_padding() / psi, p.total_padding() * DTypeSize(o.engine.dtype) / 1048576.0,
+                DTypeName(o.engine.dtype));
+  }
+  std::printf("(* = --shard-layout; flat pads each unit to a multiple of N, per-param each tensor's rows)\n");
   return Status::OK();
 }
 

@@ -29,8 +29,9 @@ void PrintStartupReport(Engine& engine, const ParamLayout& layout, int A, const 
   std::printf("  params     %10.3f MiB | %10.3f MiB\n", MiB(m.current(MemKind::kParams)), MiB(f.params));
   std::printf("  grads      %10.3f MiB | %10.3f MiB\n", MiB(m.current(MemKind::kGrads)), MiB(f.grads));
   std::printf("  optimizer  %10.3f MiB | %10.3f MiB\n", MiB(m.current(MemKind::kOptimizer)), MiB(f.optimizer));
-  std::printf("  total      %10.3f MiB | %10.3f MiB (padding: %zu elements per full copy)\n", MiB(m.StateTotal()),
-              MiB(f.params + f.grads + f.optimizer), engine.plan().total_padding());
+  std::printf("  total      %10.3f MiB | %10.3f MiB (%s layout padding: %zu elements per full copy)\n",
+              MiB(m.StateTotal()), MiB(f.params + f.grads + f.optimizer), ShardLayoutName(o.shard_layout),
+              engine.plan().total_padding());
   std::printf("  every rank (measured):");
   for (uint64_t b : per_rank) std::printf(" %.3f", MiB(static_cast<double>(b)));
   std::printf(" MiB\n");
@@ -85,6 +86,8 @@ nlohmann::json StepJson(const StepReport& r, const Engine& engine, const ParamLa
   j["model_state_bytes_by_kind"] = {{"params", r.params_bytes}, {"grads", r.grads_bytes}, {"optimizer", r.optimizer_bytes}};
   j["model_state_bytes_formula"] = Formula::ModelStateBytes(psi, N, o, psi_muon);
   if (psi_muon > 0) j["muon_ns_ms"] = r.muon_ns_s * 1e3;
+  j["shard_layout"] = ShardLayoutName(o.shard_layout);
+  j["padding_elements"] = engine.plan().total_padding();  // per full copy of the model
   j["peak_grads_bytes"] = r.peak_grads_bytes;
   j["peak_params_bytes"] = r.peak_params_bytes;
   j["activation_bytes"] = r.activation_bytes;

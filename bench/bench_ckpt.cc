@@ -62,9 +62,11 @@ double PlainWrite(const std::string& path, Engine& engine, const ParamLayout& la
   for (int k = 0; k < 3; k++)
     for (const SavedPiece& p : pieces) {
       if (p.file != rank) continue;
-      const Engine::OwnedState st = engine.Owned(p.unit);
-      const float* base = k == 0 ? st.master : k == 1 ? st.m : st.v;
-      std::fwrite(base + (p.begin - st.begin), sizeof(float), p.end - p.begin, f);
+      for (const Engine::OwnedState& st : engine.OwnedPieces(p.unit)) {
+        if (p.begin < st.begin || p.end > st.end) continue;
+        const float* base = k == 0 ? st.master : k == 1 ? st.m : st.v;
+        std::fwrite(base + (p.begin - st.begin), sizeof(float), p.end - p.begin, f);
+      }
     }
   std::fflush(f);
   fsync(fileno(f));
@@ -98,8 +100,8 @@ int Main(int argc, char** argv) {
     engine.LoadFullParams(full.data());
   }
   for (int u = 0; u < layout.num_units(); u++) {  // non-trivial moments
-    const Engine::OwnedState st = engine.Owned(u);
-    for (size_t i = 0; i < st.end - st.begin; i++) st.m[i] = 1e-3f * st.master[i], st.v[i] = 1e-6f + st.m[i] * st.m[i];
+    for (const Engine::OwnedState& st : engine.OwnedPieces(u))
+      for (size_t i = 0; i < st.end - st.begin; i++) st.m[i] = 1e-3f * st.master[i], st.v[i] = 1e-6f + st.m[i] * st.m[i];
   }
   const double bytes = 3.0 * 4.0 * layout.total_numel();
   if (rank == 0) {

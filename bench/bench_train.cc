@@ -4,7 +4,7 @@
 // per-rank work on one rank alone, on every rank alone at once, then on N ranks) and where the
 // training thread waited for communication (forward, backward, after backward).
 //
-//   bench_train [--config tiny|small|gpt2|d12] [--steps 20] [--zero-stage S] [--dtype fp32|bf16]
+//   bench_train [--config tiny|small|gpt2|d12] [--steps 20] [--zero-stage S] [--shard-layout flat|per-param] [--dtype fp32|bf16]
 //               [--compute-dtype fp32|bf16] (default: what `shardgpt train` picks, see --compute-dtype)
 //               [--threads N] [--grad-accum A] [--bucket-mb MiB] [--device cpu|cuda]
 //               [--micro-batch B] [--seq-len T] [--peak-tflops P] [--comm auto|mpi|nccl] [--profile 1]
@@ -140,7 +140,8 @@ int main(int argc, char** argv) {
   EnsurePassiveOpenMPWait(argv);
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  std::string config = "tiny", dtype = "fp32", device_kind = "cpu", comm_kind = "auto", compute_dtype;
+  std::string config = "tiny", dtype = "fp32", device_kind = "cpu", comm_kind = "auto", compute_dtype,
+              shard_layout = "flat";
   int steps = 20, stage = 0, threads = 2, accum = 1, micro_batch = 0, seq_len = 0, profile = 0, scaling = 1;
   double bucket_mb = 25.0, peak_tflops = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -148,6 +149,7 @@ int main(int argc, char** argv) {
     if (k == "--config") config = v;
     else if (k == "--steps") steps = std::stoi(v);
     else if (k == "--zero-stage") stage = std::stoi(v);
+    else if (k == "--shard-layout") shard_layout = v;
     else if (k == "--threads") threads = std::stoi(v);
     else if (k == "--dtype") dtype = v;
     else if (k == "--compute-dtype") compute_dtype = v;
@@ -201,6 +203,9 @@ int main(int argc, char** argv) {
   EngineOptions eo;
   eo.zero_stage = stage;
   eo.bucket_mb = bucket_mb;
+  auto layout_or = ParseShardLayout(shard_layout);
+  if (!layout_or.ok()) { std::fprintf(stderr, "%s\n", layout_or.status().message().c_str()); return 1; }
+  eo.shard_layout = layout_or.value();
   eo.dtype = eo.reduce_dtype = dtype == "bf16" ? DType::kBF16 : DType::kF32;
   const bool lead = comm.rank() == 0, multi = comm.world_size() > 1;
   // Scaling efficiency, measured side by side in this run: the same per-rank work (B, T, A,
@@ -241,9 +246,9 @@ int main(int argc, char** argv) {
   const double flops_per_token = 6 * N + 6.0 * c.n_layer * c.n_embd * T;
   if (lead) {
     const double tflops = tokens * flops_per_token / med / 1e12;
-    std::printf("config=%s device=%s ranks=%d stage=%d dtype=%s compute=%s threads/rank=%d B=%d T=%d A=%d params=%.2fM | "
+    std::printf("config=%s device=%s ranks=%d stage=%d layout=%s dtype=%s compute=%s threads/rank=%d B=%d T=%d A=%d params=%.2fM | "
                 "median step %.1f ms | %.0f tokens/s | %.1f GFLOP/s",
-                config.c_str(), device.name().c_str(), comm.world_size(), stage, dtype.c_str(),
+                config.c_str(), device.name().c_str(), comm.world_size(), stage, shard_layout.c_str(), dtype.c_str(),
                 compute.precision == MatmulPrecision::kBf16 ? "bf16" : "fp32", threads, B, T, accum,
                 N / 1e6, med * 1e3, tokens / med, tflops * 1e3);
     if (device.is_cuda()) {

@@ -68,7 +68,7 @@ Status AsyncCheckpointer::Save(const TrainState& state, Engine& engine, const Pa
   Status previous = Wait();  // one save in flight: the staging buffer is free after this
   if (!previous.ok()) return previous;  // agreed by the writer: the same on every rank
   const SaveRole role = SaveRoleOf(engine);
-  const uint64_t elements = OwnedShardElements(layout, role.files, role.file);
+  const uint64_t elements = OwnedShardElements(layout, role);
   if (staging_floats_ < 3 * elements) {
     if (staging_ != nullptr) device_.FreeHost(staging_);
     staging_ = static_cast<float*>(device_.AllocateHost(3 * elements * sizeof(float)));
@@ -77,7 +77,7 @@ Status AsyncCheckpointer::Save(const TrainState& state, Engine& engine, const Pa
   // Device memory: a DMA into pinned memory, here. Host memory: the writer copies (Loop).
   const bool copy_here = !device_.host_accessible();
   if (copy_here) {
-    Status copied = CopyOwnedShard(engine, layout, role.files, role.file, staging_);
+    Status copied = CopyOwnedShard(engine, layout, role, staging_);
     if (!copied.ok()) return copied;  // a local device copy: not expected to differ between ranks
   }
   {
@@ -111,7 +111,7 @@ void AsyncCheckpointer::Loop() {
     const double t0 = NowMs();
     Status st;
     if (engine != nullptr) {  // the caller runs forward/backward meanwhile: they only read this state
-      st = CopyOwnedShard(*engine, layout, role.files, role.file, staging_);
+      st = CopyOwnedShard(*engine, layout, role, staging_);
       lock.lock();
       staged_ = true;
       lock.unlock();

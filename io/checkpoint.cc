@@ -228,10 +228,15 @@ ShardFill EngineFill(Engine& engine, const std::vector<SavedPiece>& pieces, int 
       if (pi == 0 || pi > mine.size()) return Status::Internal("checkpoint: shard element " + std::to_string(at) +
                                                               " is in no piece of rank " + std::to_string(rank));
       const SavedPiece& p = mine[pi - 1];
-      const Engine::OwnedState st = engine.Owned(p.unit);
-      if (p.begin < st.begin || p.end > st.end)
+      // the engine piece holding this saved piece (the same piece at stage >= 1, the whole
+      // unit at stage 0)
+      const std::vector<Engine::OwnedState> owned = engine.OwnedPieces(p.unit);
+      auto it = std::find_if(owned.begin(), owned.end(),
+                             [&](const Engine::OwnedState& o) { return o.begin <= p.begin && p.end <= o.end; });
+      if (it == owned.end())
         return Status::Internal("checkpoint: unit " + std::to_string(p.unit) + " piece not owned by rank " +
                                 std::to_string(rank));
+      const Engine::OwnedState& st = *it;
       const float* base = k == 0 ? st.master : k == 1 ? st.m : st.v;
       const uint64_t unit_at = p.begin + (at - p.file_offset);
       const uint64_t cnt = std::min<uint64_t>(stop, p.file_offset + (p.end - p.begin)) - at;
@@ -291,16 +296,16 @@ StatusOr<GPTConfig> ReadCheckpointConfig(const std::string& path, const std::str
   return idx->config;
 }
 
-uint64_t OwnedShardElements(const ParamLayout& layout, int files, int file) {
+uint64_t OwnedShardElements(const ParamLayout& layout, const SaveRole& role) {
   uint64_t elements = 0;
-  for (const SavedPiece& p : PlanSave(layout, files))
-    if (p.file == file) elements = std::max(elements, p.file_offset + (p.end - p.begin));
+  for (const SavedPiece& p : PlanSave(layout, role.files, role.shard_layout))
+    if (p.file == role.file) elements = std::max(elements, p.file_offset + (p.end - p.begin));
   return elements;
 }
 
-Status CopyOwnedShard(Engine& engine, const ParamLayout& layout, int files, int file, float* out) {
-  const uint64_t n = OwnedShardElements(layout, files, file);
-  const ShardFill fill = EngineFill(engine, PlanSave(layout, files), file);
+Status CopyOwnedShard(Engine& engine, const ParamLayout& layout, const SaveRole& role, float* out) {
+  const uint64_t n = OwnedShardElements(layout, role);
+  const ShardFill fill = EngineFill(engine, PlanSave(layout, role.files, role.shard_layout), role.file);
   for (int k = 0; k < 3; k++) SHARDGPT_RETURN_IF_ERROR(fill(k, 0, n, out + k * n));
   return Status::OK();
 }
@@ -310,6 +315,7 @@ SaveRole SaveRoleOf(const Engine& engine) {
   role.zero_stage = engine.options().zero_stage;
   role.dtype = engine.options().dtype;
   role.optimizer = engine.options().optimizer;
+  role.shard_layout = engine.options().shard_layout;
   role.files = engine.shard_group_size();
   role.file = engine.shard_rank();
   // HSDP: the replicas of a shard (one per group) hold bitwise-equal state (the cross-group
@@ -323,7 +329,7 @@ SaveRole SaveRoleOf(const Engine& engine) {
 Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& engine, const ParamLayout& layout,
                       Communicator& comm, int keep_last, bool quiet) {
   const SaveRole role = SaveRoleOf(engine);
-  return SaveCheckpointFrom(dir, state, layout, role, EngineFill(engine, PlanSave(layout, role.files), role.file), comm,
+  return SaveCheckpointFrom(dir, state, layout, role, EngineFill(engine, PlanSave(layout, role.files, role.shard_layout), role.file), comm,
                             keep_last, quiet);
 }
 
@@ -339,10 +345,10 @@ Status SaveCheckpointFrom(const std::string& dir, const TrainState& state, const
   SHARDGPT_RETURN_IF_ERROR(AgreeAll(comm, rank == 0 ? PrepareSave(dir, tmp) : Status::OK()));
   comm.ControlBroadcast(id, sizeof(id), 0);
 
-  const std::vector<SavedPiece> pieces = PlanSave(layout, world);
+  const std::vector<SavedPiece> pieces = PlanSave(layout, world, role.shard_layout);
   ShardWriteResult res;
   const std::string shard_path = tmp + "/" + ShardFileName(role.file);
-  const uint64_t elements = OwnedShardElements(layout, world, role.file);
+  const uint64_t elements = OwnedShardElements(layout, role);
   Status written = role.writer ? WriteShardFile(shard_path, role.file, world, id[0], state.step, elements, fill, &res)
                                 : Status::OK();
   if (written.ok() && role.writer && write_delay_ms > 0)  // test hook: a slow file system, so a kill can land here
@@ -380,7 +386,9 @@ Status SaveCheckpointFrom(const std::string& dir, const TrainState& state, const
     idx.dtype = DTypeName(role.dtype);
     idx.optimizer = OptimizerName(role.optimizer);
     idx.state = state;
+    idx.shard_layout = ShardLayoutName(role.shard_layout);
     idx.pieces = pieces;
+    idx.chunks = ChunksFromPieces(layout, pieces);
     for (int r = 0; r < world; r++) {
       const uint64_t* a = &all[5 * r];
       CheckpointFile f{ShardFileName(r), a[0], a[1], static_cast<uint32_t>(a[2] >> 32),
@@ -452,11 +460,11 @@ StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& 
     float* dst[3];
   };
   std::map<int, std::vector<Job>> by_file;
-  for (int u = 0; u < layout.num_units(); u++) {
-    const Engine::OwnedState own = engine.Owned(u);
-    for (const ReadOp& op : PlanReads(idx.pieces, u, own.begin, own.end))
-      by_file[op.file].push_back(Job{op, {own.master + op.dest_offset, own.m + op.dest_offset, own.v + op.dest_offset}});
-  }
+  for (int u = 0; u < layout.num_units(); u++)
+    for (const Engine::OwnedState& own : engine.OwnedPieces(u))
+      for (const ReadOp& op : PlanReads(idx.pieces, u, own.begin, own.end))
+        by_file[op.file].push_back(
+            Job{op, {own.master + op.dest_offset, own.m + op.dest_offset, own.v + op.dest_offset}});
   // Open every needed file first (ids, dataset lengths), so a bad file fails before any data moves.
   std::map<int, ShardFileReader> readers;
   st = Status::OK();
@@ -505,10 +513,12 @@ StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& 
       total += static_cast<double>(all[2 * r]);
       per_rank += " " + Gbps(static_cast<double>(all[2 * r]), s);
     }
-    std::printf("checkpoint: loaded %s (saved by %d rank(s), shard groups of %d, stage %d; step %lld) on %d rank(s), "
-                "shard groups of %d, stage %d: %.3f GB read in %.3f s: %s GB/s total; per rank GB/s:%s\n",
-                idx.dir.c_str(), idx.ranks, idx.shard_group_size, idx.zero_stage, static_cast<long long>(idx.state.step),
-                comm.world_size(), engine.shard_group_size(), engine.options().zero_stage, total / 1e9, wall, Gbps(total, wall).c_str(),
+    std::printf("checkpoint: loaded %s (saved by %d rank(s), shard groups of %d, stage %d, %s layout; step %lld) on %d "
+                "rank(s), shard groups of %d, stage %d, %s layout: %.3f GB read in %.3f s: %s GB/s total; per rank GB/s:%s\n",
+                idx.dir.c_str(), idx.ranks, idx.shard_group_size, idx.zero_stage, idx.shard_layout.c_str(),
+                static_cast<long long>(idx.state.step), comm.world_size(), engine.shard_group_size(),
+                engine.options().zero_stage, ShardLayoutName(engine.options().shard_layout), total / 1e9, wall,
+                Gbps(total, wall).c_str(),
                 per_rank.c_str());
     std::fflush(stdout);
   }

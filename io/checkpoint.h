@@ -52,6 +52,7 @@ struct SaveRole {
   int zero_stage = 0;
   DType dtype = DType::kF32;
   OptimizerKind optimizer = OptimizerKind::kAdamW;
+  ShardLayout shard_layout = ShardLayout::kFlat;
   int files = 1, file = 0;
   bool writer = true;
 };
@@ -63,11 +64,11 @@ SaveRole SaveRoleOf(const Engine& engine);
 // Collective over comm.
 Status SaveCheckpointFrom(const std::string& dir, const TrainState& state, const ParamLayout& layout,
                           const SaveRole& role, const ShardFill& fill, Communicator& comm, int keep_last, bool quiet);
-// Elements per dataset (master, m, v) of shard file `file` of `files`.
-uint64_t OwnedShardElements(const ParamLayout& layout, int files, int file);
-// This rank's shard data (file `file` of `files`), copied from the engine (through the device)
-// into host memory `out` holding 3 x OwnedShardElements floats: master, then m, then v. Local.
-Status CopyOwnedShard(Engine& engine, const ParamLayout& layout, int files, int file, float* out);
+// Elements per dataset (master, m, v) of this rank's shard file (role.file of role.files).
+uint64_t OwnedShardElements(const ParamLayout& layout, const SaveRole& role);
+// This rank's shard data, copied from the engine (through the device) into host memory `out`
+// holding 3 x OwnedShardElements floats: master, then m, then v. Local.
+Status CopyOwnedShard(Engine& engine, const ParamLayout& layout, const SaveRole& role, float* out);
 
 // Collective. `path` is a checkpoint directory, or "latest" meaning the one DIR/latest points to (dir = ckpt_dir).
 // Refuses (one line naming the file and the problem; all ranks return an error, no hang): missing dir, not a

@@ -42,10 +42,12 @@ struct UnitRec {
   int64_t offset;  // element offset in the global flat buffer
   int64_t numel;
 };
-struct PieceRec {
-  int32_t unit;
+struct ChunkRec {
+  int32_t tensor;
   int32_t file;
-  int64_t begin, end, file_offset;
+  int32_t ndim;
+  int64_t offsets[4], sizes[4];
+  int64_t file_offset;
 };
 struct FileRec {
   char name[32];
@@ -83,13 +85,16 @@ Id UnitType() {
   H5Tinsert(t.get(), "numel", HOFFSET(UnitRec, numel), H5T_NATIVE_INT64);
   return t;
 }
-Id PieceType() {
-  Id t(H5Tcreate(H5T_COMPOUND, sizeof(PieceRec)), H5Tclose);
-  H5Tinsert(t.get(), "unit", HOFFSET(PieceRec, unit), H5T_NATIVE_INT32);
-  H5Tinsert(t.get(), "file", HOFFSET(PieceRec, file), H5T_NATIVE_INT32);
-  H5Tinsert(t.get(), "begin", HOFFSET(PieceRec, begin), H5T_NATIVE_INT64);
-  H5Tinsert(t.get(), "end", HOFFSET(PieceRec, end), H5T_NATIVE_INT64);
-  H5Tinsert(t.get(), "file_offset", HOFFSET(PieceRec, file_offset), H5T_NATIVE_INT64);
+Id ChunkType() {
+  Id t(H5Tcreate(H5T_COMPOUND, sizeof(ChunkRec)), H5Tclose);
+  const hsize_t four = 4;
+  Id arr(H5Tarray_create2(H5T_NATIVE_INT64, 1, &four), H5Tclose);
+  H5Tinsert(t.get(), "tensor", HOFFSET(ChunkRec, tensor), H5T_NATIVE_INT32);
+  H5Tinsert(t.get(), "file", HOFFSET(ChunkRec, file), H5T_NATIVE_INT32);
+  H5Tinsert(t.get(), "ndim", HOFFSET(ChunkRec, ndim), H5T_NATIVE_INT32);
+  H5Tinsert(t.get(), "offsets", HOFFSET(ChunkRec, offsets), arr.get());
+  H5Tinsert(t.get(), "sizes", HOFFSET(ChunkRec, sizes), arr.get());
+  H5Tinsert(t.get(), "file_offset", HOFFSET(ChunkRec, file_offset), H5T_NATIVE_INT64);
   return t;
 }
 Id FileType() {
@@ -154,7 +159,7 @@ uint64_t HeaderJsonBytes(const std::string& bytes) {
 }
 
 // The checksum, before anything else is looked at.
-Status CheckIndexHeader(const std::string& bytes, const std::string& path, uint64_t* json_bytes) {
+Status CheckIndexHeader(const std::string& bytes, const std::string& path, uint64_t* json_bytes, int* header_version) {
   if (bytes.size() >= sizeof(kHdf5Signature) && std::memcmp(bytes.data(), kHdf5Signature, 8) == 0)
     return Status::Unimplemented(path + ": checkpoint index format version 1 (no checksum) is not read by this "
                                  "build (it reads version " + std::to_string(kCheckpointFormatVersion) +
@@ -167,9 +172,11 @@ Status CheckIndexHeader(const std::string& bytes, const std::string& path, uint6
   if (bytes.compare(magic_len, 7, "format ") == 0)
     for (size_t i = magic_len + 7; i < kIndexHeaderBytes && bytes[i] >= '0' && bytes[i] <= '9' && version < 100000; i++)
       version = version * 10 + (bytes[i] - '0');
-  if (version != kCheckpointFormatVersion)
+  if (version < kOldestReadFormatVersion || version > kCheckpointFormatVersion)
     return Status::Unimplemented(path + ": checkpoint index format version " + std::to_string(version) +
-                                 ", this build reads " + std::to_string(kCheckpointFormatVersion));
+                                 ", this build reads versions " + std::to_string(kOldestReadFormatVersion) + " to " +
+                                 std::to_string(kCheckpointFormatVersion) + " (see docs/CHECKPOINT.md)");
+  *header_version = version;
   *json_bytes = std::min<uint64_t>(HeaderJsonBytes(bytes), bytes.size() - kIndexHeaderBytes);
   const uint32_t crc = ImageCrc(version, *json_bytes, bytes);
   if (bytes.compare(0, kIndexHeaderBytes, IndexHeader(version, crc, bytes.size(), *json_bytes)) != 0) {
@@ -334,12 +341,16 @@ Status FromJson(const json& root, const std::string& path, CheckpointIndex* idx)
   const json* plan = Member(root, "plan");
   const json* tensors = layout ? Member(*layout, "tensors") : nullptr;
   const json* units = layout ? Member(*layout, "units") : nullptr;
-  const json* pieces = plan ? Member(*plan, "pieces") : nullptr;
+  // format 2: /plan/pieces (unit coordinates); format 3: /plan/chunks (per parameter)
+  const bool v2 = idx->format_version == 2;
+  const json* pieces = plan ? Member(*plan, v2 ? "pieces" : "chunks") : nullptr;
   const json* files = plan ? Member(*plan, "files") : nullptr;
   if (!tensors || !tensors->is_array()) return r.Bad("/layout/tensors", "an array");
   if (!units || !units->is_array()) return r.Bad("/layout/units", "an array");
-  if (!pieces || !pieces->is_array()) return r.Bad("/plan/pieces", "an array");
+  if (!pieces || !pieces->is_array()) return r.Bad(v2 ? "/plan/pieces" : "/plan/chunks", "an array");
   if (!files || !files->is_array()) return r.Bad("/plan/files", "an array");
+  if (!v2 && (!(m = Member(root, "shard_layout")) || !AsString(*m, &idx->shard_layout, 16)))
+    return r.Bad("shard_layout", "a short string");
 
   for (size_t i = 0; i < tensors->size(); i++) {
     const json& t = (*tensors)[i];
@@ -369,7 +380,23 @@ Status FromJson(const json& root, const std::string& path, CheckpointIndex* idx)
     SHARDGPT_RETURN_IF_ERROR(r.Size(u[2], at + " numel", &info.numel));
     idx->units.push_back(std::move(info));
   }
-  for (size_t i = 0; i < pieces->size(); i++) {
+  for (size_t i = 0; i < pieces->size() && !v2; i++) {
+    const json& c = (*pieces)[i];
+    const std::string at = "/plan/chunks[" + std::to_string(i) + "]";
+    SavedChunk chunk;
+    if (!c.is_array() || c.size() != 5 || !AsInt(c[0], &chunk.tensor) || !AsInt(c[1], &chunk.file) ||
+        !c[2].is_array() || !c[3].is_array() || c[2].size() > 4 || c[3].size() > 4)
+      return r.Bad(at, "[tensor, file, [offsets], [sizes], file_offset] with at most 4 dimensions");
+    for (int k = 2; k <= 3; k++)
+      for (const json& x : c[k]) {
+        uint64_t v = 0;
+        SHARDGPT_RETURN_IF_ERROR(r.Size(x, at + (k == 2 ? " offsets" : " sizes"), &v));
+        (k == 2 ? chunk.offsets : chunk.sizes).push_back(v);
+      }
+    SHARDGPT_RETURN_IF_ERROR(r.Size(c[4], at + " file_offset", &chunk.file_offset));
+    idx->chunks.push_back(std::move(chunk));
+  }
+  for (size_t i = 0; i < pieces->size() && v2; i++) {
     const json& p = (*pieces)[i];
     const std::string at = "/plan/pieces[" + std::to_string(i) + "]";
     SavedPiece piece;
@@ -426,9 +453,12 @@ json ToJson(const CheckpointIndex& idx) {
     tensors.push_back(json::array({t.name, t.unit, t.shape, static_cast<int64_t>(t.offset), static_cast<int64_t>(t.numel)}));
   for (const UnitInfo& u : idx.units)
     units.push_back(json::array({u.name, static_cast<int64_t>(u.offset), static_cast<int64_t>(u.numel)}));
-  for (const SavedPiece& p : idx.pieces)
-    pieces.push_back(json::array({p.unit, p.file, static_cast<int64_t>(p.begin), static_cast<int64_t>(p.end),
-                                  static_cast<int64_t>(p.file_offset)}));
+  for (const SavedChunk& c : idx.chunks) {
+    json off = json::array(), size = json::array();
+    for (uint64_t x : c.offsets) off.push_back(static_cast<int64_t>(x));
+    for (uint64_t x : c.sizes) size.push_back(static_cast<int64_t>(x));
+    pieces.push_back(json::array({c.tensor, c.file, off, size, static_cast<int64_t>(c.file_offset)}));
+  }
   for (const CheckpointFile& f : idx.files)
     files.push_back({{"name", f.name},
                      {"elements", static_cast<int64_t>(f.elements)},
@@ -445,6 +475,7 @@ json ToJson(const CheckpointIndex& idx) {
           {"zero_stage", idx.zero_stage},
           {"dtype", idx.dtype},
           {"optimizer", idx.optimizer},
+          {"shard_layout", idx.shard_layout},
           {"step", idx.state.step},
           {"tokens", idx.state.tokens},
           {"loader_position", idx.state.loader_position},
@@ -457,7 +488,7 @@ json ToJson(const CheckpointIndex& idx) {
             {"vocab_size", c.vocab_size},
             {"padded_vocab_size", c.padded_vocab()}}},
           {"layout", {{"tensors", tensors}, {"units", units}}},
-          {"plan", {{"pieces", pieces}, {"files", files}}}};
+          {"plan", {{"chunks", pieces}, {"files", files}}}};
   const TrainState& st = idx.state;
   if (st.batch_samples > 0) {  // recorded by training runs (app/train.cc); tests may leave it out
     json data = json::array();
@@ -484,16 +515,25 @@ std::string ShardFileName(int rank) {
 void SealCheckpointIndexImage(std::string* bytes) {
   if (bytes->size() <= kIndexHeaderBytes) return;
   const uint64_t json_bytes = std::min<uint64_t>(HeaderJsonBytes(*bytes), bytes->size() - kIndexHeaderBytes);
+  // the version the header states, where this build reads it (so older images stay older)
+  int version = kCheckpointFormatVersion;
+  const size_t magic_len = std::strlen(kHeaderMagic);
+  if (bytes->compare(0, magic_len, kHeaderMagic) == 0 && bytes->compare(magic_len, 7, "format ") == 0 &&
+      (*bytes)[magic_len + 8] == '\n') {
+    const int v = (*bytes)[magic_len + 7] - '0';
+    if (v >= kOldestReadFormatVersion && v <= kCheckpointFormatVersion) version = v;
+  }
   bytes->replace(0, kIndexHeaderBytes,
-                 IndexHeader(kCheckpointFormatVersion, ImageCrc(kCheckpointFormatVersion, json_bytes, *bytes),
-                             bytes->size(), json_bytes));
+                 IndexHeader(version, ImageCrc(version, json_bytes, *bytes), bytes->size(), json_bytes));
 }
 
 Status ValidateCheckpointIndex(const CheckpointIndex& idx, const std::string& where) {
   auto bad = [&](const std::string& what) { return Status::Corruption(where + ": " + what); };
-  if (idx.format_version != kCheckpointFormatVersion)
+  if (idx.format_version < kOldestReadFormatVersion || idx.format_version > kCheckpointFormatVersion)
     return bad("format_version " + std::to_string(idx.format_version) + " (expected " +
-               std::to_string(kCheckpointFormatVersion) + ")");
+               std::to_string(kOldestReadFormatVersion) + " to " + std::to_string(kCheckpointFormatVersion) + ")");
+  if (idx.shard_layout != "flat" && idx.shard_layout != "per-param")
+    return bad("shard_layout '" + idx.shard_layout + "' (expected flat or per-param)");
   if (idx.checkpoint_id == 0) return bad("checkpoint_id 0 (expected the save's random nonzero id)");
   if (idx.world_size < 1 || idx.world_size > kMaxWorld)
     return bad("world_size " + std::to_string(idx.world_size) + " (expected 1 to 2^24 ranks)");
@@ -552,9 +592,19 @@ Status ValidateCheckpointIndex(const CheckpointIndex& idx, const std::string& wh
   if (idx.files.size() != static_cast<size_t>(idx.world_size))
     return bad("/plan/files has " + std::to_string(idx.files.size()) + " records for world_size " +
                std::to_string(idx.world_size) + " (expected one per saving rank)");
-  if (Status st = CheckPieces(idx.pieces, unit_numel, idx.world_size); !st.ok())
-    return bad("/plan/pieces: " + st.message());
-  const std::vector<uint64_t> elems = FileElements(idx.pieces, idx.world_size);
+  // Format 3: every chunk a contiguous box of its tensor, as a piece of its unit.
+  std::vector<SavedPiece> from_chunks;
+  const bool v2 = idx.format_version == 2;
+  for (size_t i = 0; i < idx.chunks.size() && !v2; i++) {
+    SavedPiece p;
+    if (Status st = PieceOfChunk(layout, idx.chunks[i], idx.world_size, &p); !st.ok())
+      return bad("/plan/chunks[" + std::to_string(i) + "] " + st.message());
+    from_chunks.push_back(p);
+  }
+  const std::vector<SavedPiece>& pieces = v2 ? idx.pieces : from_chunks;
+  if (Status st = CheckPieces(pieces, unit_numel, idx.world_size); !st.ok())
+    return bad((v2 ? "/plan/pieces: " : "/plan/chunks: ") + st.message());
+  const std::vector<uint64_t> elems = FileElements(pieces, idx.world_size);
   for (int i = 0; i < idx.world_size; i++) {
     const CheckpointFile& f = idx.files[i];
     const std::string rec = "/plan/files[" + std::to_string(i) + "]";
@@ -594,7 +644,8 @@ Status ValidateCheckpointIndex(const CheckpointIndex& idx, const std::string& wh
 StatusOr<CheckpointIndex> ParseCheckpointIndex(const std::string& bytes, const std::string& path,
                                                const std::string& dir) {
   uint64_t json_bytes = 0;
-  SHARDGPT_RETURN_IF_ERROR(CheckIndexHeader(bytes, path, &json_bytes));
+  int header_version = 0;
+  SHARDGPT_RETURN_IF_ERROR(CheckIndexHeader(bytes, path, &json_bytes, &header_version));
   // The JSON after the header; the HDF5 part of the file is for other tools and never parsed.
   const auto begin = bytes.begin() + kIndexHeaderBytes;
   const json root = json::parse(begin, begin + static_cast<std::ptrdiff_t>(json_bytes), nullptr,
@@ -603,7 +654,20 @@ StatusOr<CheckpointIndex> ParseCheckpointIndex(const std::string& bytes, const s
   CheckpointIndex idx;
   idx.dir = dir;
   SHARDGPT_RETURN_IF_ERROR(FromJson(root, path, &idx));
+  if (idx.format_version != header_version)
+    return Status::Corruption(path + ": format_version " + std::to_string(idx.format_version) +
+                              " differs from the header's format " + std::to_string(header_version));
   SHARDGPT_RETURN_IF_ERROR(ValidateCheckpointIndex(idx, path));
+  // Both forms of the plan, the same for every version: format 2's pieces become chunks, and
+  // the pieces readers use are those of the chunks (one per chunk).
+  const ParamLayout layout(idx.config);
+  if (idx.format_version == 2) idx.chunks = ChunksFromPieces(layout, idx.pieces);
+  idx.pieces.clear();
+  for (const SavedChunk& c : idx.chunks) {
+    SavedPiece p;
+    SHARDGPT_RETURN_IF_ERROR(PieceOfChunk(layout, c, idx.world_size, &p));
+    idx.pieces.push_back(p);
+  }
   return idx;
 }
 
@@ -646,6 +710,7 @@ Status WriteHdf5(const std::string& path, const CheckpointIndex& idx, uint64_t u
             h5::WriteAttrI64(f, "ranks", idx.ranks > 0 ? idx.ranks : idx.world_size) &&
             h5::WriteAttrI64(f, "shard_group_size", idx.world_size) &&
             h5::WriteAttrStr(f, "dtype", idx.dtype) && h5::WriteAttrStr(f, "optimizer", idx.optimizer) &&
+            h5::WriteAttrStr(f, "shard_layout", idx.shard_layout) &&
             h5::WriteAttrI64(f, "step", idx.state.step) &&
             h5::WriteAttrI64(f, "tokens", idx.state.tokens) &&
             h5::WriteAttrI64(f, "lr_schedule_position", idx.state.step) &&
@@ -681,10 +746,19 @@ Status WriteHdf5(const std::string& path, const CheckpointIndex& idx, uint64_t u
     r.numel = static_cast<int64_t>(u.numel);
     urecs.push_back(r);
   }
-  std::vector<PieceRec> precs;
-  for (const SavedPiece& p : idx.pieces)
-    precs.push_back(PieceRec{p.unit, p.file, static_cast<int64_t>(p.begin), static_cast<int64_t>(p.end),
-                             static_cast<int64_t>(p.file_offset)});
+  std::vector<ChunkRec> precs;
+  for (const SavedChunk& c : idx.chunks) {
+    ChunkRec r{};
+    if (c.offsets.size() > 4 || c.sizes.size() > 4)
+      return Status::Internal(path + ": a chunk of more than 4 dimensions does not fit the index record");
+    r.tensor = c.tensor;
+    r.file = c.file;
+    r.ndim = static_cast<int32_t>(c.offsets.size());
+    for (size_t d = 0; d < c.offsets.size(); d++) r.offsets[d] = static_cast<int64_t>(c.offsets[d]);
+    for (size_t d = 0; d < c.sizes.size(); d++) r.sizes[d] = static_cast<int64_t>(c.sizes[d]);
+    r.file_offset = static_cast<int64_t>(c.file_offset);
+    precs.push_back(r);
+  }
   std::vector<FileRec> frecs;
   for (const CheckpointFile& cf : idx.files) {
     FileRec r{};
@@ -700,7 +774,7 @@ Status WriteHdf5(const std::string& path, const CheckpointIndex& idx, uint64_t u
   Id plan(H5Gcreate2(f, "plan", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
   ok = ok && layout.valid() && plan.valid() && WriteRecords(layout.get(), "tensors", TensorType().get(), trecs) &&
        WriteRecords(layout.get(), "units", UnitType().get(), urecs) &&
-       WriteRecords(plan.get(), "pieces", PieceType().get(), precs) &&
+       WriteRecords(plan.get(), "chunks", ChunkType().get(), precs) &&
        WriteRecords(plan.get(), "files", FileType().get(), frecs);
   if (!ok) return Status::IOError(path + ": cannot write the index: " + h5::LastError());
   config.Close();

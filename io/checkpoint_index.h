@@ -28,9 +28,16 @@
 
 namespace shardgpt {
 
-// 2: checksummed header + JSON in the user block; shard files with a header and a chunk table.
+// 3: the plan as per-parameter chunks (global shape + box per file, as PyTorch DCP), and the
+//    saving run's shard layout.
+// 2: checksummed header + JSON in the user block; shard files with a header and a chunk
+//    table; the plan as pieces of units. Still read (its pieces become chunks).
 // Version 1 indexes (plain HDF5, no checksum) are refused with a message.
-constexpr int kCheckpointFormatVersion = 2;
+constexpr int kCheckpointFormatVersion = 3;
+constexpr int kOldestReadFormatVersion = 2;
+// Shard files did not change in format 3: their header still says "format 2", so the shard
+// files of format 2 and 3 checkpoints are read alike.
+constexpr int kShardFormatVersion = 2;
 constexpr size_t kIndexHeaderBytes = 128;                  // the text header; the JSON follows
 constexpr uint64_t kMaxIndexBytes = uint64_t{256} << 20;  // ~100x the index of 4096 ranks x d48
 // Shard files (io/checkpoint_shard.h): a 512-byte text header (HDF5 user block), then HDF5
@@ -90,8 +97,13 @@ struct CheckpointIndex {
   std::string dtype;                // saving run's parameter dtype ("f32", "bf16"); state is fp32
   std::string optimizer = "adamw";  // "adamw" or "muon" (m then holds Muon's momentum at its
                                     // matrices, v zeros there); absent in older indexes: adamw
+  std::string shard_layout = "flat";  // saving run's --shard-layout ("flat", "per-param"; format 2: flat)
   TrainState state;
-  std::vector<SavedPiece> pieces;  // the saving run's plan
+  // The saving run's plan: what each file holds, per parameter (what the index stores;
+  // writers fill it, e.g. ChunksFromPieces of PlanSave), and the same in unit coordinates
+  // (filled by the reader from the chunks; what loading intersects with its own pieces).
+  std::vector<SavedChunk> chunks;
+  std::vector<SavedPiece> pieces;
   std::vector<CheckpointFile> files;
   uint64_t total_bytes() const;
 };
@@ -111,10 +123,11 @@ StatusOr<CheckpointIndex> ParseCheckpointIndex(const std::string& bytes, const s
 
 // Checks an index's fields against each other, each message starting with `where` and naming
 // the field: format version; saving world (1 to 2^24 ranks, one file each) and stage (0-3);
-// dtype; training state (0 <= step < 2^31, tokens >= 0); the config (CheckFileConfig, at most
-// kMaxFileParams parameters); the tensor and unit tables equal to the layout the config
-// implies; the plan covering every unit exactly once and each file contiguously from 0
-// (CheckPieces); each file named rank_NNNNN.h5 in order, its element count the plan's, and its
+// dtype; shard layout; training state (0 <= step < 2^31, tokens >= 0); the config
+// (CheckFileConfig, at most kMaxFileParams parameters); the tensor and unit tables equal to
+// the layout the config implies; every chunk a contiguous box inside its tensor's shape
+// (PieceOfChunk; format 2: the pieces), together covering every element exactly once and
+// each file contiguously from 0 (CheckPieces); each file named rank_NNNNN.h5 in order, its element count the plan's, and its
 // chunk table complete, each chunk (with its checksum) inside the file after the header, no
 // two overlapping.
 Status ValidateCheckpointIndex(const CheckpointIndex& idx, const std::string& where);

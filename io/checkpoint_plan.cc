@@ -12,19 +12,86 @@
 
 namespace shardgpt {
 
-std::vector<SavedPiece> PlanSave(const ParamLayout& layout, int world) {
-  const ShardPlan plan(layout, world);
+std::vector<SavedPiece> PlanSave(const ParamLayout& layout, int world, ShardLayout shard_layout) {
+  const ShardPlan plan(layout, world, shard_layout);
   std::vector<SavedPiece> pieces;
   for (int r = 0; r < world; r++) {
     uint64_t off = 0;
-    for (int u = 0; u < plan.num_units(); u++) {
-      const uint64_t b = plan.OwnedBegin(u, r), e = plan.OwnedEnd(u, r);
-      if (b >= e) continue;
-      pieces.push_back(SavedPiece{u, r, b, e, off});
-      off += e - b;
-    }
+    for (int u = 0; u < plan.num_units(); u++)
+      for (const OwnedPiece& p : plan.OwnedPieces(u, r)) {
+        pieces.push_back(SavedPiece{u, r, p.begin, p.end, off});
+        off += p.end - p.begin;
+      }
   }
   return pieces;
+}
+
+std::vector<SavedChunk> ChunksFromPieces(const ParamLayout& layout, const std::vector<SavedPiece>& pieces) {
+  std::vector<SavedChunk> chunks;
+  for (const SavedPiece& p : pieces) {
+    const UnitInfo& u = layout.units()[p.unit];
+    for (int ti = u.first_tensor; ti < u.first_tensor + u.num_tensors; ti++) {
+      const TensorInfo& t = layout.tensors()[ti];
+      const uint64_t lo = std::max<uint64_t>(p.begin, t.offset), hi = std::min<uint64_t>(p.end, t.offset + t.numel);
+      if (lo >= hi) continue;
+      uint64_t at = p.file_offset + (lo - p.begin);
+      auto add = [&](std::vector<uint64_t> off, std::vector<uint64_t> size) {
+        uint64_t n = 1;
+        for (uint64_t x : size) n *= x;
+        chunks.push_back(SavedChunk{ti, p.file, std::move(off), std::move(size), at});
+        at += n;
+      };
+      const uint64_t a = lo - t.offset, b = hi - t.offset;
+      if (t.shape.size() == 1) {
+        add({a}, {b - a});
+        continue;
+      }
+      // 2-D [rows, cols]: elements [a, b) as a partial row, whole rows, a partial row
+      const uint64_t cols = t.numel / static_cast<uint64_t>(t.shape[0]);
+      uint64_t r0 = a / cols, c0 = a % cols;
+      const uint64_t r1 = b / cols, c1 = b % cols;
+      if (r0 == r1) {
+        add({r0, c0}, {1, c1 - c0});
+        continue;
+      }
+      if (c0 > 0) add({r0, c0}, {1, cols - c0}), r0++;
+      if (r1 > r0) add({r0, 0}, {r1 - r0, cols});
+      if (c1 > 0) add({r1, 0}, {1, c1});
+    }
+  }
+  return chunks;
+}
+
+Status PieceOfChunk(const ParamLayout& layout, const SavedChunk& c, int num_files, SavedPiece* piece) {
+  const int num_tensors = static_cast<int>(layout.tensors().size());
+  if (c.tensor < 0 || c.tensor >= num_tensors)
+    return Status::Corruption("tensor " + std::to_string(c.tensor) + " (expected 0 to " +
+                              std::to_string(num_tensors - 1) + ")");
+  const TensorInfo& t = layout.tensors()[c.tensor];
+  if (c.file < 0 || c.file >= num_files)
+    return Status::Corruption("'" + t.name + "': file " + std::to_string(c.file) + " (expected 0 to " +
+                              std::to_string(num_files - 1) + ")");
+  const size_t nd = t.shape.size();
+  if (c.offsets.size() != nd || c.sizes.size() != nd)
+    return Status::Corruption("'" + t.name + "': " + std::to_string(c.offsets.size()) + " offsets and " +
+                              std::to_string(c.sizes.size()) + " sizes for a " + std::to_string(nd) + "-D tensor");
+  uint64_t linear = 0, count = 1;
+  bool partial_seen = false;  // a dimension before this one had a size other than 1
+  for (size_t d = 0; d < nd; d++) {
+    const uint64_t dim = static_cast<uint64_t>(t.shape[d]), o = c.offsets[d], n = c.sizes[d];
+    if (n == 0 || o > dim || n > dim - o)
+      return Status::Corruption("'" + t.name + "': dimension " + std::to_string(d) + " offset " + std::to_string(o) +
+                                " size " + std::to_string(n) + " (expected a nonempty range inside 0.." +
+                                std::to_string(dim) + ")");
+    if (partial_seen && (o != 0 || n != dim))
+      return Status::Corruption("'" + t.name + "': the chunk is not contiguous (dimension " + std::to_string(d) +
+                                " is partial after a dimension of size > 1)");
+    if (n != 1) partial_seen = true;
+    linear = linear * dim + o;
+    count *= n;
+  }
+  *piece = SavedPiece{t.unit, c.file, t.offset + linear, t.offset + linear + count, c.file_offset};
+  return Status::OK();
 }
 
 std::vector<uint64_t> FileElements(const std::vector<SavedPiece>& pieces, int num_files) {

@@ -3,9 +3,10 @@
 // DCP's planner), so every resharding case is unit-testable in one process.
 //
 // A checkpoint saved by N ranks has N shard files. File r holds, for every unit u in order,
-// the real elements [OwnedBegin(u, r), OwnedEnd(u, r)) of ShardPlan(layout, N), concatenated
-// (no padding), once per state kind (master, m, v). With stage 0 every rank still writes only
-// that 1/N slice, so nothing is written twice. The table of these pieces (SavedPiece) is
+// the real elements of rank r's pieces of ShardPlan(layout, N, shard layout)
+// (ShardPlan::OwnedPieces: one range per unit for the flat layout, one per tensor row-slice
+// for per-param), concatenated (no padding), once per state kind (master, m, v). With stage 0
+// every rank still writes only those pieces, so nothing is written twice. The table of these pieces (SavedPiece) is
 // stored in the index; loading intersects it with the range a loading rank needs.
 #pragma once
 
@@ -16,6 +17,7 @@
 
 #include "base/status.h"
 #include "model/param_layout.h"
+#include "parallel/shard_plan.h"
 
 namespace shardgpt {
 
@@ -28,6 +30,28 @@ struct SavedPiece {
   uint64_t file_offset = 0;  // element offset of `begin` in the file's datasets
 };
 
+// The same storage described per parameter, as the index records it (PyTorch DCP's
+// ChunkStorageMetadata): the box [offsets, offsets + sizes) of tensor `tensor`'s global shape,
+// stored row-major and contiguously at element `file_offset` of file `file`. A piece of a unit
+// becomes one chunk per tensor it touches, or up to three where it starts or ends inside a
+// row of a 2-D tensor (a partial first row, whole rows, a partial last row); the per-param
+// layout's pieces are whole rows, so one chunk each.
+struct SavedChunk {
+  int tensor = 0;
+  int file = 0;
+  std::vector<uint64_t> offsets, sizes;  // one per dimension of the tensor's shape
+  uint64_t file_offset = 0;
+};
+
+// Every piece as chunks, in the pieces' order. Pieces must lie inside their units (as
+// PlanSave's do).
+std::vector<SavedChunk> ChunksFromPieces(const ParamLayout& layout, const std::vector<SavedPiece>& pieces);
+// The piece (unit coordinates) chunk c is, or a message naming what is wrong with it: tensor
+// or file out of range, offsets / sizes not one per dimension, a size 0, a box outside the
+// tensor's shape, or a box that is not contiguous in row-major order (only its first
+// non-unit dimension may be partial). `num_files` bounds c.file.
+Status PieceOfChunk(const ParamLayout& layout, const SavedChunk& c, int num_files, SavedPiece* piece);
+
 // One read a loading rank performs: `count` elements at `file_offset` of file `file`, to be
 // placed at element `dest_offset` of the destination range (relative to its begin).
 struct ReadOp {
@@ -38,7 +62,7 @@ struct ReadOp {
 };
 
 // The pieces written by a run of `world` ranks, in (file, unit) order; empty ranges omitted.
-std::vector<SavedPiece> PlanSave(const ParamLayout& layout, int world);
+std::vector<SavedPiece> PlanSave(const ParamLayout& layout, int world, ShardLayout shard_layout = ShardLayout::kFlat);
 // Elements per file of the plan above (the length of each file's datasets).
 std::vector<uint64_t> FileElements(const std::vector<SavedPiece>& pieces, int num_files);
 

@@ -35,7 +35,7 @@ double Now() {
 std::string ShardHeader(uint64_t checkpoint_id, int64_t rank, int64_t world, int64_t step) {
   char text[kShardHeaderBytes];
   std::snprintf(text, sizeof(text), "%sformat %d\ncheckpoint_id %016" PRIx64 "\nrank %" PRId64 " of %" PRId64
-                "\nstep %" PRId64 "\n", kShardMagic, kCheckpointFormatVersion, checkpoint_id, rank, world, step);
+                "\nstep %" PRId64 "\n", kShardMagic, kShardFormatVersion, checkpoint_id, rank, world, step);
   std::string header(kShardHeaderBytes, '\0');
   std::memcpy(&header[0], text, std::strlen(text));
   return header;

@@ -1,6 +1,8 @@
 #include "parallel/engine.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 namespace shardgpt {
@@ -100,27 +102,21 @@ float Engine::Step(float lr, float grad_clip) {
   // Global gradient norm: every element counted once. Stage 0 holds the whole averaged
   // gradient on every rank; stages >= 1 sum their owned slices' squares over ranks.
   double ss = 0;
-  for (int u = 0; u < ctx_.plan.num_units(); u++) {
-    const OwnedState st = Internal(u);
-    ss += ctx_.kernels().sum_squares(grads_->Owned(u), ctx_.opt.dtype, st.end - st.begin);
-  }
+  for (int u = 0; u < ctx_.plan.num_units(); u++)
+    for (const OwnedPiece& p : ctx_.Pieces(u))
+      ss += ctx_.kernels().sum_squares(grads_->OwnedAt(u, p), ctx_.opt.dtype, p.end - p.begin);
   if (ctx_.opt.shards_optimizer()) ss = ctx_.comm->AllReduceScalar(ss, ReduceOp::kSum);
   const float norm = static_cast<float>(std::sqrt(ss));
   const float scale = (grad_clip > 0 && norm > grad_clip) ? grad_clip / (norm + 1e-6f) : 1.0f;
 
   t_++;
   if (muon_) {  // the Muon matrices' master weights first; the loop below stores and publishes them
-    std::vector<ShardedMuon::UnitState> units(ctx_.plan.num_units());
-    for (int u = 0; u < ctx_.plan.num_units(); u++) {
-      const OwnedState st = Internal(u);
-      units[u] = ShardedMuon::UnitState{grads_->Owned(u), st.master, st.m};
-    }
-    muon_->Step(units, lr, scale);
+    muon_->Step([this](int u, size_t at) { return LocateForMuon(u, at); }, lr, scale);
     report_.muon_ns_s = muon_->last_ns_seconds();
     report_.muon_ns_cpu_s = muon_->last_ns_cpu_seconds();
   }
   for (int u = 0; u < ctx_.plan.num_units(); u++) {
-    adamw_.Update(u, grads_->Owned(u), params_->Owned(u), lr, scale, t_);
+    for (const OwnedPiece& p : ctx_.Pieces(u)) adamw_.Update(u, p, grads_->OwnedAt(u, p), params_->OwnedAt(u, p), lr, scale, t_);
     params_->Publish(u);
   }
   ctx_.queue.WaitAll();
@@ -148,14 +144,36 @@ double Engine::CommBusySeconds() const {
 
 // ---- whole-model parameters in host memory ----
 
+std::vector<Engine::OwnedState> Engine::Pieces(int u, bool with_v) {
+  std::vector<OwnedState> out;
+  for (const OwnedPiece& p : ctx_.Pieces(u)) out.push_back(adamw_.Owned(u, p, params_->OwnedAt(u, p), with_v));
+  return out;
+}
+
+ShardedMuon::Where Engine::LocateForMuon(int u, size_t at) {
+  for (const OwnedPiece& p : ctx_.Pieces(u)) {
+    if (at < p.begin || at >= p.end) continue;
+    const OwnedState st = adamw_.Owned(u, p, params_->OwnedAt(u, p));
+    const size_t i = at - p.begin;
+    return ShardedMuon::Where{static_cast<const uint8_t*>(grads_->OwnedAt(u, p)) + i * ctx_.elt(), st.master + i,
+                              st.m + i};
+  }
+  std::fprintf(stderr, "shardgpt: internal error: Muon element %zu of unit %d is not owned by this rank\n", at, u);
+  std::abort();
+}
+
+void Engine::StoreAndPublish(int u) {
+  for (const OwnedPiece& p : ctx_.Pieces(u)) adamw_.StoreFromMaster(u, p, params_->OwnedAt(u, p));
+  params_->Publish(u);
+}
+
 void Engine::LoadFullParams(const float* full) {
   ctx_.queue.WaitAll();
   for (int u = 0; u < ctx_.plan.num_units(); u++) {
-    const OwnedState st = Internal(u);
     const float* src = full + ctx_.layout.units()[u].offset;
-    ctx_.device->CopyToDevice(st.master, src + st.begin, (st.end - st.begin) * sizeof(float));
-    adamw_.StoreFromMaster(u, params_->Owned(u));
-    params_->Publish(u);
+    for (const OwnedState& st : MasterPieces(u))
+      ctx_.device->CopyToDevice(st.master, src + st.begin, (st.end - st.begin) * sizeof(float));
+    StoreAndPublish(u);
   }
   adamw_.ResetMoments();
   ctx_.queue.WaitAll();
@@ -166,12 +184,12 @@ void Engine::InitOwned(uint64_t seed) {
   ctx_.queue.WaitAll();
   std::vector<float> slice;
   for (int u = 0; u < ctx_.plan.num_units(); u++) {
-    const OwnedState st = Internal(u);
-    slice.resize(st.end - st.begin);
-    InitParameterRange(ctx_.layout, seed, u, st.begin, st.end, slice.data());
-    ctx_.device->CopyToDevice(st.master, slice.data(), slice.size() * sizeof(float));
-    adamw_.StoreFromMaster(u, params_->Owned(u));
-    params_->Publish(u);
+    for (const OwnedState& st : MasterPieces(u)) {
+      slice.resize(st.end - st.begin);
+      InitParameterRange(ctx_.layout, seed, u, st.begin, st.end, slice.data());
+      ctx_.device->CopyToDevice(st.master, slice.data(), slice.size() * sizeof(float));
+    }
+    StoreAndPublish(u);
   }
   adamw_.ResetMoments();
   ctx_.queue.WaitAll();
@@ -182,17 +200,15 @@ Status Engine::LoadOwnedParams(const std::function<Status(int, uint64_t, uint64_
   ctx_.queue.WaitAll();
   std::vector<float> slice;
   Status st;
-  for (int u = 0; u < ctx_.plan.num_units() && st.ok(); u++) {
-    const OwnedState own = Owned(u);
-    slice.resize(own.end - own.begin);
-    st = read(u, own.begin, own.end, slice.data());
-    if (st.ok()) ctx_.device->CopyToDevice(own.master, slice.data(), slice.size() * sizeof(float));
-  }
+  for (int u = 0; u < ctx_.plan.num_units() && st.ok(); u++)
+    for (const OwnedState& own : MasterPieces(u)) {
+      slice.resize(own.end - own.begin);
+      st = read(u, own.begin, own.end, slice.data());
+      if (!st.ok()) break;
+      ctx_.device->CopyToDevice(own.master, slice.data(), slice.size() * sizeof(float));
+    }
   // Every rank publishes (stage 1/2 all-gather) even after a local error: the others do too.
-  for (int u = 0; u < ctx_.plan.num_units(); u++) {
-    adamw_.StoreFromMaster(u, params_->Owned(u));
-    params_->Publish(u);
-  }
+  for (int u = 0; u < ctx_.plan.num_units(); u++) StoreAndPublish(u);
   adamw_.ResetMoments();
   ctx_.queue.WaitAll();
   t_ = 0;
@@ -202,10 +218,7 @@ Status Engine::LoadOwnedParams(const std::function<Status(int, uint64_t, uint64_
 void Engine::SyncParamsFromMaster() {
   ctx_.queue.WaitAll();
   adamw_.CommitV();  // Muon: pack the second moments a checkpoint load wrote
-  for (int u = 0; u < ctx_.plan.num_units(); u++) {
-    adamw_.StoreFromMaster(u, params_->Owned(u));
-    params_->Publish(u);
-  }
+  for (int u = 0; u < ctx_.plan.num_units(); u++) StoreAndPublish(u);
   ctx_.queue.WaitAll();
 }
 
@@ -213,16 +226,24 @@ void Engine::GatherFullParams(float* out) {
   ctx_.queue.WaitAll();
   for (int u = 0; u < ctx_.plan.num_units(); u++) {
     const UnitShardInfo& s = ctx_.plan.unit(u);
-    const OwnedState st = Internal(u);
+    const std::vector<OwnedState> pieces = MasterPieces(u);
     float* dst = out + ctx_.layout.units()[u].offset;
     if (!ctx_.opt.shards_optimizer()) {
-      ctx_.device->CopyToHost(dst, st.master, s.numel * sizeof(float));
+      ctx_.device->CopyToHost(dst, pieces[0].master, s.numel * sizeof(float));
       continue;
     }
+    // The master pieces in rank-major order, all-gathered, then in flat order (copy-out).
     DeviceBuffer full(ctx_.device, nullptr, MemKind::kParams, s.padded * sizeof(float), "gathered master weights");
     float* own = full.as<float>() + ctx_.rank * s.shard;
-    ctx_.device->Copy(own, st.master, (st.end - st.begin) * sizeof(float));
+    const std::vector<OwnedPiece>& owned = ctx_.Pieces(u);
+    for (size_t i = 0; i < owned.size(); i++)
+      ctx_.device->Copy(own + owned[i].shard_offset, pieces[i].master, (owned[i].end - owned[i].begin) * sizeof(float));
     ctx_.comm->AllGather(own, full.data(), s.shard, DType::kF32)->Wait();
+    if (!ctx_.plan.rank_major_is_flat()) {
+      DeviceBuffer flat(ctx_.device, nullptr, MemKind::kParams, s.padded * sizeof(float), "gathered master weights");
+      ctx_.CopyOut(u, full.data(), flat.data(), sizeof(float));
+      full = std::move(flat);
+    }
     ctx_.device->CopyToHost(dst, full.data(), s.numel * sizeof(float));
   }
 }

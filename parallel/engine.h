@@ -135,12 +135,13 @@ class Engine : public UnitHooks {
   UnitBuffers PreBackward(int unit) override;
   void PostBackward(int unit) override;
 
-  // For checkpoints: this rank's owned fp32 master slice and moments (stage >= 1: the shard;
-  // stage 0: the full unit), in unit coordinates [begin, end). DEVICE memory: copy through
-  // device().CopyToHost / CopyToDevice. Under Muon, m holds Muon's momentum at the Muon
-  // matrices and v is an unpacked copy (zeros there) until SyncParamsFromMaster.
+  // For checkpoints: this rank's owned fp32 master pieces and moments of a unit (stage >= 1:
+  // its plan pieces; stage 0: the full unit), each in unit coordinates [begin, end). DEVICE
+  // memory: copy through device().CopyToHost / CopyToDevice. Under Muon, m holds Muon's
+  // momentum at the Muon matrices and v is an unpacked copy (zeros there) until
+  // SyncParamsFromMaster.
   using OwnedState = ShardedAdamW::Slice;
-  OwnedState Owned(int unit) { return adamw_.Owned(unit, params_->Owned(unit), true); }
+  std::vector<OwnedState> OwnedPieces(int unit) { return Pieces(unit, true); }
   void set_step_count(int64_t t) { t_ = t; }
   // After writing master values through Owned(): refresh the compute parameters. Collective.
   void SyncParamsFromMaster();
@@ -148,7 +149,13 @@ class Engine : public UnitHooks {
  private:
   Engine(const ParamLayout& layout, Communicator* world, std::unique_ptr<Communicator> shard,
          std::unique_ptr<Communicator> replica, const EngineOptions& options, Device& device);
-  OwnedState Internal(int unit) { return adamw_.Owned(unit, params_->Owned(unit)); }  // v not needed
+  // Stored parameters of unit u from its master pieces, then published to every rank.
+  void StoreAndPublish(int u);
+  // The owned pieces' state; with_v: also v (under Muon an unpacked copy: checkpoints only).
+  std::vector<OwnedState> Pieces(int unit, bool with_v);
+  std::vector<OwnedState> MasterPieces(int unit) { return Pieces(unit, false); }
+  // ShardedMuon's view of this rank's state: the piece of unit u holding element `at`.
+  ShardedMuon::Where LocateForMuon(int u, size_t at);
 
   double CommBusySeconds() const;
 

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/memory_ledger.h"
 #include "model/device.h"
@@ -94,9 +95,29 @@ struct EngineContext {
   int rank, world;  // in the shard group
 
   EngineContext(const ParamLayout& l, Communicator* c, Device* d, const EngineOptions& o, Communicator* r = nullptr)
-      : layout(l), plan(l, c->world_size()), opt(o), comm(c), replica(r), device(d), rank(c->rank()),
-        world(c->world_size()) {}
+      : layout(l), plan(l, c->world_size(), o.shard_layout), opt(o), comm(c), replica(r), device(d), rank(c->rank()),
+        world(c->world_size()) {
+    for (int u = 0; u < plan.num_units(); u++)
+      owned_.push_back(opt.shards_optimizer() ? plan.OwnedPieces(u, rank)
+                                              : std::vector<OwnedPiece>{OwnedPiece{0, plan.unit(u).numel, 0}});
+  }
   int replicas() const { return replica ? replica->world_size() : 1; }
+  // The pieces of unit u this rank's optimizer updates: its plan pieces (stages >= 1), or the
+  // whole unit (stage 0, where shard_offset is meaningless and every buffer is full).
+  const std::vector<OwnedPiece>& Pieces(int u) const { return owned_[u]; }
+  // FSDP2's copy-out / copy-in between a unit's rank-major buffer (what all-gather fills and
+  // reduce-scatter reads) and its flat order (what the model reads and writes), elt bytes per
+  // element. Only the per-param layout needs them (flat: the two orders are the same).
+  void CopyOut(int u, const void* rank_major, void* flat, size_t elt_bytes) {
+    for (const CopyRun& c : plan.CopyRuns(u))
+      device->Copy(static_cast<uint8_t*>(flat) + c.begin * elt_bytes,
+                   static_cast<const uint8_t*>(rank_major) + c.rank_major * elt_bytes, c.count * elt_bytes);
+  }
+  void CopyIn(int u, const void* flat, void* rank_major, size_t elt_bytes) {
+    for (const CopyRun& c : plan.CopyRuns(u))
+      device->Copy(static_cast<uint8_t*>(rank_major) + c.rank_major * elt_bytes,
+                   static_cast<const uint8_t*>(flat) + c.begin * elt_bytes, c.count * elt_bytes);
+  }
   Kernels& kernels() { return device->kernels(); }
   size_t elt() const { return DTypeSize(opt.dtype); }
   // The embed and final units: used first in backward, kept gathered from forward (FSDP2's root).
@@ -111,6 +132,9 @@ struct EngineContext {
     device->CopyToDevice(tmp.data(), host, n * sizeof(float));
     kernels().convert(tmp.data(), DType::kF32, dst, dtype, n);
   }
+
+ private:
+  std::vector<std::vector<OwnedPiece>> owned_;  // per unit: Pieces(u)
 };
 
 }  // namespace shardgpt

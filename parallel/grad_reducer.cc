@@ -46,17 +46,18 @@ class FullGradients : public GradReducer {
   virtual void Reduce(int u) = 0;  // the last micro-batch's gradient of unit u is complete
   void* Full(int u) { return grads_.as<uint8_t>() + ctx_.plan.unit(u).padded_offset * ctx_.elt(); }
   void* At(size_t padded_index) { return grads_.as<uint8_t>() + padded_index * ctx_.elt(); }
-  // Averages `count` gradient elements in place through the communicator, in reduce dtype.
-  void AverageInPlace(void* grads, size_t count, bool all_reduce, size_t shard) {
+  // Averages `count` gradient elements in place through the communicator, in reduce dtype;
+  // `then` (if any) runs once the result is in place.
+  void AverageInPlace(void* grads, size_t count, bool all_reduce, size_t shard, std::function<void()> then = nullptr) {
     const DType d = ctx_.opt.dtype, rd = ctx_.opt.reduce_dtype;
     const size_t own = ctx_.rank * shard;
     if (rd == d) {
       void* mine = static_cast<uint8_t*>(grads) + own * ctx_.elt();
       if (all_reduce)
-        ctx_.queue.Enqueue(ctx_.comm->AllReduce(grads, count, d, ReduceOp::kAvg), nullptr);
+        ctx_.queue.Enqueue(ctx_.comm->AllReduce(grads, count, d, ReduceOp::kAvg), std::move(then));
       else
         ctx_.queue.Enqueue(ctx_.comm->ReduceScatter(grads, mine, shard, d, ReduceOp::kAvg),
-                           [this, mine, shard, d]() { AverageAcrossGroups(ctx_, mine, shard, d, nullptr); });
+                           [this, mine, shard, d, then]() { AverageAcrossGroups(ctx_, mine, shard, d, then); });
       return;
     }
     auto tmp = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kComm, count * DTypeSize(rd), "reduce buffer"));
@@ -67,8 +68,9 @@ class FullGradients : public GradReducer {
     std::shared_ptr<Work> work = all_reduce ? ctx_.comm->AllReduce(tmp->data(), count, rd, ReduceOp::kAvg)
                                             : ctx_.comm->ReduceScatter(tmp->data(), back, shard, rd, ReduceOp::kAvg);
     void* dst = static_cast<uint8_t*>(grads) + back_offset * ctx_.elt();
-    auto convert_back = [this, tmp, back, dst, back_count, rd]() {
+    auto convert_back = [this, tmp, back, dst, back_count, rd, then]() {
       ctx_.kernels().convert(back, rd, dst, ctx_.opt.dtype, back_count);
+      if (then) then();
     };
     if (all_reduce) return ctx_.queue.Enqueue(work, convert_back);
     ctx_.queue.Enqueue(work, [this, back, back_count, rd, convert_back]() {
@@ -94,7 +96,7 @@ class BucketAllReduce final : public FullGradients {
     FullGradients::BeginMicroBatch(sync);
     std::fill(ready_.begin(), ready_.end(), 0);
   }
-  const void* Owned(int u) override { return Full(u); }
+  const void* OwnedAt(int u, const OwnedPiece& p) override { return At(ctx_.plan.unit(u).padded_offset + p.begin); }
 
  private:
   // A bucket is a contiguous range of the padded buffer: from its lowest unit to its highest.
@@ -111,15 +113,23 @@ class BucketAllReduce final : public FullGradients {
 class LastMicroReduceScatter final : public FullGradients {
  public:
   using FullGradients::FullGradients;
-  const void* Owned(int u) override {
-    const UnitShardInfo& s = ctx_.plan.unit(u);
-    return At(s.padded_offset + ctx_.rank * s.shard);
-  }
+  // The reduced pieces sit at their unit coordinates (flat: the rank's block, where the
+  // in-place reduce-scatter leaves it; per-param: copied back there from the rank-major buffer).
+  const void* OwnedAt(int u, const OwnedPiece& p) override { return At(ctx_.plan.unit(u).padded_offset + p.begin); }
 
  private:
   void Reduce(int u) override {
     const UnitShardInfo& s = ctx_.plan.unit(u);
-    AverageInPlace(Full(u), s.padded, false, s.shard);
+    if (ctx_.plan.rank_major_is_flat()) return AverageInPlace(Full(u), s.padded, false, s.shard);
+    const size_t e = ctx_.elt();
+    auto rm = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kGrads, s.padded * e, "rank-major gradient"));
+    ctx_.device->Zero(rm->data(), rm->bytes());  // padding rows: reduced, never read
+    ctx_.CopyIn(u, Full(u), rm->data(), e);
+    AverageInPlace(rm->data(), s.padded, false, s.shard, [this, u, rm, e]() {
+      const uint8_t* own = rm->as<uint8_t>() + ctx_.rank * ctx_.plan.unit(u).shard * e;
+      for (const OwnedPiece& p : ctx_.Pieces(u))
+        ctx_.device->Copy(static_cast<uint8_t*>(Full(u)) + p.begin * e, own + p.shard_offset * e, (p.end - p.begin) * e);
+    });
   }
 };
 
@@ -143,6 +153,13 @@ class EveryMicroReduceScatter final : public GradReducer {
     while (inflight_ >= kMaxInflight) ctx_.queue.WaitOldest();
     inflight_++;
     auto send = std::make_shared<DeviceBuffer>(std::move(scratch_[u]));
+    if (!ctx_.plan.rank_major_is_flat()) {  // copy-in: the unit's gradient in rank-major order
+      auto rm = std::make_shared<DeviceBuffer>(
+          ctx_.NewBuffer(MemKind::kGrads, s.padded * sizeof(float), "rank-major fp32 gradient"));
+      ctx_.device->Zero(rm->data(), rm->bytes());  // padding rows: reduced, never read
+      ctx_.CopyIn(u, send->data(), rm->data(), sizeof(float));
+      send = rm;
+    }
     if (rd == DType::kBF16) {  // convert now and free the fp32 scratch at once
       auto bf = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kComm, s.padded * 2, "bf16 gradient"));
       ctx_.kernels().convert(send->data(), DType::kF32, bf->data(), DType::kBF16, s.padded);
@@ -159,7 +176,9 @@ class EveryMicroReduceScatter final : public GradReducer {
                          if (last) AcrossGroups(u);
                        });
   }
-  const void* Owned(int u) override { return Shard(u); }
+  const void* OwnedAt(int u, const OwnedPiece& p) override {
+    return static_cast<uint8_t*>(Shard(u)) + p.shard_offset * ctx_.elt();
+  }
 
  private:
   static constexpr int kMaxInflight = 1;

@@ -12,6 +12,9 @@
 // HSDP (EngineContext::replica set): the reduce-scatters run inside the shard group; once a
 // unit's last reduce-scatter of the step has retired, its owned shard is all-reduced (average)
 // across groups on the replica communicator, launched from that completion step.
+// With the per-param shard layout a unit's gradient is copied into rank-major order
+// (ctx.CopyIn) before its reduce-scatter; the last-micro policy copies the reduced pieces back
+// into the unit's flat order, where the optimizer reads them.
 //
 // Rank contract: every method is collective. Thread contract: the training thread.
 #pragma once
@@ -35,9 +38,9 @@ class GradReducer {
   virtual float* PreBackward(int u) = 0;
   // Unit u's gradient of this micro-batch is complete: accumulate or launch its reduction.
   virtual void PostBackward(int u) = 0;
-  // After every reduction retired: the averaged gradient (dtype) of the elements the
-  // optimizer updates for unit u (Engine::Owned's range).
-  virtual const void* Owned(int u) = 0;
+  // After every reduction retired: the averaged gradient (dtype) of piece p of unit u (one of
+  // ctx.Pieces(u)), the elements the optimizer updates.
+  virtual const void* OwnedAt(int u, const OwnedPiece& p) = 0;
 };
 
 }  // namespace shardgpt

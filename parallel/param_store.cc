@@ -18,16 +18,28 @@ class ReplicatedParams final : public ParamStore {
   void ReleaseAll() override {
     for (int u = 0; u < ctx_.plan.num_units(); u++) ReleaseCompute(u);
   }
-  void* Owned(int u) override {
-    const UnitShardInfo& s = ctx_.plan.unit(u);
-    const size_t first = ctx_.opt.shards_optimizer() ? ctx_.rank * s.shard : 0;
-    return params_.as<uint8_t>() + (s.padded_offset + first) * ctx_.elt();
+  void* OwnedAt(int u, const OwnedPiece& p) override {
+    return static_cast<uint8_t*>(Full(u)) + p.begin * ctx_.elt();  // flat order: unit coordinates
   }
-  // Stages 1/2: every rank updated only its slice; all-gather the unit in place.
+  // Stages 1/2: every rank updated only its pieces; all-gather the unit. Flat: in place (the
+  // rank's shard is its block of the unit). Per-param: the pieces are copied into a rank-major
+  // buffer, gathered there, and every rank's pieces copied out into the unit.
   void Publish(int u) override {
     if (!ctx_.opt.shards_optimizer()) return;
     const UnitShardInfo& s = ctx_.plan.unit(u);
-    ctx_.queue.Enqueue(ctx_.comm->AllGather(Owned(u), Full(u), s.shard, ctx_.opt.dtype), nullptr);
+    const size_t e = ctx_.elt();
+    if (ctx_.plan.rank_major_is_flat()) {
+      void* own = static_cast<uint8_t*>(Full(u)) + ctx_.rank * s.shard * e;
+      ctx_.queue.Enqueue(ctx_.comm->AllGather(own, Full(u), s.shard, ctx_.opt.dtype), nullptr);
+      return;
+    }
+    auto rm = std::make_shared<DeviceBuffer>(
+        ctx_.NewBuffer(MemKind::kParams, s.padded * e, "rank-major parameters of unit " + ctx_.layout.units()[u].name));
+    uint8_t* own = rm->as<uint8_t>() + ctx_.rank * s.shard * e;
+    for (const OwnedPiece& p : ctx_.Pieces(u))
+      ctx_.device->Copy(own + p.shard_offset * e, OwnedAt(u, p), (p.end - p.begin) * e);
+    ctx_.queue.Enqueue(ctx_.comm->AllGather(own, rm->data(), s.shard, ctx_.opt.dtype),
+                       [this, u, rm, e]() { ctx_.CopyOut(u, rm->data(), Full(u), e); });
   }
 
  private:
@@ -38,7 +50,10 @@ class ReplicatedParams final : public ParamStore {
 class ShardedParams final : public ParamStore {
  public:
   explicit ShardedParams(EngineContext* ctx)
-      : ParamStore(ctx), gathered_(ctx->plan.num_units()), gather_work_(ctx->plan.num_units()) {
+      : ParamStore(ctx),
+        gathered_(ctx->plan.num_units()),
+        rank_major_(ctx->plan.num_units()),
+        gather_work_(ctx->plan.num_units()) {
     shards_ = ctx_.NewBuffer(MemKind::kParams, ctx_.plan.total_shard() * ctx_.elt(), "parameter shards");
   }
   const float* PreForward(int u) override {
@@ -63,14 +78,22 @@ class ShardedParams final : public ParamStore {
   void ReleaseAll() override {
     for (int u = 0; u < ctx_.plan.num_units(); u++) Release(u);
   }
-  void* Owned(int u) override { return shards_.as<uint8_t>() + ctx_.plan.unit(u).shard_offset * ctx_.elt(); }
+  void* OwnedAt(int u, const OwnedPiece& p) override { return Shard(u) + p.shard_offset * ctx_.elt(); }
 
  private:
+  uint8_t* Shard(int u) { return shards_.as<uint8_t>() + ctx_.plan.unit(u).shard_offset * ctx_.elt(); }
+  // Flat: all-gather straight into the unit. Per-param: into a rank-major buffer, copied out
+  // into the unit once the gather is complete (WaitGather).
   void Gather(int u) {
     const UnitShardInfo& s = ctx_.plan.unit(u);
-    gathered_[u] = ctx_.NewBuffer(MemKind::kParams, s.padded * ctx_.elt(), "gathered parameters of unit " +
-                                                                             ctx_.layout.units()[u].name);
-    gather_work_[u] = ctx_.comm->AllGather(Owned(u), gathered_[u].data(), s.shard, ctx_.opt.dtype);
+    const std::string& name = ctx_.layout.units()[u].name;
+    gathered_[u] = ctx_.NewBuffer(MemKind::kParams, s.padded * ctx_.elt(), "gathered parameters of unit " + name);
+    void* dst = gathered_[u].data();
+    if (!ctx_.plan.rank_major_is_flat()) {
+      rank_major_[u] = ctx_.NewBuffer(MemKind::kParams, s.padded * ctx_.elt(), "rank-major parameters of unit " + name);
+      dst = rank_major_[u].data();
+    }
+    gather_work_[u] = ctx_.comm->AllGather(Shard(u), dst, s.shard, ctx_.opt.dtype);
   }
   // Unit u gathered and its all-gather complete.
   void Gathered(int u) {
@@ -82,6 +105,10 @@ class ShardedParams final : public ParamStore {
     if (gather_work_[u] == nullptr) return;
     ctx_.queue.WaitStream(*gather_work_[u]);  // the unit's kernels run after the gather
     gather_work_[u].reset();
+    if (!rank_major_[u].empty()) {
+      ctx_.CopyOut(u, rank_major_[u].data(), gathered_[u].data(), ctx_.elt());
+      rank_major_[u].Free();
+    }
   }
   void Release(int u) {
     ReleaseCompute(u);
@@ -90,6 +117,7 @@ class ShardedParams final : public ParamStore {
   }
   DeviceBuffer shards_;                            // this rank's slice of every unit (dtype)
   std::vector<DeviceBuffer> gathered_;             // per unit: full padded parameters while in use
+  std::vector<DeviceBuffer> rank_major_;           // per unit (per-param): the all-gather's buffer
   std::vector<std::shared_ptr<Work>> gather_work_;  // in-flight all-gather into gathered_[u]
 };
 

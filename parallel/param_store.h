@@ -8,6 +8,8 @@
 //                     forward), gathered again for backward and freed after it. The root units
 //                     stay gathered from forward to backward.
 // With bf16 storage a unit's parameters are widened into an fp32 compute copy while it runs.
+// With the per-param shard layout every all-gather lands in a rank-major buffer whose tensors
+// are copied out into their places in the unit (ctx.CopyOut) before anyone reads them.
 //
 // Rank contract: every method is collective. Thread contract: the training thread.
 #pragma once
@@ -32,10 +34,10 @@ class ParamStore {
   virtual void PostBackward(int u) = 0;
   // Frees every gathered and compute copy (after a forward-only pass).
   virtual void ReleaseAll() = 0;
-  // The stored values (dtype) that the optimizer writes for unit u: the owned slice (stages
-  // >= 1) or the whole unit (stage 0); see Engine::Owned for the element range.
-  virtual void* Owned(int u) = 0;
-  // After the owned slices were written: bring every rank's stored copy up to date.
+  // Where the stored values (dtype) of piece p of unit u (one of ctx.Pieces(u)) live: what
+  // the optimizer writes.
+  virtual void* OwnedAt(int u, const OwnedPiece& p) = 0;
+  // After the owned pieces were written: bring every rank's stored copy up to date.
   virtual void Publish(int u) { (void)u; }
 
  protected:

@@ -11,11 +11,6 @@ namespace {
 size_t OwnedElements(const EngineContext& ctx) {
   return ctx.opt.shards_optimizer() ? ctx.plan.total_shard() : ctx.plan.total_padded();
 }
-// The owned pieces of unit u: OwnedPieces at stage >= 1, the whole unit at stage 0.
-std::vector<OwnedPiece> Pieces(const ShardPlan& plan, bool sharded, int u, int r) {
-  if (sharded) return plan.OwnedPieces(u, r);
-  return {OwnedPiece{0, plan.unit(u).numel, 0}};
-}
 // [b, e) minus the sorted ranges `skip`, as runs passed to f(begin, end).
 template <typename F>
 void Subtract(size_t b, size_t e, const std::vector<std::pair<size_t, size_t>>& skip, F f) {
@@ -29,9 +24,10 @@ void Subtract(size_t b, size_t e, const std::vector<std::pair<size_t, size_t>>& 
 }
 }  // namespace
 
-size_t ShardedAdamW::UnitOffset(int u) const {
+size_t ShardedAdamW::StateOffset(int u, const OwnedPiece& p) const {
   const UnitShardInfo& s = ctx_.plan.unit(u);
-  return ctx_.opt.shards_optimizer() ? s.shard_offset : s.padded_offset;
+  // stage >= 1: state in shard order; stage 0: in flat order over the whole unit
+  return ctx_.opt.shards_optimizer() ? s.shard_offset + p.shard_offset : s.padded_offset + p.begin;
 }
 
 ShardedAdamW::ShardedAdamW(EngineContext* ctx) : ctx_(*ctx), runs_(ctx->plan.num_units()) {
@@ -44,13 +40,12 @@ ShardedAdamW::ShardedAdamW(EngineContext* ctx) : ctx_(*ctx), runs_(ctx->plan.num
   }
   size_t vpos = 0;
   for (int u = 0; u < ctx_.plan.num_units(); u++)
-    for (const OwnedPiece& p : Pieces(ctx_.plan, sharded, u, ctx_.rank))
+    for (const OwnedPiece& p : ctx_.Pieces(u))
       for (const DecayRange& r : ctx_.layout.DecayRanges(u, p.begin, p.end))
         Subtract(r.begin, r.end, skip[u], [&](size_t b, size_t e) {
-          const size_t local = p.shard_offset + (b - p.begin);
+          const size_t at = StateOffset(u, p) + (b - p.begin);
           // unpacked: v sits beside m (same index); packed: runs follow one another
-          const size_t at = packed_ ? vpos : UnitOffset(u) + local;
-          runs_[u].push_back(Run{b, e, local, at, r.decay});
+          runs_[u].push_back(Run{b, e, at, packed_ ? vpos : at, r.decay});
           vpos += e - b;
         });
   const size_t n = OwnedElements(ctx_) * sizeof(float);
@@ -63,12 +58,11 @@ ShardedAdamW::ShardedAdamW(EngineContext* ctx) : ctx_(*ctx), runs_(ctx->plan.num
   if (ws > 0) grad32_ = ctx_.NewBuffer(MemKind::kWorkspace, ws, "fp32 gradient slice");
 }
 
-ShardedAdamW::Slice ShardedAdamW::Owned(int u, void* stored, bool with_v) {
-  const bool sharded = ctx_.opt.shards_optimizer();
-  const size_t off = UnitOffset(u);
+ShardedAdamW::Slice ShardedAdamW::Owned(int u, const OwnedPiece& p, void* stored, bool with_v) {
+  const size_t off = StateOffset(u, p);
   Slice sl;
-  sl.begin = sharded ? ctx_.plan.OwnedBegin(u, ctx_.rank) : 0;
-  sl.end = sharded ? ctx_.plan.OwnedEnd(u, ctx_.rank) : ctx_.plan.unit(u).numel;
+  sl.begin = p.begin;
+  sl.end = p.end;
   sl.master = ctx_.opt.dtype == DType::kBF16 ? master_.as<float>() + off : static_cast<float*>(stored);
   sl.m = m_.as<float>() + off;
   if (!packed_) {
@@ -80,8 +74,7 @@ ShardedAdamW::Slice ShardedAdamW::Owned(int u, void* stored, bool with_v) {
       ctx_.device->Zero(v_view_.data(), v_view_.bytes());
       for (int w = 0; w < ctx_.plan.num_units(); w++)
         for (const Run& r : runs_[w])
-          ctx_.device->Copy(v_view_.as<float>() + UnitOffset(w) + r.local, v_.as<float>() + r.vpos,
-                            (r.end - r.begin) * sizeof(float));
+          ctx_.device->Copy(v_view_.as<float>() + r.at, v_.as<float>() + r.vpos, (r.end - r.begin) * sizeof(float));
     }
     sl.v = v_view_.as<float>() + off;
   }
@@ -92,29 +85,32 @@ void ShardedAdamW::CommitV() {
   if (!packed_ || v_view_.data() == nullptr) return;
   for (int w = 0; w < ctx_.plan.num_units(); w++)
     for (const Run& r : runs_[w])
-      ctx_.device->Copy(v_.as<float>() + r.vpos, v_view_.as<float>() + UnitOffset(w) + r.local,
-                        (r.end - r.begin) * sizeof(float));
+      ctx_.device->Copy(v_.as<float>() + r.vpos, v_view_.as<float>() + r.at, (r.end - r.begin) * sizeof(float));
   v_view_.Free();
 }
 
-void ShardedAdamW::Update(int u, const void* grads, void* stored, float lr, float grad_scale, int64_t t) {
+void ShardedAdamW::Update(int u, const OwnedPiece& p, const void* grads, void* stored, float lr, float grad_scale,
+                          int64_t t) {
   v_view_.Free();  // an unpacked copy goes stale now
-  const Slice sl = Owned(u, stored);
+  const Slice sl = Owned(u, p, stored);
   const size_t n = sl.end - sl.begin;
   const float* g = static_cast<const float*>(grads);
   if (ctx_.opt.dtype == DType::kBF16) {
     ctx_.kernels().convert(grads, DType::kBF16, grad32_.data(), DType::kF32, n);
     g = grad32_.as<float>();
   }
-  for (const Run& r : runs_[u])
-    ctx_.kernels().adamw(sl.master + r.local, g + r.local, sl.m + r.local, v_.as<float>() + r.vpos, r.end - r.begin,
-                         lr, r.decay ? ctx_.opt.adamw.weight_decay : 0.0f, ctx_.opt.adamw, t, grad_scale);
-  StoreFromMaster(u, stored);
+  for (const Run& r : runs_[u]) {
+    if (r.begin < p.begin || r.begin >= p.end) continue;  // another piece's run
+    const size_t i = r.begin - p.begin;
+    ctx_.kernels().adamw(sl.master + i, g + i, sl.m + i, v_.as<float>() + r.vpos, r.end - r.begin, lr,
+                         r.decay ? ctx_.opt.adamw.weight_decay : 0.0f, ctx_.opt.adamw, t, grad_scale);
+  }
+  StoreFromMaster(u, p, stored);
 }
 
-void ShardedAdamW::StoreFromMaster(int u, void* stored) {
+void ShardedAdamW::StoreFromMaster(int u, const OwnedPiece& p, void* stored) {
   if (ctx_.opt.dtype == DType::kF32) return;  // the stored parameters are the master
-  const Slice sl = Owned(u, stored);
+  const Slice sl = Owned(u, p, stored);
   ctx_.kernels().convert(sl.master, DType::kF32, stored, ctx_.opt.dtype, sl.end - sl.begin);
 }
 

@@ -1,5 +1,5 @@
-// ShardedAdamW: AdamW over the elements this rank owns (ZeRO stage >= 1: its 1/N slice of
-// every unit; stage 0: everything). AdamW is element-wise, so a slice updates alone given its
+// ShardedAdamW: AdamW over the elements this rank owns (ZeRO stage >= 1: its pieces of every
+// unit, ShardPlan::OwnedPieces, stored in shard order; stage 0: everything). AdamW is element-wise, so a slice updates alone given its
 // averaged gradient. Holds the fp32 moments and, for bf16 storage, the fp32 master weights;
 // for fp32 storage the stored parameters are the master copy.
 //
@@ -8,7 +8,7 @@
 // state and is sharded and checkpointed like AdamW's), and the second moments exist only for
 // the AdamW elements, packed (k = 8 instead of 12 bytes per Muon element with bf16 storage).
 // Checkpoints see v over the owned range (zeros at the Muon elements) through a transient
-// unpacked copy: Owned(u, stored, true) fills it, CommitV() packs it back after a load.
+// unpacked copy: Owned(u, p, stored, true) fills it, CommitV() packs it back after a load.
 //
 // Thread contract: the training thread.
 #pragma once
@@ -25,33 +25,36 @@ class ShardedAdamW {
  public:
   explicit ShardedAdamW(EngineContext* ctx);
 
-  // Unit u's owned range in unit coordinates, and its master, m and v (device memory; master
-  // is `stored` itself for fp32 storage).
+  // Piece p of unit u (one of ctx.Pieces(u)): its range in unit coordinates, and its master,
+  // m and v (device memory; master is `stored` itself for fp32 storage). `stored` is where the
+  // piece's stored values (dtype) live (ParamStore::OwnedAt).
   struct Slice {
     size_t begin = 0, end = 0;
     float* master = nullptr;
     float* m = nullptr;
     float* v = nullptr;  // null under Muon unless with_v (then the transient unpacked copy)
   };
-  Slice Owned(int u, void* stored, bool with_v = false);
-  // One AdamW step on unit u's owned slice (t >= 1; grad_scale carries the clipping), then
-  // the stored parameters (dtype) are refreshed from the master.
-  void Update(int u, const void* grads, void* stored, float lr, float grad_scale, int64_t t);
-  // Stored parameters (dtype) from the master after the master was written (checkpoint load).
-  void StoreFromMaster(int u, void* stored);
+  Slice Owned(int u, const OwnedPiece& p, void* stored, bool with_v = false);
+  // One AdamW step on piece p of unit u (t >= 1; grad_scale carries the clipping), then its
+  // stored parameters (dtype) are refreshed from the master.
+  void Update(int u, const OwnedPiece& p, const void* grads, void* stored, float lr, float grad_scale, int64_t t);
+  // Stored parameters (dtype) of piece p from the master after the master was written
+  // (checkpoint load).
+  void StoreFromMaster(int u, const OwnedPiece& p, void* stored);
   // Zero moments (a fresh start).
   void ResetMoments();
   // Under Muon: packs the unpacked v copy (written by a checkpoint load) back and frees it.
   void CommitV();
 
  private:
-  // A run of owned AdamW elements of one decay setting: unit coordinates [begin, end), at
-  // `local` in the owned buffers (master, m, gradient) and at `vpos` in v_.
+  // A run of owned AdamW elements of one decay setting inside one piece: unit coordinates
+  // [begin, end), at `at` in master_ / m_ and at `vpos` in v_ (= at unless packed).
   struct Run {
-    size_t begin, end, local, vpos;
+    size_t begin, end, at, vpos;
     bool decay;
   };
-  size_t UnitOffset(int u) const;  // offset of unit u's owned elements in master_ / m_
+  // Where piece p of unit u starts in master_ / m_ (and the unpacked v).
+  size_t StateOffset(int u, const OwnedPiece& p) const;
 
   EngineContext& ctx_;
   bool packed_ = false;          // v_ holds the AdamW elements only (Muon)

@@ -63,7 +63,7 @@ void ShardedMuon::ReadGrad(float* dst, const void* src, size_t n) {
   for (size_t i = 0; i < n; i++) dst[i] = Bf16ToFloat(b[i]);
 }
 
-void ShardedMuon::Step(const std::vector<UnitState>& units, float lr, float grad_scale) {
+void ShardedMuon::Step(const Locator& locate, float lr, float grad_scale) {
   const int N = ctx_.world;
   const float mu = ctx_.opt.muon.momentum;
   Device& dev = *ctx_.device;
@@ -73,13 +73,13 @@ void ShardedMuon::Step(const std::vector<UnitState>& units, float lr, float grad
 
   // M = mu*M + G, U = G + mu*M over one segment; U into u_out (host).
   auto momentum = [&](const MuonSegment& s, float* u_out) {
-    const UnitState& us = units[mats[s.matrix].unit];
+    const Where at = locate(mats[s.matrix].unit, s.begin);
     const size_t n = s.size();
     g.resize(n), m.resize(n);
-    ReadGrad(g.data(), static_cast<const char*>(us.grad) + s.local * ctx_.elt(), n);
-    dev.CopyToHost(m.data(), us.momentum + s.local, n * sizeof(float));
+    ReadGrad(g.data(), at.grad, n);
+    dev.CopyToHost(m.data(), at.momentum, n * sizeof(float));
     muon_momentum(m.data(), u_out, g.data(), n, mu, grad_scale);
-    dev.CopyToDevice(us.momentum + s.local, m.data(), n * sizeof(float));
+    dev.CopyToDevice(at.momentum, m.data(), n * sizeof(float));
   };
   // One all-to-all-v of host fp32 values through the device wire buffers, travelling in the
   // gradients' reduce dtype (bf16 rounds each value once, RNE, on every path alike).
@@ -158,7 +158,7 @@ void ShardedMuon::Step(const std::vector<UnitState>& units, float lr, float grad
   at = 0;
   for (int p = 0; p < N; p++)
     for (const MuonSegment& s : recv2_[p]) {
-      float* w = units[mats[s.matrix].unit].master + s.local;
+      float* w = locate(mats[s.matrix].unit, s.begin).master;
       m.resize(s.size());
       dev.CopyToHost(m.data(), w, s.size() * sizeof(float));
       muon_apply(m.data(), recv.data() + at, s.size(), lr, wd);

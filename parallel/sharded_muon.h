@@ -19,6 +19,7 @@
 // Rank contract: Step is collective. Thread contract: the training thread.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "parallel/engine_context.h"
@@ -31,14 +32,18 @@ class ShardedMuon {
   explicit ShardedMuon(EngineContext* ctx);
 
   const MuonPlan& plan() const { return plan_; }
-  // Unit u's device state for this rank, indexed by the owned-buffer (local) index.
-  struct UnitState {
+  // Where this rank's state of one owned element run starts (device memory): found by unit and
+  // unit coordinate, since with the per-param layout (and at stages 1/2, whose parameters are
+  // stored whole in flat order) a unit's owned pieces are not one contiguous range anywhere.
+  struct Where {
     const void* grad = nullptr;  // averaged gradient (opt.dtype)
     float* master = nullptr;     // fp32 master weights
     float* momentum = nullptr;   // fp32
   };
+  // Element `at` (unit coordinates) of unit u; a run [at, end) of one segment is contiguous.
+  using Locator = std::function<Where(int unit, size_t at)>;
   // One Muon step on every Muon matrix (t >= 1; grad_scale carries clipping). Collective.
-  void Step(const std::vector<UnitState>& units, float lr, float grad_scale);
+  void Step(const Locator& locate, float lr, float grad_scale);
   // Seconds this rank spent in Newton-Schulz in the last Step: wall clock, and CPU time of
   // the calling thread (what a rank's share of the work costs, whatever else shares its cores;
   // it leaves out OpenBLAS's helper threads, so measure with OPENBLAS_NUM_THREADS=1).

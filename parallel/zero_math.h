@@ -31,6 +31,7 @@ struct EngineOptions {
   bool reshard_after_forward = true;  // stage 3: free block parameters after forward
   bool reduce_every_micro = true;     // stages 2/3: reduce-scatter every micro-batch
   int shard_group_size = 0;           // HSDP: shard within groups of G ranks (0 = all ranks)
+  ShardLayout shard_layout = ShardLayout::kFlat;  // flat unit shards (FSDP1) or per-parameter dim-0 (FSDP2)
   AdamWConfig adamw;
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   MuonConfig muon;  // with OptimizerKind::kMuon

@@ -33,6 +33,7 @@ check bad-magic         "bad.bin"            -- train --data "$T/bad.bin" --step
 check seq-too-long      "seq-len"            -- train $D --seq-len 4096
 check reduce-grads      "reduce-grads"       -- train $D --zero-stage 1 --reduce-grads last-micro
 check reduce-dtype      "reduce-dtype"       -- train $D --reduce-dtype bf16
+check shard-layout      "--shard-layout"     -- train $D --shard-layout diagonal
 check cuda              "--device cuda"      -- train $D --device cuda
 check lr-nan            "--lr"               -- train $D --lr nan
 check lr-zero           "--lr"               -- train $D --lr 0

@@ -3,6 +3,8 @@
 #  - same ranks and stage: the resumed run is bitwise identical (every loss, the final model);
 #  - 2 ranks stage 1 -> 3 ranks stage 3, 4 -> 1, 1 -> 4 (same global batch): same data order,
 #    losses within 1e-3 of the uninterrupted run;
+#  - flat 2 ranks stage 2 <-> per-param 3 ranks stage 3 (--shard-layout), within 1e-3 too, and a
+#    per-param checkpoint exports to the model it saved;
 #  - another model config is refused naming the field;
 #  - kill -9 during training with a checkpoint every step never leaves an unloadable latest.
 set -euo pipefail
@@ -65,6 +67,31 @@ for name, tail in [("2->3 stage 1->3", L("b2.jsonl")), ("4->1", L("c2.jsonl")), 
     print(f"{name}: max loss difference {diff:.2e}")
 for f in ["c1.jsonl", "d1.jsonl"]:
     assert max(abs(a - b) for a, b in zip(L(f), full[:4])) < 1e-3, f
+PY
+# shard layouts: flat 2 ranks stage 2 -> per-param 3 ranks stage 3 and back; a per-param run
+# trains like the flat one, and its checkpoint exports to the model it saved
+train 2 6 2 "$T/e1.jsonl" --ckpt-dir "$T/ce" --stop-at-step 4
+train 3 4 3 "$T/e2.jsonl" --ckpt-dir "$T/ce" --resume latest --shard-layout per-param
+train 3 4 3 "$T/f1.jsonl" --ckpt-dir "$T/cf" --stop-at-step 4 --shard-layout per-param
+train 2 6 2 "$T/f2.jsonl" --ckpt-dir "$T/cf" --resume latest
+info=$("$BIN" ckpt inspect "$T/cf/step_00000004")
+grep -q "shard layout per-param" <<<"$info" || { echo "FAIL: inspect does not show the layout"; exit 1; }
+train 3 4 3 "$T/g.jsonl" --shard-layout per-param --save-model "$T/pp.bin" --ckpt-dir "$T/cg"
+"$BIN" export "$T/cg" --out "$T/pp_exp.h5" --llmc "$T/pp_exp.bin" >/dev/null
+cmp "$T/pp.bin" "$T/pp_exp.bin" || { echo "FAIL: export of a per-param checkpoint differs from --save-model"; exit 1; }
+/usr/bin/python3 - "$T" <<'PY'
+import json, sys
+d = sys.argv[1]
+J = lambda f: [json.loads(l) for l in open(f"{d}/{f}")]
+L = lambda f: [r["loss"] for r in J(f)]
+full = L("full.jsonl")
+for name, run in [("flat s2 N2 -> per-param s3 N3", L("e1.jsonl") + L("e2.jsonl")),
+                  ("per-param s3 N3 -> flat s2 N2", L("f1.jsonl") + L("f2.jsonl")), ("per-param s3 N3", L("g.jsonl"))]:
+    diff = max(abs(a - b) for a, b in zip(run, full))
+    assert len(run) == 8 and diff < 1e-3, (name, run, full)
+    print(f"{name}: max loss difference {diff:.2e}")
+layouts = {r.get("shard_layout") for r in J("g.jsonl")} - {None}
+assert layouts == {"per-param"}, layouts
 PY
 # another model is refused, naming the field, and nothing is written
 out=$(mpirun -np 2 --oversubscribe "$BIN" train $COMMON --n-layer 3 --micro-batch 6 --ckpt-dir "$T/ca" --resume latest 2>&1 >/dev/null) && { echo "FAIL: config mismatch accepted"; exit 1; }

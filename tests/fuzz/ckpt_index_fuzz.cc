@@ -52,11 +52,13 @@ void CheckValidIndex(const CheckpointIndex& idx, const std::string& path) {
   FUZZ_CHECK(stored == layout.total_numel() && bytes / 12 >= stored, "files hold %llu of %zu parameters",
              static_cast<unsigned long long>(stored), layout.total_numel());
   for (int u = 0; u < layout.num_units(); u++) CheckReads(idx, u, 0, layout.units()[u].numel);
-  for (int world : {1, 2, 3, 7}) {
-    const ShardPlan plan(layout, world);
-    for (int r = 0; r < world; r++)
-      for (int u = 0; u < layout.num_units(); u++) CheckReads(idx, u, plan.OwnedBegin(u, r), plan.OwnedEnd(u, r));
-  }
+  for (ShardLayout sl : {ShardLayout::kFlat, ShardLayout::kPerParam})
+    for (int world : {1, 2, 3, 7}) {
+      const ShardPlan plan(layout, world, sl);
+      for (int r = 0; r < world; r++)
+        for (int u = 0; u < layout.num_units(); u++)
+          for (const OwnedPiece& p : plan.OwnedPieces(u, r)) CheckReads(idx, u, p.begin, p.end);
+    }
   // Written and read back: the same index.
   const std::string dir = fuzz::ScratchDir() + "/roundtrip";
   std::filesystem::remove_all(dir);

@@ -96,7 +96,11 @@ void CheckpointIndexes(const std::string& d) {
       idx.state.batch_samples = 4, idx.state.seq_len = 16, idx.state.shuffle = 1;
       idx.state.data_files = {{"data/train_000.bin", 1000}, {"data/train_001.bin", 2000}};
     }
-    idx.pieces = PlanSave(layout, c.world);
+    // the last case with the per-param layout (several chunks per unit and file)
+    const ShardLayout sl = n == 2 ? ShardLayout::kPerParam : ShardLayout::kFlat;
+    idx.shard_layout = ShardLayoutName(sl);
+    idx.pieces = PlanSave(layout, c.world, sl);
+    idx.chunks = ChunksFromPieces(layout, idx.pieces);
     const std::vector<uint64_t> elems = FileElements(idx.pieces, c.world);
     for (int r = 0; r < c.world; r++) {
       CheckpointFile f{ShardFileName(r), elems[r], 12 * elems[r] + 4096, 0x11111111u * (r + 1), 0x2222u + r,

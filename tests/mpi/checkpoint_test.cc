@@ -87,6 +87,7 @@ struct Run {
 // device: where the engine keeps its state (default: host memory).
 std::unique_ptr<Run> MakeRun(MPI_Comm mpi, const GPTConfig& config, int stage, uint64_t seed,
                              DType dtype = DType::kF32, Device& device = CpuDevice(),
+                             ShardLayout shard_layout = ShardLayout::kFlat,
                              OptimizerKind optimizer = OptimizerKind::kAdamW) {
   auto run = std::make_unique<Run>();
   run->mpi = mpi;
@@ -99,6 +100,7 @@ std::unique_ptr<Run> MakeRun(MPI_Comm mpi, const GPTConfig& config, int stage, u
   opt.dtype = dtype;
   opt.reduce_dtype = dtype;
   opt.optimizer = optimizer;
+  opt.shard_layout = shard_layout;
   auto engine = Engine::Create(*run->layout, run->comm.get(), opt, device);
   EXPECT_TRUE(engine.ok()) << engine.status().ToString();
   run->engine = std::move(engine).value();
@@ -128,19 +130,18 @@ void Train(Run& run, int steps) {
 }
 
 // master | m | v in layout order, identical on every rank of the run (bitwise OR of each
-// rank's owned plan range into zeros: exact for every bit pattern, -0.0 included).
+// rank's owned pieces into zeros: exact for every bit pattern, -0.0 included; at stage 0
+// every rank ORs the same whole units).
 std::vector<uint32_t> FullState(Run& run) {
   const ParamLayout& L = *run.layout;
   const size_t n = L.total_numel();
   std::vector<uint32_t> out(3 * n, 0);
-  const ShardPlan& plan = run.engine->plan();
-  for (int u = 0; u < L.num_units(); u++) {
-    const Engine::OwnedState st = run.engine->Owned(u);
-    const size_t b = plan.OwnedBegin(u, run.comm->rank()), e = plan.OwnedEnd(u, run.comm->rank());
-    const float* src[3] = {st.master, st.m, st.v};
-    for (int k = 0; k < 3; k++)
-      if (e > b) std::memcpy(&out[k * n + L.units()[u].offset + b], src[k] + (b - st.begin), (e - b) * 4);
-  }
+  for (int u = 0; u < L.num_units(); u++)
+    for (const Engine::OwnedState& st : run.engine->OwnedPieces(u)) {
+      const float* src[3] = {st.master, st.m, st.v};
+      for (int k = 0; k < 3; k++)
+        std::memcpy(&out[k * n + L.units()[u].offset + st.begin], src[k], (st.end - st.begin) * 4);
+    }
   MPI_Allreduce(MPI_IN_PLACE, out.data(), static_cast<int>(out.size()), MPI_UINT32_T, MPI_BOR, run.mpi);
   return out;
 }
@@ -174,17 +175,19 @@ TEST(Checkpoint, SameWorldAndStageIsBitwise) {
   struct Case {
     int stage;
     DType dtype;
+    ShardLayout layout = ShardLayout::kFlat;
   };
+  constexpr ShardLayout kPP = ShardLayout::kPerParam;
   for (const Case c : {Case{0, DType::kF32}, Case{1, DType::kF32}, Case{2, DType::kF32}, Case{3, DType::kF32},
-                       Case{1, DType::kBF16}}) {
-    SCOPED_TRACE("stage " + std::to_string(c.stage) + " " + DTypeName(c.dtype));
-    const std::string cdir = dir + "/s" + std::to_string(c.stage) + DTypeName(c.dtype);
-    auto a = MakeRun(MPI_COMM_WORLD, SmallConfig(), c.stage, 1, c.dtype);
+                       Case{1, DType::kBF16}, Case{3, DType::kBF16, kPP}}) {
+    SCOPED_TRACE("stage " + std::to_string(c.stage) + " " + DTypeName(c.dtype) + " " + ShardLayoutName(c.layout));
+    const std::string cdir = dir + "/s" + std::to_string(c.stage) + DTypeName(c.dtype) + ShardLayoutName(c.layout);
+    auto a = MakeRun(MPI_COMM_WORLD, SmallConfig(), c.stage, 1, c.dtype, CpuDevice(), c.layout);
     Train(*a, 3);
     const std::vector<uint32_t> before = FullState(*a);
     ASSERT_TRUE(SaveCheckpoint(cdir, StateOf(*a), *a->engine, *a->layout, *a->comm, 0, true).ok());
 
-    auto b = MakeRun(MPI_COMM_WORLD, SmallConfig(), c.stage, 99, c.dtype);  // other init
+    auto b = MakeRun(MPI_COMM_WORLD, SmallConfig(), c.stage, 99, c.dtype, CpuDevice(), c.layout);  // other init
     auto st = LoadCheckpoint("latest", cdir, *b->engine, *b->layout, *b->comm, true);
     ASSERT_TRUE(st.ok()) << st.status().ToString();
     EXPECT_EQ(st->step, 3);
@@ -206,7 +209,7 @@ TEST(Checkpoint, SameWorldAndStageIsBitwise) {
     b->engine->GatherFullParams(pb.data());
     EXPECT_TRUE(Bits(pa) == Bits(pb));
   }
-  auto cfg = ReadCheckpointConfig("latest", dir + "/s0f32");
+  auto cfg = ReadCheckpointConfig("latest", dir + "/s0f32flat");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
   EXPECT_EQ(cfg->FirstDifference(SmallConfig()), "");
   Cleanup(dir);
@@ -219,20 +222,25 @@ TEST(Checkpoint, ReshardAcrossWorldsAndStages) {
   const std::string dir = SharedDir("reshard");
   struct Case {
     int save_n, save_stage, load_n, load_stage;
+    ShardLayout save_layout = ShardLayout::kFlat, load_layout = ShardLayout::kFlat;
   };
+  constexpr ShardLayout kFlat = ShardLayout::kFlat, kPP = ShardLayout::kPerParam;
+  // the last three cross shard layouts (flat N=2 stage 2 -> per-param N=3 stage 3 and back, ...)
   const Case cases[] = {{2, 1, 3, 3}, {4, 1, 1, 0}, {1, 0, 4, 2}, {W, 0, W, 3}, {W, 3, W, 0},
-                        {1, 3, W, 1}, {3, 2, 2, 3}, {W, 2, 1, 1}, {2, 0, 1, 3}};
+                        {1, 3, W, 1}, {3, 2, 2, 3}, {W, 2, 1, 1}, {2, 0, 1, 3},
+                        {2, 2, 3, 3, kFlat, kPP}, {3, 3, 2, 2, kPP, kFlat}, {W, 1, W, 0, kPP, kFlat}};
   int i = 0;
   for (const Case c : cases) {
     if (c.save_n > W || c.load_n > W) continue;
-    SCOPED_TRACE(std::to_string(c.save_n) + " ranks stage " + std::to_string(c.save_stage) + " -> " +
-                 std::to_string(c.load_n) + " ranks stage " + std::to_string(c.load_stage));
+    SCOPED_TRACE(std::to_string(c.save_n) + " ranks stage " + std::to_string(c.save_stage) + " " +
+                 ShardLayoutName(c.save_layout) + " -> " + std::to_string(c.load_n) + " ranks stage " +
+                 std::to_string(c.load_stage) + " " + ShardLayoutName(c.load_layout));
     const std::string cdir = dir + "/c" + std::to_string(i++);
     const size_t n = ParamLayout(SmallConfig()).total_numel();
     std::vector<uint32_t> expected(3 * n, 0);
     MPI_Comm save_comm = FirstRanks(c.save_n);
     if (save_comm != MPI_COMM_NULL) {
-      auto a = MakeRun(save_comm, SmallConfig(), c.save_stage, 7);
+      auto a = MakeRun(save_comm, SmallConfig(), c.save_stage, 7, DType::kF32, CpuDevice(), c.save_layout);
       Train(*a, 2);
       expected = FullState(*a);
       Status st = SaveCheckpoint(cdir, StateOf(*a), *a->engine, *a->layout, *a->comm, 0, true);
@@ -243,7 +251,7 @@ TEST(Checkpoint, ReshardAcrossWorldsAndStages) {
     MPI_Bcast(expected.data(), static_cast<int>(expected.size()), MPI_UINT32_T, 0, MPI_COMM_WORLD);
     MPI_Comm load_comm = FirstRanks(c.load_n);
     if (load_comm != MPI_COMM_NULL) {
-      auto b = MakeRun(load_comm, SmallConfig(), c.load_stage, 8);
+      auto b = MakeRun(load_comm, SmallConfig(), c.load_stage, 8, DType::kF32, CpuDevice(), c.load_layout);
       auto st = LoadCheckpoint(cdir, "", *b->engine, *b->layout, *b->comm, true);
       ASSERT_TRUE(st.ok()) << st.status().ToString();
       EXPECT_EQ(st->step, 2);
@@ -282,7 +290,7 @@ TEST(Checkpoint, MuonReshardAcrossWorldsAndStages) {
     std::vector<uint32_t> expected(3 * n, 0);
     MPI_Comm save_comm = FirstRanks(c.save_n);
     if (save_comm != MPI_COMM_NULL) {
-      auto a = MakeRun(save_comm, SmallConfig(), c.save_stage, 7, DType::kF32, CpuDevice(), OptimizerKind::kMuon);
+      auto a = MakeRun(save_comm, SmallConfig(), c.save_stage, 7, DType::kF32, CpuDevice(), ShardLayout::kFlat, OptimizerKind::kMuon);
       Train(*a, 2);
       expected = FullState(*a);
       Status st = SaveCheckpoint(cdir, StateOf(*a), *a->engine, *a->layout, *a->comm, 0, true);
@@ -295,7 +303,7 @@ TEST(Checkpoint, MuonReshardAcrossWorldsAndStages) {
     EXPECT_EQ(expected[2 * n + qkv], 0u) << "no second moment at a Muon element";
     MPI_Comm load_comm = FirstRanks(c.load_n);
     if (load_comm != MPI_COMM_NULL) {
-      auto b = MakeRun(load_comm, SmallConfig(), c.load_stage, 8, DType::kF32, CpuDevice(), OptimizerKind::kMuon);
+      auto b = MakeRun(load_comm, SmallConfig(), c.load_stage, 8, DType::kF32, CpuDevice(), ShardLayout::kFlat, OptimizerKind::kMuon);
       auto st = LoadCheckpoint(cdir, "", *b->engine, *b->layout, *b->comm, true);
       ASSERT_TRUE(st.ok()) << st.status().ToString();
       EXPECT_TRUE(FullState(*b) == expected);
@@ -316,10 +324,10 @@ TEST(Checkpoint, RefusesResumeAcrossOptimizers) {
   for (OptimizerKind saved : {OptimizerKind::kAdamW, OptimizerKind::kMuon}) {
     const OptimizerKind other = saved == OptimizerKind::kMuon ? OptimizerKind::kAdamW : OptimizerKind::kMuon;
     const std::string cdir = dir + "/" + OptimizerName(saved);
-    auto a = MakeRun(MPI_COMM_WORLD, SmallConfig(), 1, 7, DType::kF32, CpuDevice(), saved);
+    auto a = MakeRun(MPI_COMM_WORLD, SmallConfig(), 1, 7, DType::kF32, CpuDevice(), ShardLayout::kFlat, saved);
     Train(*a, 1);
     ASSERT_TRUE(SaveCheckpoint(cdir, StateOf(*a), *a->engine, *a->layout, *a->comm, 0, true).ok());
-    auto b = MakeRun(MPI_COMM_WORLD, SmallConfig(), 2, 8, DType::kF32, CpuDevice(), other);
+    auto b = MakeRun(MPI_COMM_WORLD, SmallConfig(), 2, 8, DType::kF32, CpuDevice(), ShardLayout::kFlat, other);
     const std::vector<uint32_t> before = FullState(*b);
     auto st = LoadCheckpoint(cdir, "", *b->engine, *b->layout, *b->comm, true);
     ASSERT_FALSE(st.ok());
@@ -330,7 +338,7 @@ TEST(Checkpoint, RefusesResumeAcrossOptimizers) {
     EXPECT_NE(st.status().message().find("index.h5"), std::string::npos);
     EXPECT_EQ(st.status().message().find('\n'), std::string::npos);
     EXPECT_TRUE(FullState(*b) == before);
-    auto same = MakeRun(MPI_COMM_WORLD, SmallConfig(), 2, 8, DType::kF32, CpuDevice(), saved);
+    auto same = MakeRun(MPI_COMM_WORLD, SmallConfig(), 2, 8, DType::kF32, CpuDevice(), ShardLayout::kFlat, saved);
     EXPECT_TRUE(LoadCheckpoint(cdir, "", *same->engine, *same->layout, *same->comm, true).ok());
   }
   Cleanup(dir);
@@ -343,10 +351,9 @@ TEST(Checkpoint, MultiChunkFiles) {
   c.n_embd = 256;
   c.vocab_size = 4096;  // ~1.85M parameters
   auto a = MakeRun(MPI_COMM_WORLD, c, 1, 21);
-  for (int u = 0; u < a->layout->num_units(); u++) {
-    const Engine::OwnedState st = a->engine->Owned(u);
-    for (size_t i = 0; i < st.end - st.begin; i++) st.m[i] = 0.5f * st.master[i], st.v[i] = static_cast<float>(i);
-  }
+  for (int u = 0; u < a->layout->num_units(); u++)
+    for (const Engine::OwnedState& st : a->engine->OwnedPieces(u))
+      for (size_t i = 0; i < st.end - st.begin; i++) st.m[i] = 0.5f * st.master[i], st.v[i] = static_cast<float>(i);
   const std::vector<uint32_t> before = FullState(*a);
   ASSERT_TRUE(SaveCheckpoint(dir, StateOf(*a), *a->engine, *a->layout, *a->comm, 0, true).ok());
   auto b = MakeRun(MPI_COMM_WORLD, c, 0, 22);
@@ -383,7 +390,7 @@ TEST(Checkpoint, ResumeReadsOnlyTheChunksItNeeds) {
     ASSERT_TRUE(idx.ok()) << idx.status().ToString();
     std::set<std::tuple<int, int, uint64_t>> chunks;  // (file, dataset, chunk) this rank needs
     for (int u = 0; u < b->layout->num_units(); u++) {
-      const Engine::OwnedState own = b->engine->Owned(u);
+      for (const Engine::OwnedState& own : b->engine->OwnedPieces(u))
       for (const ReadOp& op : PlanReads(idx->pieces, u, own.begin, own.end)) {
         const uint64_t ce = ShardChunkElems(idx->files[op.file].elements);
         for (int k = 0; k < 3; k++)

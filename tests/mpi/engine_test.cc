@@ -176,6 +176,53 @@ INSTANTIATE_TEST_SUITE_P(StagesAccum, EngineMatrix,
                          ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(1, 4),
                                             ::testing::Values(false, true)));
 
+// The per-parameter shard layout (FSDP2: every tensor split along dim 0, copied into and out
+// of rank-major buffers around each collective) against the same single-process reference,
+// every stage, A in {1, 4}, with clipping active (so the norm over the pieces is checked too).
+class EngineLayoutMatrix : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(EngineLayoutMatrix, PerParamMatchesSingleProcessOnTheSameGlobalBatch) {
+  SetComputeThreads(1);
+  auto [stage, A] = GetParam();
+  static const Trajectory ref = Reference(0.05f);
+  auto comm = World();
+  EngineOptions eo;
+  eo.zero_stage = stage;
+  eo.bucket_mb = 0.02;
+  eo.shard_layout = ShardLayout::kPerParam;
+  Trajectory got = RunEngine(*comm, eo, A, 0.05f, nullptr);
+  for (int s = 0; s < kSteps; s++) {
+    EXPECT_NEAR(got.losses[s], ref.losses[s], 2e-5) << "step " << s;
+    EXPECT_NEAR(got.norms[s], ref.norms[s], 1e-4 * ref.norms[s]) << "step " << s;
+  }
+  ExpectUpdateMatches(got.params, ref.params, kLr);
+}
+
+INSTANTIATE_TEST_SUITE_P(StagesAccum, EngineLayoutMatrix,
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(1, 4)));
+
+// Both layouts give the same losses and parameters at every stage: bitwise with N <= 2 and
+// no clipping (each element's gradient is the same sum of at most two terms, whatever shard
+// it travels in, and AdamW is element-wise); within 1e-6 with N >= 3 (MPI may add in another
+// order for another message size).
+TEST(EngineLayouts, PerParamEqualsFlat) {
+  SetComputeThreads(1);
+  auto comm = World();
+  for (int stage = 0; stage <= 3; stage++) {
+    EngineOptions eo;
+    eo.zero_stage = stage;
+    const Trajectory flat = RunEngine(*comm, eo, 2, 1e9f, nullptr);
+    eo.shard_layout = ShardLayout::kPerParam;
+    const Trajectory pp = RunEngine(*comm, eo, 2, 1e9f, nullptr);
+    if (comm->world_size() <= 2) {
+      EXPECT_EQ(flat.losses, pp.losses) << "stage " << stage;
+      EXPECT_EQ(flat.params, pp.params) << "stage " << stage;
+    } else {
+      for (int s = 0; s < kSteps; s++) EXPECT_NEAR(flat.losses[s], pp.losses[s], 1e-6) << "stage " << stage;
+    }
+  }
+}
+
 // At a fixed rank count the four stages give the same losses. With fp32 and N <= 2 they are
 // bitwise equal (a sum of two terms has one order); with N >= 3 MPI's all-reduce and
 // reduce-scatter may add in different orders, so we allow 1e-6.
@@ -204,17 +251,20 @@ TEST(EnginePolicies, LastMicroAndNoReshardMatchReference) {
   const Trajectory& ref = Reference(1.0f);
   auto comm = World();
   ParamLayout layout(kConfig);
-  ShardPlan plan(layout, comm->world_size());
   struct Case { int stage; bool every_micro, reshard; };
+  for (ShardLayout sl : {ShardLayout::kFlat, ShardLayout::kPerParam})
   for (Case c : {Case{2, false, true}, Case{3, false, true}, Case{3, true, false}, Case{3, false, false}}) {
+    ShardPlan plan(layout, comm->world_size(), sl);
     EngineOptions eo;
+    eo.shard_layout = sl;
     eo.zero_stage = c.stage;
     eo.reduce_every_micro = c.every_micro;
     eo.reshard_after_forward = c.reshard;
     std::vector<StepReport> reports;
     Trajectory got = RunEngine(*comm, eo, 4, 1.0f, &reports);
     for (int s = 0; s < kSteps; s++)
-      EXPECT_NEAR(got.losses[s], ref.losses[s], 2e-5) << "stage " << c.stage << " every_micro " << c.every_micro;
+      EXPECT_NEAR(got.losses[s], ref.losses[s], 2e-5)
+          << ShardLayoutName(sl) << " stage " << c.stage << " every_micro " << c.every_micro;
     ExpectUpdateMatches(got.params, ref.params, kLr);
     const CommLedger expected = ExpectedStepTraffic(layout, plan, eo, 4);
     EXPECT_EQ(reports.back().comm.Total().bytes_sent, expected.Total().bytes_sent);
@@ -227,15 +277,19 @@ TEST(EngineBf16, TracksFp32) {
   const Trajectory& ref = Reference(1.0f);
   auto comm = World();
   for (DType reduce : {DType::kBF16, DType::kF32})
-    for (int stage = 0; stage <= 3; stage++) {
-      EngineOptions eo;
-      eo.zero_stage = stage;
-      eo.dtype = DType::kBF16;
-      eo.reduce_dtype = reduce;
-      Trajectory got = RunEngine(*comm, eo, 2, 1.0f, nullptr);
-      for (int s = 0; s < kSteps; s++)
-        EXPECT_NEAR(got.losses[s], ref.losses[s], 2e-2) << "stage " << stage << " reduce " << DTypeName(reduce);
-    }
+    for (int stage = 0; stage <= 3; stage++)
+      for (ShardLayout sl : {ShardLayout::kFlat, ShardLayout::kPerParam}) {
+        if (sl == ShardLayout::kPerParam && reduce == DType::kF32 && stage < 2) continue;  // keep it short
+        EngineOptions eo;
+        eo.zero_stage = stage;
+        eo.dtype = DType::kBF16;
+        eo.reduce_dtype = reduce;
+        eo.shard_layout = sl;
+        Trajectory got = RunEngine(*comm, eo, 2, 1.0f, nullptr);
+        for (int s = 0; s < kSteps; s++)
+          EXPECT_NEAR(got.losses[s], ref.losses[s], 2e-2)
+              << ShardLayoutName(sl) << " stage " << stage << " reduce " << DTypeName(reduce);
+      }
 }
 
 // bf16 compute (the CPU device's bf16 matmul and attention kernels: oneDNN where the CPU runs
@@ -269,20 +323,21 @@ TEST(EngineBf16, Bf16ComputeTracksFp32) {
 // which this engine keeps gathered from forward, as FSDP2 does for its root).
 // Memory: the model state allocated stays within padding of the seed's formula (the peak of
 // every allocation against `plan`'s prediction is tests/mpi/memory_test.cc).
-class EngineLedger : public ::testing::TestWithParam<std::tuple<int, int, bool>> {};
+class EngineLedger : public ::testing::TestWithParam<std::tuple<int, int, bool, ShardLayout>> {};
 
 TEST_P(EngineLedger, TrafficAndMemoryMatchFormulas) {
   SetComputeThreads(1);
-  auto [stage, A, bf16] = GetParam();
+  auto [stage, A, bf16, shard_layout] = GetParam();
   auto comm = World();
   const int N = comm->world_size();
   EngineOptions eo;
   eo.zero_stage = stage;
   eo.dtype = eo.reduce_dtype = bf16 ? DType::kBF16 : DType::kF32;
+  eo.shard_layout = shard_layout;
   std::vector<StepReport> reports;
   RunEngine(*comm, eo, A, 1.0f, &reports);
   ParamLayout layout(kConfig);
-  ShardPlan plan(layout, N);
+  ShardPlan plan(layout, N, shard_layout);
   const CommLedger expected = ExpectedStepTraffic(layout, plan, eo, A);
   const double psi = static_cast<double>(layout.total_numel());
   const double e = DTypeSize(eo.dtype), f = (N - 1.0) / N;
@@ -303,7 +358,8 @@ TEST_P(EngineLedger, TrafficAndMemoryMatchFormulas) {
 
 INSTANTIATE_TEST_SUITE_P(StagesAccumDtype, EngineLedger,
                          ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(1, 4),
-                                            ::testing::Values(false, true)));
+                                            ::testing::Values(false, true),
+                                            ::testing::Values(ShardLayout::kFlat, ShardLayout::kPerParam)));
 
 // Stage 2 frees each unit's full gradient as soon as its reduce-scatter completes: the peak
 // gradient memory of a deep model stays well below one full gradient, while stage 1 holds one.
@@ -387,6 +443,8 @@ TEST(EngineStaged, DeviceMemoryPathIsBitwiseTheHostPath) {
       EngineOptions eo;
       eo.zero_stage = stage;
       eo.dtype = eo.reduce_dtype = dtype;
+      // per-param (its copy-in / copy-out through Device::Copy) at the sharded stages, in bf16
+      if (stage >= 1 && dtype == DType::kBF16) eo.shard_layout = ShardLayout::kPerParam;
       const Trajectory host = RunEngine(*host_comm, eo, 2, 0.05f, nullptr);
       const Trajectory dev = RunEngine(*staged_comm.value(), eo, 2, 0.05f, nullptr, *staged);
       EXPECT_EQ(host.losses, dev.losses) << "stage " << stage << " " << DTypeName(dtype);
@@ -409,6 +467,7 @@ TEST(EngineInit, OwnedSlicesEqualTheFullInitialisation) {
       EngineOptions eo;
       eo.zero_stage = stage;
       eo.dtype = eo.reduce_dtype = dtype;
+      eo.shard_layout = dtype == DType::kBF16 ? ShardLayout::kPerParam : ShardLayout::kFlat;
       auto a = std::move(Engine::Create(layout, comm.get(), eo).value());
       auto b = std::move(Engine::Create(layout, comm.get(), eo).value());
       a->LoadFullParams(init.data());

@@ -164,17 +164,18 @@ void ExpectReplicasBitwiseEqual(Communicator& world, const std::vector<float>& p
   for (int r = 1; r < world.world_size(); r++) EXPECT_EQ(all[r], all[0]) << "rank " << r << "'s replica differs";
 }
 
-class HsdpMatrix : public ::testing::TestWithParam<std::tuple<int, int>> {};
+class HsdpMatrix : public ::testing::TestWithParam<std::tuple<int, int, ShardLayout>> {};
 
 // Losses within 2e-5 of one process, norms within 1e-4 relative, updates as above.
 TEST_P(HsdpMatrix, MatchesSingleProcessOnTheSameGlobalBatch) {
   if (!HsdpWorld()) GTEST_SKIP() << "runs at 4 and 6 ranks";
   SetComputeThreads(1);
-  auto [stage, A] = GetParam();
+  auto [stage, A, shard_layout] = GetParam();
   const Trajectory& ref = Reference();
   auto world = Comm();
   EngineOptions eo;
   eo.zero_stage = stage;
+  eo.shard_layout = shard_layout;
   eo.shard_group_size = world->world_size() / 2;
   Trajectory got = RunEngine(*world, eo, A, nullptr);
   ASSERT_EQ(got.losses.size(), static_cast<size_t>(kSteps));
@@ -186,7 +187,9 @@ TEST_P(HsdpMatrix, MatchesSingleProcessOnTheSameGlobalBatch) {
   ExpectReplicasBitwiseEqual(*world, got.params);
 }
 
-INSTANTIATE_TEST_SUITE_P(StagesAccum, HsdpMatrix, ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(1, 4)));
+INSTANTIATE_TEST_SUITE_P(StagesAccumLayouts, HsdpMatrix,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(1, 4),
+                                            ::testing::Values(ShardLayout::kFlat, ShardLayout::kPerParam)));
 
 // Ledgers by link. Inside the group: exactly ZeRO's plan-derived traffic over G ranks, and the
 // seed's formula with G for N within padding (stage 3: plus the root units' skipped backward

@@ -170,19 +170,19 @@ void ExpectUpdateMatches(const std::vector<float>& got, const std::vector<float>
   EXPECT_LE(worst, 1e-2 * lr) << "an element's update differs by more than 1% of lr";
 }
 
-// Parameters: (stage, accumulation). A layout dimension (flat / per-param) becomes one more
-// ::testing::Values(...) in the Combine below and one more EngineOptions field set here.
-class MuonStagesAccum : public ::testing::TestWithParam<std::tuple<int, int>> {};
+// Parameters: (stage, accumulation, shard layout).
+class MuonStagesAccum : public ::testing::TestWithParam<std::tuple<int, int, ShardLayout>> {};
 
 // Losses within 2e-5 and gradient norms within 1e-4 relative of the reference; final
 // parameters as ExpectUpdateMatches says; and Muon really differs from AdamW's trajectory.
 TEST_P(MuonStagesAccum, MatchesSingleProcessOnTheSameGlobalBatch) {
   SetComputeThreads(1);
-  auto [stage, A] = GetParam();
+  auto [stage, A, shard_layout] = GetParam();
   static const Trajectory ref = Reference(0.5f);  // clipping active in the first steps
   auto comm = World();
   EngineOptions eo;
   eo.zero_stage = stage;
+  eo.shard_layout = shard_layout;
   eo.bucket_mb = 0.02;
   const Trajectory got = RunEngine(*comm, eo, A, 0.5f, nullptr);
   for (int s = 0; s < kSteps; s++) {
@@ -193,8 +193,9 @@ TEST_P(MuonStagesAccum, MatchesSingleProcessOnTheSameGlobalBatch) {
   ExpectUpdateMatches(got.params, ref.params, kLr);
 }
 
-INSTANTIATE_TEST_SUITE_P(StagesAccum, MuonStagesAccum,
-                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(1, 4)));
+INSTANTIATE_TEST_SUITE_P(StagesAccumLayouts, MuonStagesAccum,
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(1, 4),
+                                            ::testing::Values(ShardLayout::kFlat, ShardLayout::kPerParam)));
 
 // The all_to_all ledger of every step equals an element-by-element count: each element of a
 // Muon matrix that rank r holds (OwnedPieces, or everything at stage 0) and does not own the
@@ -208,10 +209,13 @@ TEST(MuonLedger, AllToAllEqualsElementCount) {
   auto comm = World();
   const int N = comm->world_size(), me = comm->rank();
   ParamLayout layout(kConfig);
-  ShardPlan plan(layout, N);
+  for (ShardLayout shard_layout : {ShardLayout::kFlat, ShardLayout::kPerParam})
   for (int stage = 0; stage <= 3; stage++) {
+    SCOPED_TRACE(std::string("layout ") + ShardLayoutName(shard_layout) + ", stage " + std::to_string(stage));
+    ShardPlan plan(layout, N, shard_layout);
     EngineOptions eo;
     eo.zero_stage = stage;
+    eo.shard_layout = shard_layout;
     std::vector<StepReport> reports;
     const MuonPlan* mp = nullptr;
     std::unique_ptr<Engine> keep;

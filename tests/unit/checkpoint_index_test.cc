@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -41,6 +43,7 @@ CheckpointIndex GoodIndex(int world = 3) {
   idx.state.batch_samples = 4, idx.state.seq_len = 16, idx.state.shuffle = 1;
   idx.state.data_files = {{"d/a.bin", 100}, {"d/b.bin", 200}};
   idx.pieces = PlanSave(layout, world);
+  idx.chunks = ChunksFromPieces(layout, idx.pieces);
   const std::vector<uint64_t> elems = FileElements(idx.pieces, world);
   for (int r = 0; r < world; r++) {
     // one chunk per dataset (with its 4-byte checksum), one after the other after the header
@@ -80,20 +83,32 @@ TEST(CheckpointIndex, RoundTrip) {
   ASSERT_EQ(back->state.data_files.size(), 2u);
   EXPECT_EQ(back->state.data_files[1].path, "d/b.bin");
   EXPECT_EQ(back->state.data_files[1].tokens, 200u);
-  ASSERT_EQ(back->pieces.size(), idx.pieces.size());
-  for (size_t i = 0; i < idx.pieces.size(); i++) {
-    EXPECT_EQ(back->pieces[i].unit, idx.pieces[i].unit);
-    EXPECT_EQ(back->pieces[i].begin, idx.pieces[i].begin);
-    EXPECT_EQ(back->pieces[i].end, idx.pieces[i].end);
-    EXPECT_EQ(back->pieces[i].file_offset, idx.pieces[i].file_offset);
+  EXPECT_EQ(back->shard_layout, "flat");
+  ASSERT_EQ(back->chunks.size(), idx.chunks.size());
+  for (size_t i = 0; i < idx.chunks.size(); i++) {
+    EXPECT_EQ(back->chunks[i].tensor, idx.chunks[i].tensor);
+    EXPECT_EQ(back->chunks[i].file, idx.chunks[i].file);
+    EXPECT_EQ(back->chunks[i].offsets, idx.chunks[i].offsets);
+    EXPECT_EQ(back->chunks[i].sizes, idx.chunks[i].sizes);
+    EXPECT_EQ(back->chunks[i].file_offset, idx.chunks[i].file_offset);
   }
+  // the reader's pieces are the chunks in unit coordinates: together the saved pieces again
+  ASSERT_EQ(back->pieces.size(), back->chunks.size());
+  uint64_t covered = 0;
+  for (const SavedPiece& p : back->pieces) covered += p.end - p.begin;
+  EXPECT_EQ(covered, ParamLayout(kConfig).total_numel());
+  EXPECT_TRUE(CheckPieces(back->pieces, [] {
+                std::vector<uint64_t> n;
+                for (const UnitInfo& u : ParamLayout(kConfig).units()) n.push_back(u.numel);
+                return n;
+              }(), 3).ok());
   ASSERT_EQ(back->files.size(), 3u);
   EXPECT_EQ(back->files[2].name, "rank_00002.h5");
   EXPECT_EQ(back->files[2].bytes, idx.files[2].bytes);
   EXPECT_EQ(back->files[2].crc_v, 5u);
   // The header is readable text at the start of the file, and HDF5 still opens the file.
   const std::string bytes = ReadFile(dir + "/index.h5");
-  EXPECT_EQ(bytes.rfind("shardgpt checkpoint index\nformat 2\ncrc32c ", 0), 0u);
+  EXPECT_EQ(bytes.rfind("shardgpt checkpoint index\nformat 3\ncrc32c ", 0), 0u);
   hid_t f = H5Fopen((dir + "/index.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   EXPECT_GE(f, 0);
   if (f >= 0) H5Fclose(f);
@@ -170,15 +185,21 @@ TEST(CheckpointIndex, InconsistentFieldsAreRefusedByName) {
       {"/layout/tensors[0] shape", [](CheckpointIndex& i) { i.tensors[0].shape[0] = -256; }},
       {"/layout/tensors[2] numel -1 (expected >= 0)", [&](CheckpointIndex& i) { i.tensors[2].numel = minus_one; }},
       {"/layout/units[1] 'h.0' offset", [](CheckpointIndex& i) { i.units[1].offset += 8; }},
-      {"/plan/pieces[0] begin -1 (expected >= 0)", [&](CheckpointIndex& i) { i.pieces[0].begin = minus_one; }},
-      {"/plan/pieces: unit 0: elements", [](CheckpointIndex& i) { i.pieces.push_back(i.pieces[0]); }},  // twice
-      {"/plan/pieces: unit", [](CheckpointIndex& i) { i.pieces.pop_back(); }},                          // missing
-      {"/plan/pieces: piece of unit 0 in file 5: no such file", [](CheckpointIndex& i) { i.pieces[0].file = 5; }},
-      {"/plan/pieces: unit 1: bad piece", [](CheckpointIndex& i) {
-         for (SavedPiece& p : i.pieces)
-           if (p.unit == 1) p.end += 1000;
+      {"/plan/chunks[0] offsets -1 (expected >= 0)", [&](CheckpointIndex& i) { i.chunks[0].offsets[0] = minus_one; }},
+      {"/plan/chunks: unit 0: elements", [](CheckpointIndex& i) { i.chunks.push_back(i.chunks[0]); }},  // twice
+      {"/plan/chunks: unit", [](CheckpointIndex& i) { i.chunks.pop_back(); }},                          // missing
+      {"/plan/chunks[0] 'wte.weight': file 5 (expected 0 to 2)", [](CheckpointIndex& i) { i.chunks[0].file = 5; }},
+      {"/plan/chunks[1] tensor 99 (expected 0 to 27)", [](CheckpointIndex& i) { i.chunks[1].tensor = 99; }},
+      {"/plan/chunks[0] 'wte.weight': dimension 0 offset 0 size 1000 (expected a nonempty range inside 0..256)",
+       [](CheckpointIndex& i) { i.chunks[0].sizes[0] = 1000; }},
+      {"/plan/chunks[0] 'wte.weight': 1 offsets and 2 sizes for a 2-D tensor",
+       [](CheckpointIndex& i) { i.chunks[0].offsets.pop_back(); }},
+      {"/plan/chunks[0] 'wte.weight': the chunk is not contiguous", [](CheckpointIndex& i) {
+         i.chunks[0].offsets = {0, 1};  // rows 0.. from column 1: a strided box
+         i.chunks[0].sizes = {2, 7};
        }},
-      {"/plan/pieces: file 0: piece of unit", [](CheckpointIndex& i) { i.pieces[0].file_offset += 1; }},
+      {"/plan/chunks: file 0: piece of unit", [](CheckpointIndex& i) { i.chunks[0].file_offset += 1; }},
+      {"shard_layout 'diagonal' (expected flat or per-param)", [](CheckpointIndex& i) { i.shard_layout = "diagonal"; }},
       {"/plan/files has 2 records for world_size 3", [](CheckpointIndex& i) { i.files.pop_back(); }},
       {"/plan/files[1] name '../rank_00001.h5' (expected rank_00001.h5)",
        [](CheckpointIndex& i) { i.files[1].name = "../rank_00001.h5"; }},
@@ -241,7 +262,7 @@ TEST(CheckpointIndex, CraftedJsonIsRefusedByName) {
     ASSERT_NE(at, std::string::npos) << c.from;
     edited.replace(at, c.from.size(), c.to);
     // a header stating the new JSON length; sealing fills in the rest (size, checksum)
-    std::string bad = "shardgpt checkpoint index\nformat 2\njson " + std::to_string(edited.size()) + "\n";
+    std::string bad = "shardgpt checkpoint index\nformat 3\njson " + std::to_string(edited.size()) + "\n";
     bad.resize(kIndexHeaderBytes, '\0');
     bad += edited + rest;
     SealCheckpointIndexImage(&bad);
@@ -250,11 +271,65 @@ TEST(CheckpointIndex, CraftedJsonIsRefusedByName) {
     EXPECT_NE(r.status().message().find(c.words), std::string::npos) << r.status().message();
   }
   // and the unedited JSON, so framed and sealed, is accepted
-  std::string same = "shardgpt checkpoint index\nformat 2\njson " + std::to_string(json.size()) + "\n";
+  std::string same = "shardgpt checkpoint index\nformat 3\njson " + std::to_string(json.size()) + "\n";
   same.resize(kIndexHeaderBytes, '\0');
   same += json + rest;
   SealCheckpointIndexImage(&same);
   EXPECT_TRUE(ParseCheckpointIndex(same, "x/index.h5", dir).ok());
+}
+
+// Format 2 (the plan as pieces of units) is still read: its pieces become per-parameter
+// chunks; a format this build does not know is refused naming the format.
+TEST(CheckpointIndex, Format2IsReadAndOtherFormatsAreRefusedByName) {
+  const std::string dir = TestDir();
+  const CheckpointIndex idx = GoodIndex();
+  ASSERT_TRUE(WriteCheckpointIndex(dir + "/index.h5", idx).ok());
+  const std::string good = ReadFile(dir + "/index.h5");
+  const size_t json_at = good.find("\njson ") + 6;
+  const uint64_t json_bytes = std::stoull(good.substr(json_at, good.find('\n', json_at) - json_at));
+  nlohmann::json j = nlohmann::json::parse(good.substr(kIndexHeaderBytes, json_bytes));
+  const std::string rest = good.substr(kIndexHeaderBytes + json_bytes);
+  auto frame = [&](int version, const std::string& text) {
+    std::string img = "shardgpt checkpoint index\nformat " + std::to_string(version) + "\njson " +
+                      std::to_string(text.size()) + "\n";
+    img.resize(kIndexHeaderBytes, '\0');
+    img += text + rest;
+    SealCheckpointIndexImage(&img);
+    return img;
+  };
+  // the format 2 form of the same index, as format 2 writers wrote it
+  nlohmann::json v2 = j;
+  v2["format_version"] = 2;
+  v2.erase("shard_layout");
+  nlohmann::json pieces = nlohmann::json::array();
+  for (const SavedPiece& p : idx.pieces) pieces.push_back({p.unit, p.file, p.begin, p.end, p.file_offset});
+  v2["plan"].erase("chunks");
+  v2["plan"]["pieces"] = pieces;
+  auto r = ParseCheckpointIndex(frame(2, v2.dump()), "x/index.h5", dir);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->format_version, 2);
+  EXPECT_EQ(r->shard_layout, "flat");
+  ASSERT_EQ(r->chunks.size(), idx.chunks.size());
+  for (size_t i = 0; i < idx.chunks.size(); i++) {
+    EXPECT_EQ(r->chunks[i].tensor, idx.chunks[i].tensor);
+    EXPECT_EQ(r->chunks[i].offsets, idx.chunks[i].offsets);
+    EXPECT_EQ(r->chunks[i].sizes, idx.chunks[i].sizes);
+    EXPECT_EQ(r->chunks[i].file_offset, idx.chunks[i].file_offset);
+  }
+  // a format 2 header over format 3 content, and the reverse: refused naming the field
+  r = ParseCheckpointIndex(frame(2, j.dump()), "x/index.h5", dir);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("format_version 3 differs from the header's format 2"), std::string::npos)
+      << r.status().message();
+  r = ParseCheckpointIndex(frame(3, v2.dump()), "x/index.h5", dir);
+  ASSERT_FALSE(r.ok());
+  // (the version is checked before the checksum, which Seal would compute for format 3)
+  std::string v4 = "shardgpt checkpoint index\nformat 4\njson 2\n";
+  v4.resize(kIndexHeaderBytes, '\0');
+  r = ParseCheckpointIndex(v4 + "{}", "x/index.h5", dir);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("format version 4, this build reads versions 2 to 3"), std::string::npos)
+      << r.status().message();
 }
 
 TEST(CheckpointIndex, LatestMustNameAStepDirectory) {

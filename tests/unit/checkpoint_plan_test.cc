@@ -34,22 +34,68 @@ std::vector<uint64_t> UnitNumel(const ParamLayout& L) {
   return n;
 }
 
+constexpr ShardLayout kLayouts[] = {ShardLayout::kFlat, ShardLayout::kPerParam};
+
 TEST(CheckpointPlan, SavedPiecesCoverEveryUnitOnce) {
   const ParamLayout L(Small());
-  for (int world = 1; world <= 7; world++) {
-    const auto pieces = PlanSave(L, world);
-    EXPECT_TRUE(CheckPieces(pieces, UnitNumel(L), world).ok()) << world;
-    const auto elems = FileElements(pieces, world);
-    uint64_t total = 0;
-    for (uint64_t e : elems) total += e;
-    EXPECT_EQ(total, L.total_numel()) << "nothing written twice, no padding, world " << world;
-    // File r holds exactly ShardPlan's owned ranges of rank r.
-    const ShardPlan plan(L, world);
-    for (const SavedPiece& p : pieces) {
-      EXPECT_EQ(p.begin, plan.OwnedBegin(p.unit, p.file));
-      EXPECT_EQ(p.end, plan.OwnedEnd(p.unit, p.file));
+  for (ShardLayout sl : kLayouts)
+    for (int world = 1; world <= 7; world++) {
+      const auto pieces = PlanSave(L, world, sl);
+      EXPECT_TRUE(CheckPieces(pieces, UnitNumel(L), world).ok()) << world;
+      const auto elems = FileElements(pieces, world);
+      uint64_t total = 0;
+      for (uint64_t e : elems) total += e;
+      EXPECT_EQ(total, L.total_numel()) << "nothing written twice, no padding, world " << world;
+      // File r holds exactly ShardPlan's owned pieces of rank r, in order.
+      const ShardPlan plan(L, world, sl);
+      std::vector<SavedPiece> want;
+      for (int r = 0; r < world; r++)
+        for (int u = 0; u < plan.num_units(); u++)
+          for (const OwnedPiece& p : plan.OwnedPieces(u, r)) want.push_back(SavedPiece{u, r, p.begin, p.end, 0});
+      ASSERT_EQ(pieces.size(), want.size());
+      for (size_t i = 0; i < pieces.size(); i++) {
+        EXPECT_EQ(pieces[i].file, want[i].file);
+        EXPECT_EQ(pieces[i].unit, want[i].unit);
+        EXPECT_EQ(pieces[i].begin, want[i].begin);
+        EXPECT_EQ(pieces[i].end, want[i].end);
+      }
     }
-  }
+}
+
+// Pieces as per-parameter chunks (the index's form): each chunk a contiguous box of one
+// tensor; back in unit coordinates they tile the pieces exactly, file offsets included. A flat
+// piece that starts and ends inside rows of a 2-D tensor is a partial row, whole rows and a
+// partial row; a per-param piece (whole rows) is one chunk.
+TEST(CheckpointPlan, ChunksAreBoxesOfOneTensorThatTileThePieces) {
+  const ParamLayout L(Small());
+  for (ShardLayout sl : kLayouts)
+    for (int world = 1; world <= 7; world++) {
+      const auto pieces = PlanSave(L, world, sl);
+      const auto chunks = ChunksFromPieces(L, pieces);
+      std::vector<SavedPiece> back;
+      for (const SavedChunk& c : chunks) {
+        SavedPiece p;
+        ASSERT_TRUE(PieceOfChunk(L, c, world, &p).ok());
+        back.push_back(p);
+      }
+      EXPECT_TRUE(CheckPieces(back, UnitNumel(L), world).ok());
+      EXPECT_EQ(FileElements(back, world), FileElements(pieces, world));
+      if (sl == ShardLayout::kPerParam) EXPECT_EQ(chunks.size(), pieces.size()) << "world " << world;
+    }
+  // wte of Small() is [Vp, C]: elements [C + 3, 5C - 2) are row 1 from column 3, rows 2-3, row 4
+  // up to column C - 2.
+  const uint64_t C = static_cast<uint64_t>(L.config().n_embd);
+  const auto chunks = ChunksFromPieces(L, {SavedPiece{0, 0, C + 3, 5 * C - 2, 100}});
+  ASSERT_EQ(chunks.size(), 3u);
+  EXPECT_EQ(chunks[0].offsets, (std::vector<uint64_t>{1, 3}));
+  EXPECT_EQ(chunks[0].sizes, (std::vector<uint64_t>{1, C - 3}));
+  EXPECT_EQ(chunks[0].file_offset, 100u);
+  EXPECT_EQ(chunks[1].offsets, (std::vector<uint64_t>{2, 0}));
+  EXPECT_EQ(chunks[1].sizes, (std::vector<uint64_t>{2, C}));
+  EXPECT_EQ(chunks[1].file_offset, 100u + C - 3);
+  EXPECT_EQ(chunks[2].offsets, (std::vector<uint64_t>{4, 0}));
+  EXPECT_EQ(chunks[2].sizes, (std::vector<uint64_t>{1, C - 2}));
+  EXPECT_EQ(chunks[2].file_offset, 100u + 3 * C - 3);
 }
 
 TEST(CheckpointPlan, CheckPiecesNamesTheProblem) {
@@ -74,8 +120,10 @@ TEST(CheckpointPlan, CheckPiecesNamesTheProblem) {
 // tag (f, i), and check every element lands where the unit coordinate says.
 TEST(CheckpointPlan, ReadsFillAnyTargetRangeExactly) {
   const ParamLayout L(Small());
+  for (ShardLayout saved_layout : kLayouts)
+  for (ShardLayout target_layout : kLayouts)
   for (int saved = 1; saved <= 5; saved++) {
-    const auto pieces = PlanSave(L, saved);
+    const auto pieces = PlanSave(L, saved, saved_layout);
     // unit coordinate of every file element, to check the placement
     std::vector<std::vector<std::pair<int, uint64_t>>> file_elems(saved);
     const auto elems = FileElements(pieces, saved);
@@ -83,12 +131,14 @@ TEST(CheckpointPlan, ReadsFillAnyTargetRangeExactly) {
     for (const SavedPiece& p : pieces)
       for (uint64_t i = p.begin; i < p.end; i++) file_elems[p.file][p.file_offset + i - p.begin] = {p.unit, i};
     for (int target = 1; target <= 5; target++) {
-      const ShardPlan plan(L, target);
+      const ShardPlan plan(L, target, target_layout);
       for (int stage : {0, 1}) {
         for (int r = 0; r < target; r++) {
           for (int u = 0; u < L.num_units(); u++) {
-            const uint64_t b = stage == 0 ? 0 : plan.OwnedBegin(u, r);
-            const uint64_t e = stage == 0 ? L.units()[u].numel : plan.OwnedEnd(u, r);
+           std::vector<OwnedPiece> targets = plan.OwnedPieces(u, r);
+           if (stage == 0) targets = {OwnedPiece{0, L.units()[u].numel, 0}};
+           for (const OwnedPiece& tp : targets) {
+            const uint64_t b = tp.begin, e = tp.end;
             const auto ops = PlanReads(pieces, u, b, e);
             std::vector<int> hit(e - b, 0);
             std::set<int> files;
@@ -108,7 +158,10 @@ TEST(CheckpointPlan, ReadsFillAnyTargetRangeExactly) {
             for (const SavedPiece& p : pieces)
               if (p.unit == u && p.begin < e && b < p.end) need.insert(p.file);
             EXPECT_EQ(files, need);
-            EXPECT_EQ(ops.size(), need.size());
+            // flat pieces merge into one read per file; per-param files hold several
+            // pieces of a unit (one per tensor), read one by one
+            if (saved_layout == ShardLayout::kFlat) EXPECT_EQ(ops.size(), need.size());
+           }
           }
         }
       }
@@ -118,18 +171,18 @@ TEST(CheckpointPlan, ReadsFillAnyTargetRangeExactly) {
 
 TEST(CheckpointPlan, SameWorldReadsOneOwnFilePiece) {
   const ParamLayout L(Small());
-  const auto pieces = PlanSave(L, 3);
-  const ShardPlan plan(L, 3);
-  for (int r = 0; r < 3; r++)
-    for (int u = 0; u < L.num_units(); u++) {
-      const auto ops = PlanReads(pieces, u, plan.OwnedBegin(u, r), plan.OwnedEnd(u, r));
-      if (plan.OwnedBegin(u, r) == plan.OwnedEnd(u, r)) {
-        EXPECT_TRUE(ops.empty());
-        continue;
-      }
-      ASSERT_EQ(ops.size(), 1u);
-      EXPECT_EQ(ops[0].file, r);
-    }
+  for (ShardLayout sl : kLayouts) {
+    const auto pieces = PlanSave(L, 3, sl);
+    const ShardPlan plan(L, 3, sl);
+    for (int r = 0; r < 3; r++)
+      for (int u = 0; u < L.num_units(); u++)
+        for (const OwnedPiece& p : plan.OwnedPieces(u, r)) {
+          const auto ops = PlanReads(pieces, u, p.begin, p.end);
+          ASSERT_EQ(ops.size(), 1u);
+          EXPECT_EQ(ops[0].file, r);
+          EXPECT_EQ(ops[0].count, p.end - p.begin);
+        }
+  }
 }
 
 TEST(CheckpointPlan, Crc32cAndStepNames) {
