@@ -48,7 +48,9 @@ grep -q '^shardgpt: error: --steps 8 is at or below the step 8' <<<"$out" || { e
 out=$(mpirun -np 2 --oversubscribe "$BIN" train $COMMON --micro-batch 6 --zero-stage 1 --ckpt-dir "$T/cfull" --resume "$T/ca/step_00000004" --stop-at-step 3 2>&1) \
   && { echo "FAIL: --stop-at-step below the resumed step was accepted"; exit 1; }
 grep -q '^shardgpt: error: --stop-at-step 3 is at or below the resumed step 4' <<<"$out" || { echo "FAIL: $out" | head -3; exit 1; }
-"$BIN" ckpt inspect "$T/ca/step_00000004" | grep -q "step" 
+# (into a file: `| grep -q` would end the pipe early, and pipefail would see inspect's SIGPIPE)
+"$BIN" ckpt inspect "$T/ca/step_00000004" > "$T/inspect.txt"
+grep -q "step" "$T/inspect.txt"
 # other rank counts and stages, from the same step-4 checkpoint or a new one
 train 3 4 3 "$T/b2.jsonl" --ckpt-dir "$T/cb" --resume "$T/ca/step_00000004"
 train 4 3 2 "$T/c1.jsonl" --ckpt-dir "$T/cc" --stop-at-step 4
