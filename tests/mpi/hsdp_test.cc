@@ -23,22 +23,21 @@
 #include "model/rng.h"
 #include "parallel/engine.h"
 #include "parallel/mpi_communicator.h"
+#include "tests/mpi/engine_harness.h"
 
 namespace shardgpt {
 namespace {
 
 namespace fs = std::filesystem;
 
+using harness::Comm;
+using harness::Trajectory;
+
 constexpr int kGlobalBatch = 48;  // divisible by N*A for N in {3, 4, 6}, A in {1, 4}
 constexpr int kT = 16, kSteps = 3;
 constexpr float kLr = 1e-2f;
 const GPTConfig kConfig{2, 2, 32, 16, 256};
-
-std::unique_ptr<MpiCommunicator> Comm(MPI_Comm c = MPI_COMM_WORLD) {
-  auto made = MpiCommunicator::Create(c);
-  EXPECT_TRUE(made.ok()) << made.status().message();
-  return std::move(made.value());
-}
+const harness::Harness kHarness(kConfig, kGlobalBatch, kT, kSteps, kLr);
 
 int WorldSize() {
   int n = 0;
@@ -47,111 +46,31 @@ int WorldSize() {
 }
 bool HsdpWorld() { return WorldSize() == 4 || WorldSize() == 6; }
 
-void GlobalBatch(int step, std::vector<int32_t>* x, std::vector<int32_t>* y) {
-  Rng rng(100 + step);
-  x->resize(kGlobalBatch * kT), y->resize(kGlobalBatch * kT);
-  for (size_t i = 0; i < x->size(); i++) {
-    (*x)[i] = static_cast<int32_t>(rng.Next() % 64);
-    (*y)[i] = ((*x)[i] * 7 + 3) % 64;
-  }
-}
-
-struct Trajectory {
-  std::vector<float> losses, norms, params;
-};
-
-// One process, the whole global batch, plain AdamW with global-norm clipping.
+// One process, the whole global batch, plain AdamW with global-norm clipping (clip 1).
 const Trajectory& Reference() {
-  static Trajectory tr;
-  if (!tr.losses.empty()) return tr;
-  ParamLayout layout(kConfig);
-  LocalParams p(layout);
-  InitParameters(layout, 1, p.params());
-  const size_t n = layout.total_numel();
-  std::vector<float> m(n), v(n);
-  GPT model(kConfig, kGlobalBatch, kT);
-  AdamWConfig cfg;
-  std::vector<int32_t> x, y;
-  for (int s = 0; s < kSteps; s++) {
-    GlobalBatch(s, &x, &y);
-    p.ZeroGrads();
-    tr.losses.push_back(model.Forward(p, x.data(), y.data(), kGlobalBatch, kT, 1.0f));
-    model.Backward(p);
-    double ss = 0;
-    for (size_t i = 0; i < n; i++) ss += double(p.grads()[i]) * p.grads()[i];
-    const float norm = std::sqrt(ss), clip = 1.0f, scale = norm > clip ? clip / (norm + 1e-6f) : 1.0f;
-    tr.norms.push_back(norm);
-    for (const UnitInfo& u : layout.units())
-      for (const DecayRange& r : layout.DecayRanges(&u - layout.units().data(), 0, u.numel)) {
-        const size_t o = u.offset + r.begin;
-        adamw_update(p.params() + o, p.grads() + o, m.data() + o, v.data() + o, r.end - r.begin, kLr,
-                     r.decay ? cfg.weight_decay : 0.0f, cfg, s + 1, scale);
-      }
-  }
-  tr.params.assign(p.params(), p.params() + n);
+  static const Trajectory tr = harness::AdamWReference(kHarness, 1.0f);
   return tr;
 }
 
 // Steps [first, last) of the reference's batches on `engine` (rank r, micro m: sequences
-// [(m*N + r)*B, +B), the DataLoader's order). Losses and norms appended to *tr.
+// [(m*N + r)*B, +B), the DataLoader's order), clip 1. Losses and norms appended to *tr.
 void Train(Engine& engine, Communicator& comm, int A, int first, int last, Trajectory* tr,
            std::vector<StepReport>* reports) {
-  const int N = comm.world_size(), B = kGlobalBatch / (N * A);
-  GPT model(kConfig, B, kT);
-  std::vector<int32_t> x, y;
-  for (int s = first; s < last; s++) {
-    GlobalBatch(s, &x, &y);
-    engine.BeginStep();
-    double loss = 0;
-    for (int m = 0; m < A; m++) {
-      const size_t at = static_cast<size_t>(m * N + comm.rank()) * B * kT;
-      engine.BeginMicroBatch(m, A);
-      loss += model.Forward(engine, x.data() + at, y.data() + at, B, kT, 1.0f / A);
-      model.Backward(engine);
-    }
-    tr->norms.push_back(engine.Step(kLr, 1.0f));
-    tr->losses.push_back(static_cast<float>(comm.AllReduceScalar(loss / A, ReduceOp::kAvg)));
-    if (reports) reports->push_back(engine.last_report());
-  }
+  harness::Train(kHarness, engine, comm, A, 1.0f, first, last, tr, reports);
 }
 
 std::unique_ptr<Engine> NewEngine(Communicator& comm, const EngineOptions& eo) {
-  static ParamLayout layout(kConfig);
-  auto e = Engine::Create(layout, &comm, eo);
-  EXPECT_TRUE(e.ok()) << e.status().message();
-  if (!e.ok()) return nullptr;
-  std::vector<float> init(layout.total_numel());
-  InitParameters(layout, 1, init.data());
-  e.value()->LoadFullParams(init.data());
-  return std::move(e.value());
+  return harness::NewEngine(kHarness, comm, eo);
 }
 
-Trajectory RunEngine(Communicator& comm, EngineOptions eo, int A, std::vector<StepReport>* reports) {
-  auto engine = NewEngine(comm, eo);
-  Trajectory tr;
-  if (!engine) return tr;
-  Train(*engine, comm, A, 0, kSteps, &tr, reports);
-  tr.params.resize(ParamLayout(kConfig).total_numel());
-  engine->GatherFullParams(tr.params.data());
-  return tr;
+Trajectory RunEngine(Communicator& comm, const EngineOptions& eo, int A, std::vector<StepReport>* reports) {
+  return harness::RunEngine(kHarness, comm, eo, A, 1.0f, reports);
 }
 
 // The update (final minus initial parameters) agrees in norm within 1e-4 and per element
-// within 1% of lr (as engine_test.cc's ExpectUpdateMatches argues: fp32 sums in other orders).
+// within 1% of lr (as engine_harness.h's ExpectUpdateMatches argues: fp32 sums in other orders).
 void ExpectUpdateMatches(const std::vector<float>& got, const std::vector<float>& ref) {
-  ParamLayout layout(kConfig);
-  std::vector<float> init(layout.total_numel());
-  InitParameters(layout, 1, init.data());
-  ASSERT_EQ(got.size(), init.size());
-  double diff2 = 0, ref2 = 0, worst = 0;
-  for (size_t i = 0; i < init.size(); i++) {
-    const double d_ref = double(ref[i]) - init[i], d_got = double(got[i]) - init[i];
-    diff2 += (d_got - d_ref) * (d_got - d_ref), ref2 += d_ref * d_ref;
-    worst = std::max(worst, std::fabs(d_got - d_ref));
-  }
-  EXPECT_GT(ref2, 0.0);
-  EXPECT_LE(std::sqrt(diff2), 1e-4 * std::sqrt(ref2));
-  EXPECT_LE(worst, 1e-2 * kLr);
+  harness::ExpectUpdateMatches(kHarness, got, ref, kLr);
 }
 
 // Every rank's full parameters (gathered inside its group) are bitwise the same: the groups
@@ -297,7 +216,7 @@ TEST(HsdpCheckpoint, ResumeG2N4AsG3N3) {
   SetComputeThreads(1);
   const Trajectory& ref = Reference();
   auto world = Comm();
-  static ParamLayout layout(kConfig);
+  const ParamLayout& layout = kHarness.layout;  // the engines' layout
   char buf[256] = {0};
   if (world->rank() == 0) {
     std::snprintf(buf, sizeof(buf), "%s", (fs::temp_directory_path() / "hsdp_ckpt_XXXXXX").string().c_str());

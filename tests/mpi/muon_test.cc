@@ -20,33 +20,20 @@
 #include "model/rng.h"
 #include "parallel/engine.h"
 #include "parallel/mpi_communicator.h"
+#include "tests/mpi/engine_harness.h"
 
 namespace shardgpt {
 namespace {
+
+using harness::Trajectory;
 
 constexpr int kGlobalBatch = 48;  // divisible by N*A for N <= 4, A in {1, 4}
 constexpr int kT = 16, kSteps = 3;
 constexpr float kLr = 1e-2f;
 const GPTConfig kConfig{2, 2, 32, 16, 256};
+const harness::Harness kHarness(kConfig, kGlobalBatch, kT, kSteps, kLr);
 
-std::unique_ptr<MpiCommunicator> World() {
-  auto c = MpiCommunicator::Create(MPI_COMM_WORLD);
-  EXPECT_TRUE(c.ok()) << c.status().message();
-  return std::move(c.value());
-}
-
-void GlobalBatch(int step, std::vector<int32_t>* x, std::vector<int32_t>* y) {
-  Rng rng(100 + step);
-  x->resize(kGlobalBatch * kT), y->resize(kGlobalBatch * kT);
-  for (size_t i = 0; i < x->size(); i++) {
-    (*x)[i] = static_cast<int32_t>(rng.Next() % 64);
-    (*y)[i] = ((*x)[i] * 7 + 3) % 64;
-  }
-}
-
-struct Trajectory {
-  std::vector<float> losses, norms, params;
-};
+std::unique_ptr<MpiCommunicator> World() { return harness::Comm(); }
 
 // Muon matrices of the reference, from the tensor table: 2-D weights of the blocks, c_attn's
 // [3C, C] as three [C, C] row blocks. {global offset, rows, cols}.
@@ -72,9 +59,7 @@ std::vector<RefMatrix> RefMatrices(const ParamLayout& layout) {
 // One process, the whole global batch: Muon on the matrices, AdamW (element by element) on the
 // rest, clip by global norm.
 Trajectory Reference(float clip) {
-  ParamLayout layout(kConfig);
-  LocalParams p(layout);
-  InitParameters(layout, 1, p.params());
+  const ParamLayout& layout = kHarness.layout;
   const size_t n = layout.total_numel();
   std::vector<float> m(n), v(n);
   std::vector<char> is_muon(n, 0), decay(n, 0);
@@ -83,20 +68,9 @@ Trajectory Reference(float clip) {
     for (size_t i = 0; i < static_cast<size_t>(mt.rows) * mt.cols; i++) is_muon[mt.offset + i] = 1;
   for (const TensorInfo& t : layout.tensors())
     for (size_t i = 0; i < t.numel; i++) decay[layout.units()[t.unit].offset + t.offset + i] = t.decay;
-  GPT model(kConfig, kGlobalBatch, kT);
-  Trajectory tr;
   AdamWConfig cfg;
   MuonConfig mc;
-  std::vector<int32_t> x, y;
-  for (int s = 0; s < kSteps; s++) {
-    GlobalBatch(s, &x, &y);
-    p.ZeroGrads();
-    tr.losses.push_back(model.Forward(p, x.data(), y.data(), kGlobalBatch, kT, 1.0f));
-    model.Backward(p);
-    double ss = 0;
-    for (size_t i = 0; i < n; i++) ss += double(p.grads()[i]) * p.grads()[i];
-    const float norm = std::sqrt(ss), scale = norm > clip ? clip / (norm + 1e-6f) : 1.0f;
-    tr.norms.push_back(norm);
+  return harness::SingleProcessReference(kHarness, clip, [&](LocalParams& p, int s, float scale) {
     for (const RefMatrix& mt : mats) {
       const size_t k = static_cast<size_t>(mt.rows) * mt.cols;
       std::vector<float> u(k);
@@ -109,65 +83,28 @@ Trajectory Reference(float clip) {
       if (!is_muon[i])
         adamw_update(p.params() + i, p.grads() + i, m.data() + i, v.data() + i, 1, kLr,
                      decay[i] ? cfg.weight_decay : 0.0f, cfg, s + 1, scale);
-  }
-  tr.params.assign(p.params(), p.params() + n);
-  return tr;
+  });
 }
 
+// The engine with Muon on this communicator, kSteps steps of the global batches (engine_harness.h's
+// Train). `muon_plan` (with `keep` holding the engine alive) gives its Muon plan.
 Trajectory RunEngine(Communicator& comm, EngineOptions eo, int A, float clip, std::vector<StepReport>* reports,
                      const MuonPlan** muon_plan = nullptr, std::unique_ptr<Engine>* keep = nullptr) {
-  ParamLayout layout(kConfig);
   eo.optimizer = OptimizerKind::kMuon;
-  auto engine_or = Engine::Create(layout, &comm, eo);
-  EXPECT_TRUE(engine_or.ok()) << engine_or.status().message();
-  std::unique_ptr<Engine> engine = std::move(engine_or.value());
-  std::vector<float> init(layout.total_numel());
-  InitParameters(layout, 1, init.data());
-  engine->LoadFullParams(init.data());
-  const int N = comm.world_size(), B = kGlobalBatch / (N * A);
-  GPT model(kConfig, B, kT);
-  Trajectory tr;
-  std::vector<int32_t> x, y;
-  for (int s = 0; s < kSteps; s++) {
-    GlobalBatch(s, &x, &y);
-    engine->BeginStep();
-    double loss = 0;
-    for (int m = 0; m < A; m++) {
-      const size_t first = static_cast<size_t>(m * N + comm.rank()) * B * kT;
-      engine->BeginMicroBatch(m, A);
-      loss += model.Forward(*engine, x.data() + first, y.data() + first, B, kT, 1.0f / A);
-      model.Backward(*engine);
-    }
-    tr.norms.push_back(engine->Step(kLr, clip));
-    tr.losses.push_back(static_cast<float>(comm.AllReduceScalar(loss / A, ReduceOp::kAvg)));
-    if (reports) reports->push_back(engine->last_report());
-  }
-  tr.params.resize(layout.total_numel());
-  engine->GatherFullParams(tr.params.data());
-  if (muon_plan) *muon_plan = engine->muon_plan();
+  std::unique_ptr<Engine> engine;
+  const Trajectory tr = harness::RunEngine(kHarness, comm, eo, A, clip, reports, CpuDevice(), &engine);
+  if (muon_plan && engine) *muon_plan = engine->muon_plan();
   if (keep) *keep = std::move(engine);
   return tr;
 }
 
 // Updates (final minus initial parameters) agree in norm within 1e-4 relative and per element
-// within 1% of lr: the runs differ only in the order fp32 gradient terms are summed; Muon's
-// update is a smooth function of the momentum (Newton-Schulz of a normalised matrix), so such
-// rounding moves it by rounding-sized amounts (measured at 2-4 ranks, every stage, A in {1, 4}:
-// norm differences <= 5.1e-6 relative, single elements <= 7.3e-4 lr).
+// within 1% of lr (engine_harness.h's ExpectUpdateMatches): the runs differ only in the order fp32
+// gradient terms are summed; Muon's update is a smooth function of the momentum (Newton-Schulz of
+// a normalised matrix), so such rounding moves it by rounding-sized amounts (measured at 2-4
+// ranks, every stage, A in {1, 4}: norm differences <= 5.1e-6 relative, single elements <= 7.3e-4 lr).
 void ExpectUpdateMatches(const std::vector<float>& got, const std::vector<float>& ref, float lr) {
-  ParamLayout layout(kConfig);
-  std::vector<float> init(layout.total_numel());
-  InitParameters(layout, 1, init.data());
-  double diff2 = 0, ref2 = 0, worst = 0;
-  for (size_t i = 0; i < init.size(); i++) {
-    const double d_ref = double(ref[i]) - init[i], d_got = double(got[i]) - init[i];
-    diff2 += (d_got - d_ref) * (d_got - d_ref);
-    ref2 += d_ref * d_ref;
-    worst = std::max(worst, std::fabs(d_got - d_ref));
-  }
-  EXPECT_GT(ref2, 0.0);
-  EXPECT_LE(std::sqrt(diff2), 1e-4 * std::sqrt(ref2)) << "update differs in norm";
-  EXPECT_LE(worst, 1e-2 * lr) << "an element's update differs by more than 1% of lr";
+  harness::ExpectUpdateMatches(kHarness, got, ref, lr);
 }
 
 // Parameters: (stage, accumulation, shard layout).
