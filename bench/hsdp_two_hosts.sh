@@ -38,14 +38,8 @@ extra_cleanup() { netns_hosts_down "$P" 2; }
 slurm_test_scaffold "$T" "$C" 840
 
 t0=$SECONDS
-netns_hosts_up "$P" "$NET" 2 || fail "cannot make network namespaces"
 # 2 CPUs per host: Slurm 22.05 refuses --ntasks-per-node above a node's CPUs even with --overcommit
-slurm_write_conf "$C" "$(hostname -s)($NET.1)" "h1 $NET.11 2" "h2 $NET.12 2" || fail "slurm.conf"
-export SLURM_CONF=$C/slurm.conf
-slurm_start_munge "$C" || fail "munged"
-slurm_start_ctld "$C" || fail "slurmctld"
-for i in 1 2; do slurm_start_slurmd "$C" "h$i" netns_exec "$P" "$i" "$T/tmp-h$i" || fail "slurmd h$i"; done
-slurm_wait_idle "$C" 2 60 || fail "nodes not idle"
+netns_cluster_up "$T" "$C" 2 || fail "two-host cluster"
 for i in 1 2; do netns_shape "$P" "$i" "$RATE" || fail "tc qdisc tbf on host h$i's link refused"; done
 echo "cluster up in $((SECONDS - t0)) s: h1, h2 (2 ranks each); links shaped: $(tc qdisc show dev "$P-v1" | head -1)"
 

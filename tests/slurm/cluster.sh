@@ -271,6 +271,23 @@ netns_hosts_up() {
   done
 }
 # netns_hosts_down PREFIX N: removes what netns_hosts_up made (the veth pairs go with them).
+# netns_cluster_up DIR CLUSTER_DIR CPUS: a two-host Slurm cluster: hosts h1, h2 made of network
+# namespaces (prefix P and subnet NET from netns_pick_prefix, CPUS each), one slurmd per host,
+# slurmctld and munged in the root namespace (the hosts reach it through the bridge address);
+# SLURM_CONF exported; the nodes idle within 60 s. On failure it says which step failed.
+netns_cluster_up() {
+  local t=$1 c=$2 cpus=$3 i
+  netns_hosts_up "$P" "$NET" 2 || { echo "cannot make network namespaces (ip netns add / veth / bridge refused)"; return 1; }
+  slurm_write_conf "$c" "$(hostname -s)($NET.1)" "h1 $NET.11 $cpus" "h2 $NET.12 $cpus" || { echo "slurm.conf"; return 1; }
+  export SLURM_CONF=$c/slurm.conf
+  slurm_start_munge "$c" || { echo "munged"; return 1; }
+  slurm_start_ctld "$c" || { echo "slurmctld"; return 1; }
+  for i in 1 2; do
+    slurm_start_slurmd "$c" "h$i" netns_exec "$P" "$i" "$t/tmp-h$i" || { echo "slurmd h$i"; return 1; }
+  done
+  slurm_wait_idle "$c" 2 60 || { echo "nodes not idle"; return 1; }
+}
+
 netns_hosts_down() {
   local p=$1 n=$2 i
   for i in $(seq 1 "$n"); do ip netns del "$p-h$i" 2>/dev/null; done

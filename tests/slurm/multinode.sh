@@ -35,14 +35,7 @@ extra_cleanup() { netns_hosts_down "$P" 2; }
 slurm_test_scaffold "$T" "$C" 840
 
 t0=$SECONDS
-netns_hosts_up "$P" "$NET" 2 || fail "cannot make network namespaces (ip netns add / veth / bridge refused)"
-# slurmctld listens in the root namespace; the hosts reach it through the bridge address
-slurm_write_conf "$C" "$(hostname -s)($NET.1)" "h1 $NET.11 1" "h2 $NET.12 1" || fail "slurm.conf"
-export SLURM_CONF=$C/slurm.conf
-slurm_start_munge "$C" || fail "munged"
-slurm_start_ctld "$C" || fail "slurmctld"
-for i in 1 2; do slurm_start_slurmd "$C" "h$i" netns_exec "$P" "$i" "$T/tmp-h$i" || fail "slurmd h$i"; done
-slurm_wait_idle "$C" 2 60 || fail "nodes not idle"
+netns_cluster_up "$T" "$C" 1 || fail "two-host cluster"
 echo "cluster up in $((SECONDS - t0)) s: controller on $NET.1 (bridge $P-br); $(sinfo -h -N -o '%N/%t' | tr '\n' ' ')"
 
 # ---- 1. one task per host-namespace ----
