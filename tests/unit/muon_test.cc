@@ -104,7 +104,8 @@ std::pair<double, double> EigenRange(const VecD& S, int n) {
 // singular value of X in [0.6, 1.25] (measured [0.682, 1.131]; the coefficients aim at ~[0.7, 1.2]),
 // whereas U's own singular values span a factor ~6. Checked via the eigenvalues of X X^T in double.
 TEST(NewtonSchulz, SingularValuesNearOne) {
-  for (auto [rows, cols] : {std::pair{48, 96}, std::pair{96, 48}}) {
+  for (auto shape : {std::pair{48, 96}, std::pair{96, 48}}) {
+    const int rows = shape.first, cols = shape.second;  // (a lambda may not capture structured bindings in C++17)
     std::vector<float> x = Gaussian(static_cast<size_t>(rows) * cols, 3);
     auto range_of = [&](const std::vector<float>& m) {
       const int r = std::min(rows, cols), c = std::max(rows, cols);
