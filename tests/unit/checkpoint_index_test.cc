@@ -99,7 +99,8 @@ TEST(CheckpointIndex, RoundTrip) {
   EXPECT_EQ(covered, ParamLayout(kConfig).total_numel());
   EXPECT_TRUE(CheckPieces(back->pieces, [] {
                 std::vector<uint64_t> n;
-                for (const UnitInfo& u : ParamLayout(kConfig).units()) n.push_back(u.numel);
+                const ParamLayout layout(kConfig);  // not a temporary: the loop reads its units
+                for (const UnitInfo& u : layout.units()) n.push_back(u.numel);
                 return n;
               }(), 3).ok());
   ASSERT_EQ(back->files.size(), 3u);
