@@ -217,6 +217,25 @@ TEST(Checkpoint, SameWorldAndStageIsBitwise) {
 
 // ---- resharding: any (world, stage) -> any (world, stage) ----
 
+// The first save_n ranks train 2 steps (seed 7) and save to cdir; every rank gets their full
+// state (3 x n words: master, m, v), what a load on any rank count must reproduce.
+std::vector<uint32_t> TrainAndSaveOnFirstRanks(const std::string& cdir, int save_n, int save_stage, ShardLayout layout,
+                                               OptimizerKind optimizer, size_t n) {
+  std::vector<uint32_t> expected(3 * n, 0);
+  MPI_Comm save_comm = FirstRanks(save_n);
+  if (save_comm != MPI_COMM_NULL) {
+    auto a = MakeRun(save_comm, SmallConfig(), save_stage, 7, DType::kF32, CpuDevice(), layout, optimizer);
+    Train(*a, 2);
+    expected = FullState(*a);
+    Status st = SaveCheckpoint(cdir, StateOf(*a), *a->engine, *a->layout, *a->comm, 0, true);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    a.reset();
+    MPI_Comm_free(&save_comm);
+  }
+  MPI_Bcast(expected.data(), static_cast<int>(expected.size()), MPI_UINT32_T, 0, MPI_COMM_WORLD);
+  return expected;
+}
+
 TEST(Checkpoint, ReshardAcrossWorldsAndStages) {
   const int W = WorldSize();
   const std::string dir = SharedDir("reshard");
@@ -237,18 +256,8 @@ TEST(Checkpoint, ReshardAcrossWorldsAndStages) {
                  std::to_string(c.load_stage) + " " + ShardLayoutName(c.load_layout));
     const std::string cdir = dir + "/c" + std::to_string(i++);
     const size_t n = ParamLayout(SmallConfig()).total_numel();
-    std::vector<uint32_t> expected(3 * n, 0);
-    MPI_Comm save_comm = FirstRanks(c.save_n);
-    if (save_comm != MPI_COMM_NULL) {
-      auto a = MakeRun(save_comm, SmallConfig(), c.save_stage, 7, DType::kF32, CpuDevice(), c.save_layout);
-      Train(*a, 2);
-      expected = FullState(*a);
-      Status st = SaveCheckpoint(cdir, StateOf(*a), *a->engine, *a->layout, *a->comm, 0, true);
-      EXPECT_TRUE(st.ok()) << st.ToString();
-      a.reset();
-      MPI_Comm_free(&save_comm);
-    }
-    MPI_Bcast(expected.data(), static_cast<int>(expected.size()), MPI_UINT32_T, 0, MPI_COMM_WORLD);
+    const std::vector<uint32_t> expected = TrainAndSaveOnFirstRanks(cdir, c.save_n, c.save_stage, c.save_layout,
+                                                                    OptimizerKind::kAdamW, n);
     MPI_Comm load_comm = FirstRanks(c.load_n);
     if (load_comm != MPI_COMM_NULL) {
       auto b = MakeRun(load_comm, SmallConfig(), c.load_stage, 8, DType::kF32, CpuDevice(), c.load_layout);
@@ -287,18 +296,8 @@ TEST(Checkpoint, MuonReshardAcrossWorldsAndStages) {
     SCOPED_TRACE(std::to_string(c.save_n) + " ranks stage " + std::to_string(c.save_stage) + " -> " +
                  std::to_string(c.load_n) + " ranks stage " + std::to_string(c.load_stage));
     const std::string cdir = dir + "/c" + std::to_string(i++);
-    std::vector<uint32_t> expected(3 * n, 0);
-    MPI_Comm save_comm = FirstRanks(c.save_n);
-    if (save_comm != MPI_COMM_NULL) {
-      auto a = MakeRun(save_comm, SmallConfig(), c.save_stage, 7, DType::kF32, CpuDevice(), ShardLayout::kFlat, OptimizerKind::kMuon);
-      Train(*a, 2);
-      expected = FullState(*a);
-      Status st = SaveCheckpoint(cdir, StateOf(*a), *a->engine, *a->layout, *a->comm, 0, true);
-      EXPECT_TRUE(st.ok()) << st.ToString();
-      a.reset();
-      MPI_Comm_free(&save_comm);
-    }
-    MPI_Bcast(expected.data(), static_cast<int>(expected.size()), MPI_UINT32_T, 0, MPI_COMM_WORLD);
+    const std::vector<uint32_t> expected = TrainAndSaveOnFirstRanks(cdir, c.save_n, c.save_stage, ShardLayout::kFlat,
+                                                                    OptimizerKind::kMuon, n);
     EXPECT_NE(expected[n + qkv], 0u) << "Muon momentum is saved in m";
     EXPECT_EQ(expected[2 * n + qkv], 0u) << "no second moment at a Muon element";
     MPI_Comm load_comm = FirstRanks(c.load_n);
