@@ -24,6 +24,7 @@
 #include <string>
 
 #include "model/cuda/device_util.cuh"
+#include "model/cuda/launch.cuh"
 #include "model/cuda/kernels_cuda.h"
 
 namespace shardgpt {
@@ -55,7 +56,7 @@ __device__ __forceinline__ float dot(const float* a, const float* b, int hs) {
 template <int DPL>
 __global__ void __launch_bounds__(kAttThreads)
     attention_forward_kernel(float* out, float* lse, const float* qkv, int T, int C, int NH, float scale) {
-  extern __shared__ float smem[];
+  SHARDGPT_DYNAMIC_SHARED(float, smem);
   const int hs = C / NH, ld = hs + 1;
   float* Qs = smem;
   float* Ks = Qs + kTile * ld;
@@ -139,7 +140,7 @@ template <int DPL>
 __global__ void __launch_bounds__(kAttThreads)
     attention_backward_dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
                                  const float* Dg, int T, int C, int NH, float scale) {
-  extern __shared__ float smem[];
+  SHARDGPT_DYNAMIC_SHARED(float, smem);
   const int hs = C / NH, ld = hs + 1;
   float* Qs = smem;
   float* dOs = Qs + kTile * ld;
@@ -209,7 +210,7 @@ template <int DPL>
 __global__ void __launch_bounds__(kAttThreads)
     attention_backward_dkv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
                                   const float* Dg, int T, int C, int NH, float scale) {
-  extern __shared__ float smem[];
+  SHARDGPT_DYNAMIC_SHARED(float, smem);
   const int hs = C / NH, ld = hs + 1;
   float* Ks = smem;
   float* Vs = Ks + kTile * ld;
@@ -314,7 +315,7 @@ template <int DPL>
 void LaunchForward(const AttentionShape& a, float* out, float* lse, const float* qkv, cudaStream_t stream) {
   const size_t smem = sizeof(float) * 3 * kTile * (a.hs + 1);
   AllowSharedMemory(attention_forward_kernel<DPL>, smem);
-  attention_forward_kernel<DPL><<<a.grid, kAttThreads, smem, stream>>>(out, lse, qkv, a.T, a.C, a.NH, a.scale);
+  SHARDGPT_LAUNCH(attention_forward_kernel<DPL>, a.grid, kAttThreads, smem, stream)(out, lse, qkv, a.T, a.C, a.NH, a.scale);
   SHARDGPT_CUDA_CHECK_LAUNCH("attention_forward_kernel");
 }
 
@@ -323,12 +324,12 @@ void LaunchBackward(const AttentionShape& a, float* dqkv, const float* dout, con
                     const float* D, cudaStream_t stream) {
   const size_t smem_dq = sizeof(float) * 4 * kTile * (a.hs + 1);
   AllowSharedMemory(attention_backward_dq_kernel<DPL>, smem_dq);
-  attention_backward_dq_kernel<DPL><<<a.grid, kAttThreads, smem_dq, stream>>>(dqkv, dout, qkv, lse, D, a.T, a.C,
+  SHARDGPT_LAUNCH(attention_backward_dq_kernel<DPL>, a.grid, kAttThreads, smem_dq, stream)(dqkv, dout, qkv, lse, D, a.T, a.C,
                                                                               a.NH, a.scale);
   SHARDGPT_CUDA_CHECK_LAUNCH("attention_backward_dq_kernel");
   const size_t smem_dkv = smem_dq + sizeof(float) * 2 * kTile;
   AllowSharedMemory(attention_backward_dkv_kernel<DPL>, smem_dkv);
-  attention_backward_dkv_kernel<DPL><<<a.grid, kAttThreads, smem_dkv, stream>>>(dqkv, dout, qkv, lse, D, a.T, a.C,
+  SHARDGPT_LAUNCH(attention_backward_dkv_kernel<DPL>, a.grid, kAttThreads, smem_dkv, stream)(dqkv, dout, qkv, lse, D, a.T, a.C,
                                                                                 a.NH, a.scale);
   SHARDGPT_CUDA_CHECK_LAUNCH("attention_backward_dkv_kernel");
 }
@@ -357,7 +358,7 @@ void CudaKernels::attention_backward(float* dqkv, const float* dout, const float
   const int64_t rows = (int64_t)B * NH * T;
   float* D = static_cast<float*>(Scratch(sizeof(float) * rows));
   const int rows_per_block = 256 / 32;
-  attention_backward_d_kernel<<<(unsigned)((rows + rows_per_block - 1) / rows_per_block), 256, 0, stream_>>>(
+  SHARDGPT_LAUNCH(attention_backward_d_kernel, (unsigned)((rows + rows_per_block - 1) / rows_per_block), 256, 0, stream_)(
       D, dout, out, B, T, C, NH);
   SHARDGPT_CUDA_CHECK_LAUNCH("attention_backward_d_kernel");
   switch (DimsPerLane(a.hs)) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/cuda/device_util.cuh"
+#include "model/cuda/launch.cuh"
 #include "model/cuda/kernels_cuda.h"
 #include "model/device.h"
 
@@ -367,7 +368,7 @@ void CudaKernels::encoder_forward(float* out, const int32_t* tokens, const float
   const size_t total = (size_t)B * T * C;
   if (total == 0) return;
   Bind();
-  encoder_forward_kernel<<<GridFor(total, kThreads), kThreads, 0, stream_>>>(out, tokens, wte, wpe, T, C, total);
+  SHARDGPT_LAUNCH(encoder_forward_kernel, GridFor(total, kThreads), kThreads, 0, stream_)(out, tokens, wte, wpe, T, C, total);
   SHARDGPT_CUDA_CHECK_LAUNCH("encoder_forward_kernel");
 }
 
@@ -408,9 +409,9 @@ void CudaKernels::encoder_backward(float* dwte, float* dwpe, const float* dout, 
   SHARDGPT_CUDA_CHECK(cudaMemcpyAsync(d_ints, host_ints_.data(), sizeof(int32_t) * host_ints_.size(),
                                       cudaMemcpyHostToDevice, stream_));
   const dim3 grid(U, (C + 127) / 128);
-  encoder_backward_wte_kernel<<<grid, 128, 0, stream_>>>(dwte, dout, d_ints, d_ints + U, d_ints + 2 * U + 1, C);
+  SHARDGPT_LAUNCH(encoder_backward_wte_kernel, grid, 128, 0, stream_)(dwte, dout, d_ints, d_ints + U, d_ints + 2 * U + 1, C);
   SHARDGPT_CUDA_CHECK_LAUNCH("encoder_backward_wte_kernel");
-  encoder_backward_wpe_kernel<<<GridFor((size_t)T * C, kThreads), kThreads, 0, stream_>>>(dwpe, dout, B, T, C);
+  SHARDGPT_LAUNCH(encoder_backward_wpe_kernel, GridFor((size_t)T * C, kThreads), kThreads, 0, stream_)(dwpe, dout, B, T, C);
   SHARDGPT_CUDA_CHECK_LAUNCH("encoder_backward_wpe_kernel");
 }
 
@@ -419,7 +420,7 @@ void CudaKernels::layernorm_forward(float* out, float* mean, float* rstd, const 
   if (N == 0) return;
   Bind();
   const int rows_per_block = kThreads / 32;
-  layernorm_forward_kernel<<<(N + rows_per_block - 1) / rows_per_block, kThreads, 0, stream_>>>(out, mean, rstd,
+  SHARDGPT_LAUNCH(layernorm_forward_kernel, (N + rows_per_block - 1) / rows_per_block, kThreads, 0, stream_)(out, mean, rstd,
                                                                                                   inp, w, b, N, C);
   SHARDGPT_CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
 }
@@ -431,38 +432,38 @@ void CudaKernels::layernorm_backward(float* dinp, float* dw, float* db, const fl
   if (N == 0 || C == 0) return;
   Bind();
   const int rows_per_block = kThreads / 32;
-  layernorm_backward_dinp_kernel<<<(N + rows_per_block - 1) / rows_per_block, kThreads, 0, stream_>>>(
+  SHARDGPT_LAUNCH(layernorm_backward_dinp_kernel, (N + rows_per_block - 1) / rows_per_block, kThreads, 0, stream_)(
       dinp, dout, inp, w, mean, rstd, N, C);
   SHARDGPT_CUDA_CHECK_LAUNCH("layernorm_backward_dinp_kernel");
   const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
   float* partial = static_cast<float*>(Scratch(sizeof(float) * chunks * 2 * C));
-  layernorm_backward_partial_kernel<<<dim3((C + 31) / 32, chunks), dim3(32, 8), 0, stream_>>>(partial, dout, inp,
+  SHARDGPT_LAUNCH(layernorm_backward_partial_kernel, dim3((C + 31) / 32, chunks), dim3(32, 8), 0, stream_)(partial, dout, inp,
                                                                                               mean, rstd, N, C);
   SHARDGPT_CUDA_CHECK_LAUNCH("layernorm_backward_partial_kernel");
-  add_chunk_sums_kernel<<<(C + kThreads - 1) / kThreads, kThreads, 0, stream_>>>(dw, partial, chunks, 2 * C, C);
+  SHARDGPT_LAUNCH(add_chunk_sums_kernel, (C + kThreads - 1) / kThreads, kThreads, 0, stream_)(dw, partial, chunks, 2 * C, C);
   SHARDGPT_CUDA_CHECK_LAUNCH("add_chunk_sums_kernel");
-  add_chunk_sums_kernel<<<(C + kThreads - 1) / kThreads, kThreads, 0, stream_>>>(db, partial + C, chunks, 2 * C, C);
+  SHARDGPT_LAUNCH(add_chunk_sums_kernel, (C + kThreads - 1) / kThreads, kThreads, 0, stream_)(db, partial + C, chunks, 2 * C, C);
   SHARDGPT_CUDA_CHECK_LAUNCH("add_chunk_sums_kernel");
 }
 
 void CudaKernels::gelu_forward(float* out, const float* inp, size_t n) const {
   if (n == 0) return;
   Bind();
-  gelu_forward_kernel<<<GridFor(n, kThreads), kThreads, 0, stream_>>>(out, inp, n);
+  SHARDGPT_LAUNCH(gelu_forward_kernel, GridFor(n, kThreads), kThreads, 0, stream_)(out, inp, n);
   SHARDGPT_CUDA_CHECK_LAUNCH("gelu_forward_kernel");
 }
 
 void CudaKernels::gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const {
   if (n == 0) return;
   Bind();
-  gelu_backward_kernel<<<GridFor(n, kThreads), kThreads, 0, stream_>>>(dinp, inp, dout, n);
+  SHARDGPT_LAUNCH(gelu_backward_kernel, GridFor(n, kThreads), kThreads, 0, stream_)(dinp, inp, dout, n);
   SHARDGPT_CUDA_CHECK_LAUNCH("gelu_backward_kernel");
 }
 
 void CudaKernels::residual_forward(float* out, const float* a, const float* b, size_t n) const {
   if (n == 0) return;
   Bind();
-  residual_forward_kernel<<<GridFor(n, kThreads), kThreads, 0, stream_>>>(out, a, b, n);
+  SHARDGPT_LAUNCH(residual_forward_kernel, GridFor(n, kThreads), kThreads, 0, stream_)(out, a, b, n);
   SHARDGPT_CUDA_CHECK_LAUNCH("residual_forward_kernel");
 }
 
@@ -485,7 +486,7 @@ double CudaKernels::crossentropy_softmax(float* logits, float* losses, const int
                                          float dloss_scale) const {
   if (N == 0) return 0.0;
   Bind();
-  crossentropy_softmax_kernel<<<N, kThreads, 0, stream_>>>(logits, losses, targets, V, Vp, dloss_scale);
+  SHARDGPT_LAUNCH(crossentropy_softmax_kernel, N, kThreads, 0, stream_)(logits, losses, targets, V, Vp, dloss_scale);
   SHARDGPT_CUDA_CHECK_LAUNCH("crossentropy_softmax_kernel");
   return SumOnHost(losses, N, host_floats_, stream_);
 }
@@ -502,9 +503,13 @@ void CudaKernels::convert(const void* src, DType from, void* dst, DType to, size
     return;
   }
   if (from == DType::kF32) {
-    convert_kernel<<<grid, kThreads, 0, stream_>>>(static_cast<uint16_t*>(dst), static_cast<const float*>(src), n);
+    auto* const convert_f32_to_bf16_kernel = &convert_kernel<uint16_t, float>;
+    SHARDGPT_LAUNCH(convert_f32_to_bf16_kernel, grid, kThreads, 0, stream_)(static_cast<uint16_t*>(dst),
+                                                                            static_cast<const float*>(src), n);
   } else {
-    convert_kernel<<<grid, kThreads, 0, stream_>>>(static_cast<float*>(dst), static_cast<const uint16_t*>(src), n);
+    auto* const convert_bf16_to_f32_kernel = &convert_kernel<float, uint16_t>;
+    SHARDGPT_LAUNCH(convert_bf16_to_f32_kernel, grid, kThreads, 0, stream_)(static_cast<float*>(dst),
+                                                                            static_cast<const uint16_t*>(src), n);
   }
   SHARDGPT_CUDA_CHECK_LAUNCH("convert_kernel");
 }
@@ -514,15 +519,22 @@ void CudaKernels::accumulate(void* dst, DType dtype, const void* src, DType src_
   Bind();
   const unsigned grid = GridFor(n, kThreads);
   const bool df = dtype == DType::kF32, sf = src_dtype == DType::kF32;
+  auto* const accumulate_f32_f32_kernel = &accumulate_kernel<float, float>;
+  auto* const accumulate_f32_bf16_kernel = &accumulate_kernel<float, uint16_t>;
+  auto* const accumulate_bf16_f32_kernel = &accumulate_kernel<uint16_t, float>;
+  auto* const accumulate_bf16_bf16_kernel = &accumulate_kernel<uint16_t, uint16_t>;
+  float* const f_dst = static_cast<float*>(dst);
+  uint16_t* const h_dst = static_cast<uint16_t*>(dst);
+  const float* const f_src = static_cast<const float*>(src);
+  const uint16_t* const h_src = static_cast<const uint16_t*>(src);
   if (df && sf) {
-    accumulate_kernel<<<grid, kThreads, 0, stream_>>>(static_cast<float*>(dst), static_cast<const float*>(src), n);
+    SHARDGPT_LAUNCH(accumulate_f32_f32_kernel, grid, kThreads, 0, stream_)(f_dst, f_src, n);
   } else if (df) {
-    accumulate_kernel<<<grid, kThreads, 0, stream_>>>(static_cast<float*>(dst), static_cast<const uint16_t*>(src), n);
+    SHARDGPT_LAUNCH(accumulate_f32_bf16_kernel, grid, kThreads, 0, stream_)(f_dst, h_src, n);
   } else if (sf) {
-    accumulate_kernel<<<grid, kThreads, 0, stream_>>>(static_cast<uint16_t*>(dst), static_cast<const float*>(src), n);
+    SHARDGPT_LAUNCH(accumulate_bf16_f32_kernel, grid, kThreads, 0, stream_)(h_dst, f_src, n);
   } else {
-    accumulate_kernel<<<grid, kThreads, 0, stream_>>>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src),
-                                                      n);
+    SHARDGPT_LAUNCH(accumulate_bf16_bf16_kernel, grid, kThreads, 0, stream_)(h_dst, h_src, n);
   }
   SHARDGPT_CUDA_CHECK_LAUNCH("accumulate_kernel");
 }
@@ -534,9 +546,10 @@ double CudaKernels::sum_squares(const void* x, DType dtype, size_t n) const {
   const unsigned blocks = std::min<unsigned>(GridFor(n, kThreads), 1024);
   double* partial = static_cast<double*>(Scratch(sizeof(double) * blocks));
   if (dtype == DType::kF32) {
-    sum_squares_kernel<<<blocks, kThreads, 0, stream_>>>(partial, static_cast<const float*>(x), n);
+    SHARDGPT_LAUNCH(sum_squares_kernel<float>, blocks, kThreads, 0, stream_)(partial, static_cast<const float*>(x), n);
   } else {
-    sum_squares_kernel<<<blocks, kThreads, 0, stream_>>>(partial, static_cast<const uint16_t*>(x), n);
+    SHARDGPT_LAUNCH(sum_squares_kernel<uint16_t>, blocks, kThreads, 0, stream_)(partial,
+                                                                          static_cast<const uint16_t*>(x), n);
   }
   SHARDGPT_CUDA_CHECK_LAUNCH("sum_squares_kernel");
   return SumOnHost(partial, blocks, host_doubles_, stream_);
@@ -550,7 +563,7 @@ void CudaKernels::adamw(float* param, const float* grad, float* m, float* v, siz
   // exactly as in adamw_update (model/optimizer.cc)
   const float c1 = 1.0f / (1.0f - std::pow(b1, static_cast<float>(t)));
   const float c2 = 1.0f / (1.0f - std::pow(b2, static_cast<float>(t)));
-  adamw_kernel<<<GridFor(n, kThreads), kThreads, 0, stream_>>>(param, grad, m, v, n, lr, weight_decay, b1, b2, eps,
+  SHARDGPT_LAUNCH(adamw_kernel, GridFor(n, kThreads), kThreads, 0, stream_)(param, grad, m, v, n, lr, weight_decay, b1, b2, eps,
                                                                c1, c2, grad_scale);
   SHARDGPT_CUDA_CHECK_LAUNCH("adamw_kernel");
 }

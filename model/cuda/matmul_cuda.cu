@@ -24,6 +24,7 @@
 #include <string>
 
 #include "model/cuda/device_util.cuh"
+#include "model/cuda/launch.cuh"
 #include "model/cuda/kernels_cuda.h"
 
 namespace shardgpt {
@@ -142,7 +143,7 @@ void CudaKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const fl
   if (!plan.found && bias) {
     // No epilogue algorithm for this shape: D = bias broadcast (D is contiguous: ldd == m, as in
     // matmul_forward, the only caller with a bias), then D += A B.
-    broadcast_bias_kernel<<<cuda::GridFor((size_t)m * n, 256), 256, 0, stream_>>>(D, bias, n, m);
+    SHARDGPT_LAUNCH(broadcast_bias_kernel, cuda::GridFor((size_t)m * n, 256), 256, 0, stream_)(D, bias, n, m);
     SHARDGPT_CUDA_CHECK_LAUNCH("broadcast_bias_kernel");
     Gemm(trans_a, trans_b, m, n, k, A, lda, B, ldb, D, ldd, 1.0f, nullptr);
     return;
@@ -162,9 +163,9 @@ void CudaKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const fl
 void CudaKernels::ColumnSums(float* dst, const float* X, int N, int OC) const {
   const int chunks = (N + cuda::kRowsPerChunk - 1) / cuda::kRowsPerChunk;
   float* partial = static_cast<float*>(Scratch(sizeof(float) * chunks * OC));
-  column_sums_partial_kernel<<<dim3((OC + 31) / 32, chunks), dim3(32, 8), 0, stream_>>>(partial, X, N, OC);
+  SHARDGPT_LAUNCH(column_sums_partial_kernel, dim3((OC + 31) / 32, chunks), dim3(32, 8), 0, stream_)(partial, X, N, OC);
   SHARDGPT_CUDA_CHECK_LAUNCH("column_sums_partial_kernel");
-  add_chunk_sums_kernel<<<(OC + 255) / 256, 256, 0, stream_>>>(dst, partial, chunks, OC, OC);
+  SHARDGPT_LAUNCH(add_chunk_sums_kernel, (OC + 255) / 256, 256, 0, stream_)(dst, partial, chunks, OC, OC);
   SHARDGPT_CUDA_CHECK_LAUNCH("add_chunk_sums_kernel");
 }
 
@@ -175,7 +176,7 @@ void CudaKernels::matmul_forward(float* out, const float* inp, const float* w, c
   Bind();
   if (C == 0) {  // empty product: out = bias (or 0)
     if (bias) {
-      broadcast_bias_kernel<<<cuda::GridFor((size_t)N * OC, 256), 256, 0, stream_>>>(out, bias, N, OC);
+      SHARDGPT_LAUNCH(broadcast_bias_kernel, cuda::GridFor((size_t)N * OC, 256), 256, 0, stream_)(out, bias, N, OC);
       SHARDGPT_CUDA_CHECK_LAUNCH("broadcast_bias_kernel");
     } else {
       SHARDGPT_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float) * N * OC, stream_));

@@ -1,0 +1,643 @@
+// The emulated CUDA runtime: devices, memory, streams as deferred queues, events, copies.
+//
+// Devices: SHARDGPT_CUDA_EMU_DEVICES emulated GPUs (default 8), each with its own PCI bus id
+// and SHARDGPT_CUDA_EMU_MEMORY bytes (default 16 GiB, counted, not reserved); CUDA_VISIBLE_DEVICES
+// picks and orders the visible ones as CUDA does. 0 devices: cudaGetDeviceCount fails as on a
+// machine without a GPU.
+//
+// Memory: cudaMalloc is host memory of exactly the bytes asked (so AddressSanitizer sees one
+// byte past the end), 256-byte aligned like the real allocator, filled with 0xff (NaN as fp32
+// and bf16) because device memory starts uninitialised. Every allocation is registered, so
+// copies, memsets, kernel arguments and library calls check that their bytes are device memory.
+//
+// Streams: a FIFO of host closures that runs only when a host thread waits on it (stream or
+// event synchronisation, a blocking copy, an event query), on that thread. Nothing runs behind
+// the program's back, so a missing cudaStreamWaitEvent reads data that is not there yet
+// instead of working by luck. Copies follow CUDA's documented host semantics: from pageable
+// memory to the device the source is captured at the call; from the device to pageable memory
+// the call returns when the copy is done; pinned memory is read and written when the copy runs.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda_emu.h"
+#include "cuda_runtime.h"
+
+struct CUstream_st {
+  int device = 0;
+  bool non_blocking = false;
+  bool legacy = false;
+  std::mutex queue_mu;  // guards ops, enqueued
+  std::deque<std::pair<uint64_t, std::function<void()>>> ops;
+  uint64_t enqueued = 0;
+  std::mutex run_mu;  // held by the thread running the queue
+  std::atomic<uint64_t> executed{0};
+  std::atomic<std::thread::id> runner{};
+  bool destroyed = false;
+};
+
+struct CUevent_st {
+  CUstream_st* stream = nullptr;  // where it was last recorded (null: never)
+  uint64_t target = 0;            // done when stream->executed >= target
+  bool timing = true;
+  std::chrono::steady_clock::time_point when{};
+};
+
+namespace cuda_emu {
+
+namespace {
+
+struct Allocation {
+  size_t bytes;
+  int device;  // -1: pinned host memory
+};
+
+struct Emulator {
+  std::mutex mu;  // guards everything below except the streams' own queues
+  int physical = 0;
+  size_t memory_per_device = 0;
+  std::vector<int> visible;  // visible ordinal -> physical index
+  std::vector<size_t> used;  // per physical device
+  std::map<uintptr_t, Allocation> allocations;
+  std::vector<std::unique_ptr<CUstream_st>> streams;  // never freed: events may outlive streams
+  std::vector<CUstream_st*> legacy;                   // per physical device
+  std::unordered_map<const void*, int> max_dynamic_shared;
+
+  Emulator() {
+    physical = EnvInt("SHARDGPT_CUDA_EMU_DEVICES", 8);
+    memory_per_device = (size_t)EnvInt("SHARDGPT_CUDA_EMU_MEMORY_MIB", 16 * 1024) << 20;
+    used.assign(physical, 0);
+    const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
+    if (v == nullptr) {
+      for (int i = 0; i < physical; i++) visible.push_back(i);
+    } else {
+      // CUDA's rule: a comma-separated list of indices; an invalid entry ends the list.
+      std::string s(v);
+      size_t pos = 0;
+      while (pos <= s.size() && !s.empty()) {
+        const size_t comma = s.find(',', pos);
+        const std::string item = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+        char* end = nullptr;
+        const long idx = std::strtol(item.c_str(), &end, 10);
+        if (item.empty() || *end != '\0' || idx < 0 || idx >= physical) break;
+        visible.push_back((int)idx);
+        if (comma == std::string::npos) break;
+        pos = comma + 1;
+      }
+    }
+    for (int d = 0; d < physical; d++) {
+      streams.push_back(std::make_unique<CUstream_st>());
+      streams.back()->device = d;
+      streams.back()->legacy = true;
+      legacy.push_back(streams.back().get());
+    }
+  }
+  static int EnvInt(const char* name, int fallback) {
+    const char* v = std::getenv(name);
+    return v && *v ? std::atoi(v) : fallback;
+  }
+};
+
+Emulator& Emu() {
+  static Emulator* e = new Emulator();  // never destroyed: streams may run from exit handlers
+  return *e;
+}
+
+thread_local int tls_device = 0;  // visible ordinal
+thread_local cudaError_t tls_last_error = cudaSuccess;
+
+cudaError_t Record(cudaError_t e) {
+  if (e != cudaSuccess) tls_last_error = e;
+  return e;
+}
+
+int Physical(int ordinal) {
+  cuda_emu::Emulator& em = Emu();
+  return ordinal >= 0 && ordinal < (int)em.visible.size() ? em.visible[ordinal] : -1;
+}
+
+CUstream_st* Resolve(cudaStream_t s) {
+  if (s != nullptr) return s;
+  const int d = Physical(tls_device);
+  if (d < 0) Fail("the current device " + std::to_string(tls_device) + " is not a visible GPU");
+  return Emu().legacy[d];
+}
+
+// Runs stream s until `target` closures have run. blocking = false: give up (false) when
+// another thread is running the queue (cudaEventQuery must not block).
+bool RunUntil(CUstream_st* s, uint64_t target, bool blocking) {
+  if (s->executed.load() >= target) return true;
+  if (s->runner.load() == std::this_thread::get_id())
+    Fail("a stream waits on work queued after its own current operation (a cycle of stream waits)");
+  std::unique_lock<std::mutex> run(s->run_mu, std::defer_lock);
+  if (blocking) {
+    run.lock();
+  } else if (!run.try_lock()) {
+    return s->executed.load() >= target;
+  }
+  s->runner = std::this_thread::get_id();
+  while (s->executed.load() < target) {
+    std::pair<uint64_t, std::function<void()>> op;
+    {
+      std::lock_guard<std::mutex> q(s->queue_mu);
+      op = std::move(s->ops.front());
+      s->ops.pop_front();
+    }
+    op.second();
+    s->executed = op.first;
+  }
+  s->runner = std::thread::id();
+  return true;
+}
+
+uint64_t Enqueued(CUstream_st* s) {
+  std::lock_guard<std::mutex> q(s->queue_mu);
+  return s->enqueued;
+}
+
+uint64_t Push(CUstream_st* s, std::function<void()> op) {
+  std::lock_guard<std::mutex> q(s->queue_mu);
+  if (s->destroyed) Fail("work queued on a destroyed stream");
+  s->ops.emplace_back(++s->enqueued, std::move(op));
+  return s->enqueued;
+}
+
+// The legacy default stream waits for the blocking streams of its device and they for it.
+void OrderWithLegacy(CUstream_st* s) {
+  if (s->non_blocking) return;
+  cuda_emu::Emulator& em = Emu();
+  std::vector<std::pair<CUstream_st*, uint64_t>> waits;
+  {
+    std::lock_guard<std::mutex> lock(em.mu);
+    if (s->legacy) {
+      for (auto& other : em.streams)
+        if (!other->legacy && !other->non_blocking && !other->destroyed && other->device == s->device)
+          waits.emplace_back(other.get(), Enqueued(other.get()));
+    } else {
+      waits.emplace_back(em.legacy[s->device], Enqueued(em.legacy[s->device]));
+    }
+  }
+  for (auto& w : waits)
+    if (w.second > 0) Push(s, [w] { RunUntil(w.first, w.second, true); });
+}
+
+std::string Hex(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%p", p);
+  return buf;
+}
+
+// The allocation holding [p, p+bytes), or null.
+const Allocation* Find(const void* p, size_t bytes, uintptr_t* base) {
+  cuda_emu::Emulator& em = Emu();
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = em.allocations.upper_bound(a);
+  if (it == em.allocations.begin()) return nullptr;
+  --it;
+  if (a + bytes > it->first + it->second.bytes || a < it->first) return nullptr;
+  if (bytes == 0 && a == it->first + it->second.bytes && it->second.bytes != 0) {
+    // the end of this allocation: inside it
+  }
+  *base = it->first;
+  return &it->second;
+}
+
+enum class Where { kDevice, kPinned, kPageable };
+
+Where Classify(const void* p, size_t bytes, int* device) {
+  std::lock_guard<std::mutex> lock(Emu().mu);
+  uintptr_t base = 0;
+  const Allocation* a = Find(p, bytes, &base);
+  if (a == nullptr) {
+    // Not wholly inside one allocation: if it starts inside a device one, it overruns it.
+    const Allocation* start = Find(p, 0, &base);
+    if (start != nullptr && start->device >= 0)
+      Fail("a copy or memset of " + std::to_string(bytes) + " bytes at " + Hex(p) + " runs past the end of its " +
+           std::to_string(start->bytes) + "-byte device allocation at " + Hex(reinterpret_cast<void*>(base)));
+    return Where::kPageable;
+  }
+  *device = a->device;
+  return a->device >= 0 ? Where::kDevice : Where::kPinned;
+}
+
+}  // namespace
+
+void Fail(const std::string& what) {
+  std::fprintf(stderr, "shardgpt CUDA emulation: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+void Enqueue(cudaStream_t s, std::function<void()> op) {
+  CUstream_st* st = Resolve(s);
+  OrderWithLegacy(st);
+  Push(st, std::move(op));
+}
+
+int DeviceOf(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(Emu().mu);
+  uintptr_t base = 0;
+  const Allocation* a = Find(p, bytes, &base);
+  return a ? a->device : -1;
+}
+
+bool IsPinnedHost(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(Emu().mu);
+  uintptr_t base = 0;
+  const Allocation* a = Find(p, bytes, &base);
+  return a && a->device < 0;
+}
+
+int StreamDevice(cudaStream_t s) { return Resolve(s)->device; }
+int CurrentDevice() { return Physical(tls_device); }
+
+void SynchronizeAll() {
+  std::vector<std::pair<CUstream_st*, uint64_t>> all;
+  {
+    std::lock_guard<std::mutex> lock(Emu().mu);
+    for (auto& s : Emu().streams) all.emplace_back(s.get(), Enqueued(s.get()));
+  }
+  for (auto& s : all) RunUntil(s.first, s.second, true);
+}
+
+cudaError_t FuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
+  if (value < 0 || value > 227 * 1024) return Record(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(Emu().mu);
+  Emu().max_dynamic_shared[func] = value;
+  return cudaSuccess;
+}
+
+cudaError_t FuncGetAttributes(cudaFuncAttributes* attr, const void* func) {
+  if (attr == nullptr || func == nullptr) return Record(cudaErrorInvalidValue);
+  std::memset(attr, 0, sizeof(*attr));
+  attr->maxThreadsPerBlock = 1024;
+  attr->ptxVersion = attr->binaryVersion = 90;
+  std::lock_guard<std::mutex> lock(Emu().mu);
+  auto it = Emu().max_dynamic_shared.find(func);
+  attr->maxDynamicSharedSizeBytes = it == Emu().max_dynamic_shared.end() ? 48 * 1024 : it->second;
+  return cudaSuccess;
+}
+
+// For fibers.cc: the largest dynamic shared memory a launch of func may ask for.
+size_t MaxDynamicShared(const void* func) {
+  std::lock_guard<std::mutex> lock(Emu().mu);
+  auto it = Emu().max_dynamic_shared.find(func);
+  return it == Emu().max_dynamic_shared.end() ? 48 * 1024 : (size_t)it->second;
+}
+// For fibers.cc: the last-error slot of the calling thread.
+void SetLastError(cudaError_t e) { Record(e); }
+// For fibers.cc: where a kernel's pointer argument points (device index, -1 pinned, -2 neither).
+int PointerArgDevice(const void* p) {
+  std::lock_guard<std::mutex> lock(Emu().mu);
+  uintptr_t base = 0;
+  const Allocation* a = Find(p, 0, &base);
+  return a ? a->device : -2;
+}
+
+}  // namespace cuda_emu
+
+using cuda_emu::Emu;
+using cuda_emu::Record;
+
+// ---- errors ----
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInitializationError: return "initialization error";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    case cudaErrorInsufficientDriver: return "CUDA driver version is insufficient for CUDA runtime version";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorNoKernelImageForDevice: return "no kernel image is available for execution on the device";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+  }
+  return "unknown error";
+}
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInitializationError: return "cudaErrorInitializationError";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
+    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorNoKernelImageForDevice: return "cudaErrorNoKernelImageForDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+  }
+  return "cudaErrorUnknown";
+}
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = cuda_emu::tls_last_error;
+  cuda_emu::tls_last_error = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError() { return cuda_emu::tls_last_error; }
+
+// ---- devices ----
+cudaError_t cudaGetDeviceCount(int* count) {
+  if (count == nullptr) return Record(cudaErrorInvalidValue);
+  if (Emu().visible.empty()) return Record(cudaErrorNoDevice);  // *count left unchanged, as CUDA
+  *count = (int)Emu().visible.size();
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  if (cuda_emu::Physical(device) < 0) return Record(Emu().visible.empty() ? cudaErrorNoDevice : cudaErrorInvalidDevice);
+  cuda_emu::tls_device = device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  if (device == nullptr) return Record(cudaErrorInvalidValue);
+  if (Emu().visible.empty()) return Record(cudaErrorNoDevice);
+  *device = cuda_emu::tls_device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  const int d = cuda_emu::Physical(device);
+  if (prop == nullptr) return Record(cudaErrorInvalidValue);
+  if (d < 0) return Record(cudaErrorInvalidDevice);
+  std::memset(prop, 0, sizeof(*prop));
+  std::snprintf(prop->name, sizeof(prop->name), "CUDA emulation on the CPU, for tests (sm_90 limits)");
+  prop->totalGlobalMem = Emu().memory_per_device;
+  prop->sharedMemPerBlock = 48 * 1024;
+  prop->sharedMemPerBlockOptin = 227 * 1024;
+  prop->regsPerBlock = 65536;
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = 1024;
+  prop->maxThreadsDim[0] = prop->maxThreadsDim[1] = 1024, prop->maxThreadsDim[2] = 64;
+  prop->maxGridSize[0] = 2147483647, prop->maxGridSize[1] = prop->maxGridSize[2] = 65535;
+  prop->major = 9, prop->minor = 0;
+  prop->multiProcessorCount = 132;
+  prop->pciBusID = 0x10 + d;
+  prop->l2CacheSize = 50u << 20;
+  prop->maxThreadsPerMultiProcessor = 2048;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetPCIBusId(char* bus, int len, int device) {
+  const int d = cuda_emu::Physical(device);
+  if (bus == nullptr || len <= 0) return Record(cudaErrorInvalidValue);
+  if (d < 0) return Record(cudaErrorInvalidDevice);
+  std::snprintf(bus, (size_t)len, "00000000:%02X:00.0", 0x10 + d);  // CUDA's upper-case form
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize() {
+  const int d = cuda_emu::Physical(cuda_emu::tls_device);
+  if (d < 0) return Record(cudaErrorNoDevice);
+  std::vector<std::pair<CUstream_st*, uint64_t>> mine;
+  {
+    std::lock_guard<std::mutex> lock(Emu().mu);
+    for (auto& s : Emu().streams)
+      if (s->device == d) mine.emplace_back(s.get(), cuda_emu::Enqueued(s.get()));
+  }
+  for (auto& s : mine) cuda_emu::RunUntil(s.first, s.second, true);
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* v) {
+  if (v) *v = 13000;
+  return v ? cudaSuccess : Record(cudaErrorInvalidValue);
+}
+cudaError_t cudaDriverGetVersion(int* v) {
+  if (v) *v = 13000;
+  return v ? cudaSuccess : Record(cudaErrorInvalidValue);
+}
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  const int d = cuda_emu::Physical(cuda_emu::tls_device);
+  if (d < 0) return Record(cudaErrorNoDevice);
+  std::lock_guard<std::mutex> lock(Emu().mu);
+  if (free_bytes) *free_bytes = Emu().memory_per_device - Emu().used[d];
+  if (total_bytes) *total_bytes = Emu().memory_per_device;
+  return cudaSuccess;
+}
+
+// ---- memory ----
+namespace {
+cudaError_t Allocate(void** p, size_t bytes, int device) {
+  if (p == nullptr) return Record(cudaErrorInvalidValue);
+  *p = nullptr;
+  if (bytes == 0) return cudaSuccess;
+  cuda_emu::Emulator& em = Emu();
+  {
+    std::lock_guard<std::mutex> lock(em.mu);
+    if (device >= 0 && bytes > em.memory_per_device - em.used[device]) return Record(cudaErrorMemoryAllocation);
+    if (device >= 0) em.used[device] += bytes;
+  }
+  void* mem = nullptr;
+  if (posix_memalign(&mem, 256, bytes) != 0) {
+    std::lock_guard<std::mutex> lock(em.mu);
+    if (device >= 0) em.used[device] -= bytes;
+    return Record(cudaErrorMemoryAllocation);
+  }
+  if (device >= 0) std::memset(mem, 0xff, bytes);  // uninitialised device memory
+  std::lock_guard<std::mutex> lock(em.mu);
+  em.allocations[reinterpret_cast<uintptr_t>(mem)] = cuda_emu::Allocation{bytes, device};
+  *p = mem;
+  return cudaSuccess;
+}
+cudaError_t Release(void* p, bool pinned) {
+  if (p == nullptr) return cudaSuccess;
+  cuda_emu::Emulator& em = Emu();
+  int device = -1;
+  {
+    std::lock_guard<std::mutex> lock(em.mu);
+    auto it = em.allocations.find(reinterpret_cast<uintptr_t>(p));
+    if (it == em.allocations.end() || (it->second.device < 0) != pinned)
+      return Record(pinned ? cudaErrorInvalidValue : cudaErrorInvalidDevicePointer);
+    device = it->second.device;
+  }
+  // cudaFree / cudaFreeHost synchronise: queued work may still use the memory.
+  if (pinned) {
+    cuda_emu::SynchronizeAll();
+  } else {
+    const int saved = cuda_emu::tls_device;
+    for (int o = 0; o < (int)em.visible.size(); o++)
+      if (em.visible[o] == device) cuda_emu::tls_device = o;
+    cudaDeviceSynchronize();
+    cuda_emu::tls_device = saved;
+  }
+  std::lock_guard<std::mutex> lock(em.mu);
+  auto it = em.allocations.find(reinterpret_cast<uintptr_t>(p));
+  if (device >= 0) em.used[device] -= it->second.bytes;
+  em.allocations.erase(it);
+  std::free(p);
+  return cudaSuccess;
+}
+}  // namespace
+
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  const int d = cuda_emu::Physical(cuda_emu::tls_device);
+  if (d < 0) return Record(cudaErrorNoDevice);
+  return Allocate(p, bytes, d);
+}
+cudaError_t cudaFree(void* p) { return Release(p, false); }
+cudaError_t cudaMallocHost(void** p, size_t bytes) { return Allocate(p, bytes, -1); }
+cudaError_t cudaFreeHost(void* p) { return Release(p, true); }
+
+// ---- streams and events ----
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
+  if (s == nullptr) return Record(cudaErrorInvalidValue);
+  const int d = cuda_emu::Physical(cuda_emu::tls_device);
+  if (d < 0) return Record(cudaErrorNoDevice);
+  auto st = std::make_unique<CUstream_st>();
+  st->device = d;
+  st->non_blocking = (flags & cudaStreamNonBlocking) != 0;
+  std::lock_guard<std::mutex> lock(Emu().mu);
+  *s = st.get();
+  Emu().streams.push_back(std::move(st));
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (s == nullptr || s->legacy) return Record(cudaErrorInvalidResourceHandle);
+  // Work already queued still completes (as CUDA documents); then the stream is gone.
+  cuda_emu::RunUntil(s, cuda_emu::Enqueued(s), true);
+  std::lock_guard<std::mutex> q(s->queue_mu);
+  if (s->destroyed) return Record(cudaErrorInvalidResourceHandle);
+  s->destroyed = true;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  CUstream_st* st = cuda_emu::Resolve(s);
+  cuda_emu::RunUntil(st, cuda_emu::Enqueued(st), true);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  CUstream_st* st = cuda_emu::Resolve(s);
+  return cuda_emu::RunUntil(st, cuda_emu::Enqueued(st), false) ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+  if (e == nullptr) return Record(cudaErrorInvalidResourceHandle);
+  if (e->stream == nullptr) return cudaSuccess;  // never recorded: nothing to wait for
+  CUstream_st* src = e->stream;
+  const uint64_t target = e->target;  // the event as recorded now, as CUDA
+  cuda_emu::Enqueue(s, [src, target] { cuda_emu::RunUntil(src, target, true); });
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
+  if (e == nullptr) return Record(cudaErrorInvalidValue);
+  *e = new CUevent_st();
+  (*e)->timing = (flags & cudaEventDisableTiming) == 0;
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  // The queue does not refer to the event (waits copy its target), so it may go now.
+  if (e == nullptr) return Record(cudaErrorInvalidResourceHandle);
+  delete e;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  if (e == nullptr) return Record(cudaErrorInvalidResourceHandle);
+  CUstream_st* st = cuda_emu::Resolve(s);
+  cuda_emu::OrderWithLegacy(st);
+  if (e->timing) {
+    e->target = cuda_emu::Push(st, [e] { e->when = std::chrono::steady_clock::now(); });
+  } else {
+    e->target = cuda_emu::Enqueued(st);
+  }
+  e->stream = st;
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (e == nullptr) return Record(cudaErrorInvalidResourceHandle);
+  if (e->stream) cuda_emu::RunUntil(e->stream, e->target, true);
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (e == nullptr) return Record(cudaErrorInvalidResourceHandle);
+  if (e->stream == nullptr) return cudaSuccess;
+  return cuda_emu::RunUntil(e->stream, e->target, false) ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (ms == nullptr || start == nullptr || end == nullptr) return Record(cudaErrorInvalidValue);
+  if (!start->timing || !end->timing) return Record(cudaErrorInvalidResourceHandle);
+  if (cudaEventQuery(start) != cudaSuccess || cudaEventQuery(end) != cudaSuccess) return cudaErrorNotReady;
+  *ms = std::chrono::duration<float, std::milli>(end->when - start->when).count();
+  return cudaSuccess;
+}
+
+// ---- copies ----
+namespace {
+// Checks a copy's direction against where its pointers are; false with the error set.
+bool CheckDirection(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cuda_emu::Where* dw,
+                    cuda_emu::Where* sw) {
+  int dd = -1, sd = -1;
+  *dw = cuda_emu::Classify(dst, bytes, &dd);
+  *sw = cuda_emu::Classify(src, bytes, &sd);
+  const bool dst_dev = *dw == cuda_emu::Where::kDevice, src_dev = *sw == cuda_emu::Where::kDevice;
+  switch (kind) {
+    case cudaMemcpyHostToDevice: return dst_dev && !src_dev;
+    case cudaMemcpyDeviceToHost: return src_dev && !dst_dev;
+    case cudaMemcpyDeviceToDevice: return dst_dev && src_dev;
+    case cudaMemcpyHostToHost: return !dst_dev && !src_dev;
+    case cudaMemcpyDefault: return true;
+  }
+  return false;
+}
+}  // namespace
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+  if (bytes == 0) return cudaSuccess;
+  if (dst == nullptr || src == nullptr) return Record(cudaErrorInvalidValue);
+  cuda_emu::Where dw, sw;
+  if (!CheckDirection(dst, src, bytes, kind, &dw, &sw)) return Record(cudaErrorInvalidValue);
+  CUstream_st* st = cuda_emu::Resolve(s);
+  if (sw == cuda_emu::Where::kPageable) {
+    // Pageable source: staged at the call, so the caller may reuse it at once.
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                      static_cast<const char*>(src) + bytes);
+    cuda_emu::Enqueue(st, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+  } else {
+    cuda_emu::Enqueue(st, [dst, src, bytes] { std::memmove(dst, src, bytes); });
+  }
+  // Pageable destination: the call returns once the bytes are there.
+  if (dw == cuda_emu::Where::kPageable) cuda_emu::RunUntil(st, cuda_emu::Enqueued(st), true);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+  if (e != cudaSuccess) return e;
+  return cudaStreamSynchronize(nullptr);
+}
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
+  if (bytes == 0) return cudaSuccess;
+  int d = -1;
+  if (cuda_emu::Classify(p, bytes, &d) != cuda_emu::Where::kDevice) return Record(cudaErrorInvalidValue);
+  cuda_emu::Enqueue(s, [p, value, bytes] { std::memset(p, value, bytes); });
+  return cudaSuccess;
+}
+cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  const cudaError_t e = cudaMemsetAsync(p, value, bytes, nullptr);
+  if (e != cudaSuccess) return e;
+  return cudaStreamSynchronize(nullptr);
+}
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* user_data) {
+  if (fn == nullptr) return Record(cudaErrorInvalidValue);
+  cuda_emu::Enqueue(s, [fn, user_data] { fn(user_data); });
+  return cudaSuccess;
+}
