@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cassert>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 
@@ -101,10 +103,22 @@ void GPT::BlockBackward(const float* p, float* g, float* dres, const float* x, c
                      a.ln1_rstd, N, C);  // dres is now dL/dx
 }
 
+namespace {
+// Defence in depth at the device boundary (see Forward in gpt.h): one pass over the ids.
+void CheckTokenIds(const int32_t* ids, int n, int vocab, const char* what) {
+  for (int i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= vocab)
+      throw std::out_of_range(std::string(what) + " token id " + std::to_string(ids[i]) + " at position " +
+                              std::to_string(i) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+}
+}  // namespace
+
 float GPT::Forward(UnitHooks& hooks, const int32_t* inputs, const int32_t* targets, int B, int T, float grad_scale) {
   assert(B <= maxB_ && T <= maxT_);
   B_ = B, T_ = T;
   const int C = config_.n_embd, N = B * T, L = config_.n_layer;
+  CheckTokenIds(inputs, N, config_.vocab_size, "input");
+  if (targets) CheckTokenIds(targets, N, config_.vocab_size, "target");
   device_.CopyToDevice(inputs_, inputs, static_cast<size_t>(N) * sizeof(int32_t));
 
   const int E = ParamLayout::kEmbedUnit, F = layout_.final_unit();

@@ -61,6 +61,10 @@ class GPT {
   const GPTConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
 
+  // Token ids: every id of inputs and targets must be in [0, vocab_size). This is the one
+  // place where ids reach the device (the kernels index wte with them unchecked); the callers
+  // check first (the data loader every file it maps, `sample` its prompt, the sampler its
+  // draws), and Forward checks again: an id outside throws std::out_of_range naming it.
   // Runs the forward pass on inputs[B,T] (host memory). With targets (host memory), returns the mean cross-entropy over
   // the B*T positions (else 0). If grad_scale != 0 the logits are replaced by the gradient of
   // grad_scale * mean loss, ready for Backward() (fused softmax + cross-entropy backward).

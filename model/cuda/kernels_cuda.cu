@@ -313,7 +313,8 @@ CudaKernels::~CudaKernels() {
   }
   if (lt_) cublasLtDestroy(lt_);
   if (workspace_) cudaFree(workspace_);
-  if (scratch_) cudaFree(scratch_);
+  for (void* p : scratch_)
+    if (p) cudaFree(p);
 }
 
 Status CudaKernels::Init() {
@@ -336,28 +337,37 @@ Status CudaKernels::Init() {
 
 void CudaKernels::Bind() const { SHARDGPT_CUDA_CHECK(cudaSetDevice(device_)); }
 
-void* CudaKernels::Scratch(size_t bytes) const {
-  if (bytes <= scratch_bytes_) return scratch_;
-  const size_t want = std::max(bytes, scratch_bytes_ + scratch_bytes_ / 2);  // grow by >= 1.5x
-  if (scratch_) {
+void* CudaKernels::Scratch(size_t bytes, ScratchSlot slot) const {
+  if (bytes <= scratch_bytes_[slot]) return scratch_[slot];
+  const size_t want = std::max(bytes, scratch_bytes_[slot] + scratch_bytes_[slot] / 2);  // grow by >= 1.5x
+  if (scratch_[slot]) {
     SHARDGPT_CUDA_CHECK(cudaStreamSynchronize(stream_));  // kernels may still read the old one
-    SHARDGPT_CUDA_CHECK(cudaFree(scratch_));
-    scratch_ = nullptr, scratch_bytes_ = 0;
+    SHARDGPT_CUDA_CHECK(cudaFree(scratch_[slot]));
+    scratch_[slot] = nullptr, scratch_bytes_[slot] = 0;
   }
-  const cudaError_t e = cudaMalloc(&scratch_, want);
+  const cudaError_t e = cudaMalloc(&scratch_[slot], want);
   if (e == cudaErrorMemoryAllocation) {
     cudaGetLastError();
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
-    scratch_ = nullptr;
+    scratch_[slot] = nullptr;
     throw DeviceOutOfMemory("out of GPU memory on cuda:" + std::to_string(device_) +
                             " allocating kernel scratch (" + std::to_string(want) + " bytes asked, " +
                             std::to_string(free_b) +
                             " bytes free); try a higher --zero-stage or a smaller --micro-batch");
   }
   SHARDGPT_CUDA_CHECK(e);
-  scratch_bytes_ = want;
-  return scratch_;
+  scratch_bytes_[slot] = want;
+  return scratch_[slot];
+}
+
+// The whole stored span of X (the last column ends at (cols-1)*ld + rows) is converted, so the
+// copy keeps X's leading dimension.
+const uint16_t* CudaKernels::Bf16Copy(const float* X, int rows, int cols, int ld, ScratchSlot slot) const {
+  const size_t n = (size_t)(cols - 1) * ld + rows;
+  uint16_t* dst = static_cast<uint16_t*>(Scratch(n * sizeof(uint16_t), slot));
+  convert(X, DType::kF32, dst, DType::kBF16, n);
+  return dst;
 }
 
 // ==============================================================================================

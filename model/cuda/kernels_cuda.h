@@ -97,12 +97,21 @@ class CudaKernels final : public Kernels {
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
  private:
+  // Slots of Scratch() (below): separate buffers for uses that overlap.
+  enum ScratchSlot { kGeneral = 0, kOperandA = 1, kOperandB = 2, kNumSlots = 3 };
+
   // ---- matmul_cuda.cu ----
   // Column-major GEMM on the compute stream, cuBLAS conventions:
   //   D[m,n] = op(A)[m,k] op(B)[k,n] + beta * D  (+ bias[m] broadcast over columns, if bias)
   // op(X) = X^T when the flag is set. Row-major callers swap operands (see matmul_forward).
+  // kBf16: A and B are first rounded to bf16 copies (convert_kernel, RNE as base/bf16.h) and
+  // multiplied as CUDA_R_16BF operands with CUBLAS_COMPUTE_32F: exactly bf16-rounded inputs,
+  // fp32 accumulation, fp32 out. (CUBLAS_COMPUTE_32F_FAST_16BF on fp32 operands would let
+  // cuBLAS choose bf16 or TF32 rounding: not what the CPU twin computes.)
   void Gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B, int ldb,
             float* D, int ldd, float beta, const float* bias) const;
+  // The bf16 copy of the column-major rows x cols matrix X (leading dimension ld) in `slot`.
+  const uint16_t* Bf16Copy(const float* X, int rows, int cols, int ld, ScratchSlot slot) const;
   // One cuBLASLt configuration: descriptors and the heuristic's algorithm, made once per key.
   struct GemmKey {
     bool trans_a, trans_b;
@@ -129,8 +138,10 @@ class CudaKernels final : public Kernels {
 
   // ---- kernels_cuda.cu ----
   // Device scratch shared by all kernels (they run one after another on the compute stream),
-  // grown on demand; the old buffer is freed only after the stream has drained.
-  void* Scratch(size_t bytes) const;
+  // grown on demand; the old buffer is freed only after the stream has drained. Slots are
+  // separate buffers for uses that overlap: kGeneral (partial sums, index lists), kOperandA and
+  // kOperandB (a bf16 matmul's bf16 copies of its two inputs).
+  void* Scratch(size_t bytes, ScratchSlot slot = kGeneral) const;
   // Makes this thread's current device ours (cheap; kernels may be called from any thread).
   void Bind() const;
 
@@ -139,8 +150,8 @@ class CudaKernels final : public Kernels {
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
   mutable std::map<GemmKey, GemmPlan> plans_;
-  mutable void* scratch_ = nullptr;
-  mutable size_t scratch_bytes_ = 0;
+  mutable void* scratch_[kNumSlots] = {};
+  mutable size_t scratch_bytes_[kNumSlots] = {};
   // Host staging of the encoder's index lists, the losses and the sum-of-squares partials.
   mutable std::vector<int32_t> host_ints_;
   mutable std::vector<float> host_floats_;

@@ -10,9 +10,11 @@
 // the BGRADB epilogue (that one overwrites; ours accumulates): it is our own column sum with a
 // fixed reduction order.
 //
-// Precision: kExact = CUBLAS_COMPUTE_32F (cuBLASLt uses TF32 only when asked for by
-// CUBLAS_COMPUTE_32F_FAST_TF32, so products are fp32); kBf16 = CUBLAS_COMPUTE_32F_FAST_16BF
-// (tensor cores on bf16-rounded inputs, fp32 in, fp32 accumulate and out).
+// Precision: kExact = fp32 operands, CUBLAS_COMPUTE_32F (cuBLASLt uses TF32 only when asked
+// for by CUBLAS_COMPUTE_32F_FAST_TF32, so products are fp32); kBf16 = bf16 copies of A and B
+// (RNE, as the CPU twin rounds them) as CUDA_R_16BF operands, CUBLAS_COMPUTE_32F: tensor cores
+// on exactly bf16-rounded inputs, fp32 accumulation, fp32 D. Not CUBLAS_COMPUTE_32F_FAST_16BF
+// on fp32 operands: cuBLAS documents that one as free to round the inputs to bf16 or to TF32.
 //
 // A shape with no kBf16 algorithm (cuBLASLt's choice, e.g. for unaligned pointers) runs as
 // kExact; one with no bias-epilogue algorithm gets the bias written first and accumulates onto it.
@@ -83,9 +85,9 @@ CudaKernels::GemmPlan& CudaKernels::Plan(const GemmKey& key, const float* bias) 
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
   GemmPlan& p = plans_.emplace(key, GemmPlan{}).first->second;
-  const cublasComputeType_t compute =
-      key.precision == MatmulPrecision::kBf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
-  SHARDGPT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
+  const bool bf16 = key.precision == MatmulPrecision::kBf16;
+  const cudaDataType_t operand_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  SHARDGPT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t tb = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   SHARDGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
@@ -102,9 +104,9 @@ CudaKernels::GemmPlan& CudaKernels::Plan(const GemmKey& key, const float* bias) 
         cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   }
   // Stored shapes (rows x cols, column-major) of A, B and D (D is also C: beta reads it).
-  SHARDGPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, key.trans_a ? key.k : key.m,
+  SHARDGPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, operand_type, key.trans_a ? key.k : key.m,
                                                    key.trans_a ? key.m : key.k, key.lda));
-  SHARDGPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_32F, key.trans_b ? key.n : key.k,
+  SHARDGPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, operand_type, key.trans_b ? key.n : key.k,
                                                    key.trans_b ? key.k : key.n, key.ldb));
   SHARDGPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, key.m, key.n, key.ldd));
 
@@ -130,13 +132,22 @@ CudaKernels::GemmPlan& CudaKernels::Plan(const GemmKey& key, const float* bias) 
 
 void CudaKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B,
                        int ldb, float* D, int ldd, float beta, const float* bias) const {
+  // The operands as the plan reads them: bf16 copies (256-byte aligned scratch) for kBf16.
+  const void* a_op = A;
+  const void* b_op = B;
+  if (precision_ == MatmulPrecision::kBf16) {
+    a_op = Bf16Copy(A, trans_a ? k : m, trans_a ? m : k, lda, kOperandA);
+    b_op = Bf16Copy(B, trans_b ? n : k, trans_b ? k : n, ldb, kOperandB);
+  }
   const uint32_t align =
-      std::min(std::min(Alignment(A), Alignment(B)), std::min(Alignment(D), bias ? Alignment(bias) : 256u));
+      std::min(std::min(Alignment(a_op), Alignment(b_op)), std::min(Alignment(D), bias ? Alignment(bias) : 256u));
   GemmKey key{trans_a, trans_b, m, n, k, lda, ldb, ldd, precision_, bias != nullptr, beta != 0.0f, align};
   GemmPlan* found = &Plan(key, bias);
   if (!found->found && key.precision == MatmulPrecision::kBf16) {
-    // No tensor-core algorithm (e.g. pointers too unaligned): this shape runs in fp32.
+    // No bf16 algorithm for this configuration: this shape runs in fp32, on the fp32 inputs.
     key.precision = MatmulPrecision::kExact;
+    key.alignment = std::min(std::min(Alignment(A), Alignment(B)), std::min(Alignment(D), bias ? Alignment(bias) : 256u));
+    a_op = A, b_op = B;
     found = &Plan(key, bias);
   }
   GemmPlan& plan = *found;
@@ -156,8 +167,8 @@ void CudaKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const fl
     SHARDGPT_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   const float alpha = 1.0f;
-  SHARDGPT_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, A, plan.a, B, plan.b, &beta, D, plan.d, D, plan.d,
-                                       &plan.algo, workspace_, kWorkspaceBytes, stream_));
+  SHARDGPT_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, a_op, plan.a, b_op, plan.b, &beta, D, plan.d, D,
+                                       plan.d, &plan.algo, workspace_, kWorkspaceBytes, stream_));
 }
 
 void CudaKernels::ColumnSums(float* dst, const float* X, int N, int OC) const {

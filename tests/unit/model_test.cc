@@ -2,6 +2,9 @@
 // initialisation, overfitting one batch, gradient accumulation equivalence, layout.
 #include <gtest/gtest.h>
 
+#include <stdexcept>
+#include <string>
+
 #include <algorithm>
 
 #include <cstring>
@@ -73,6 +76,31 @@ TEST(Model, LossAtInitIsLnVocab) {
   auto x = RandomTokens(4 * 32, 256, 1), y = RandomTokens(4 * 32, 256, 2);
   const float loss = model.Forward(p, x.data(), y.data(), 4, 32, 0.0f);
   EXPECT_NEAR(loss, std::log(256.0f), 0.05f);
+}
+
+// The device boundary refuses token ids outside [0, V) (inputs and targets) before any kernel
+// indexes wte with them; an id of exactly V (one past the table) is the case that matters.
+TEST(Model, ForwardRefusesTokenIdsOutsideTheVocabulary) {
+  SetComputeThreads(1);
+  GPTConfig c{1, 2, 32, 16, 300};
+  ParamLayout layout(c);
+  LocalParams p(layout);
+  InitParameters(layout, 1, p.params());
+  GPT model(c, 2, 16);
+  auto x = RandomTokens(2 * 16, 300, 1), y = RandomTokens(2 * 16, 300, 2);
+  EXPECT_NO_THROW(model.Forward(p, x.data(), y.data(), 2, 16, 0.0f));
+  x[7] = 300;
+  EXPECT_THROW(model.Forward(p, x.data(), y.data(), 2, 16, 0.0f), std::out_of_range);
+  x[7] = -1;
+  EXPECT_THROW(model.Forward(p, x.data(), nullptr, 2, 16, 0.0f), std::out_of_range);
+  x[7] = 3;
+  y[31] = 300;
+  try {
+    model.Forward(p, x.data(), y.data(), 2, 16, 1.0f);
+    ADD_FAILURE() << "a target id of V was accepted";
+  } catch (const std::out_of_range& e) {
+    EXPECT_NE(std::string(e.what()).find("target token id 300 at position 31"), std::string::npos) << e.what();
+  }
 }
 
 // d(mean loss)/d(theta) by central differences on a sample of parameters of every tensor.
