@@ -3,7 +3,7 @@
 # Called by the README commands, the Makefile and .ci/run. Safe to run again.
 set -euo pipefail
 PKGS=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
-      libopenblas-dev libdnnl-dev libcli11-dev nlohmann-json3-dev libgtest-dev googletest libbenchmark-dev
+      libopenblas-dev libdnnl-dev libcli11-dev nlohmann-json3-dev libgtest-dev googletest libbenchmark-dev libboost-context-dev
       bible-kjv python3-numpy python3-h5py python3-matplotlib)
 missing=()
 for p in "${PKGS[@]}"; do

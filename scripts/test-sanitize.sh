@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The sanitizer pass CI runs after scripts/test.sh (.ci/run):
-#  1. the whole project built with clang, AddressSanitizer + UndefinedBehaviorSanitizer
+#  1. the whole project built with clang, AddressSanitizer + UndefinedBehaviorSanitizer, the
+#     CUDA backend included through the CPU emulation of CUDA (emu/cuda/; its tests: gpu-emu)
 #     (any UB aborts), at -O1 without -march=native (another optimisation level than the
 #     Release build: the tests' float tolerances must hold for both), into build-asan/;
 #  2. the whole test suite under it (Open MPI's own leaks at exit are suppressed by
@@ -25,7 +26,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 CC=clang CXX=clang++ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Sanitize -DCMAKE_C_FLAGS_SANITIZE="-O1 -g" \
-  -DCMAKE_CXX_FLAGS_SANITIZE="-O1 -g" -DSHARDGPT_CUDA=OFF -DSHARDGPT_BENCH=OFF -DSHARDGPT_FUZZ=ON >/dev/null
+  -DCMAKE_CXX_FLAGS_SANITIZE="-O1 -g" -DSHARDGPT_CUDA_EMULATION=ON -DSHARDGPT_BENCH=OFF -DSHARDGPT_FUZZ=ON >/dev/null
 cmake --build "$BUILD" -j "$(nproc)"
 [ "${SHARDGPT_SANITIZE_BUILD_ONLY:-0}" = 1 ] && exit 0
 

@@ -119,11 +119,12 @@ class CudaKernels final : public Kernels {
     MatmulPrecision precision;
     bool bias;           // CUBLASLT_EPILOGUE_BIAS (else CUBLASLT_EPILOGUE_DEFAULT)
     bool accumulate;     // beta != 0
-    uint32_t alignment;  // of the A, B, D and bias pointers (bytes, power of 2, <= 256)
+    uint32_t alignment;       // of the A, B and D pointers (bytes, power of 2, <= 256)
+    uint32_t bias_alignment;  // of the bias pointer, which the heuristic reads itself (256 without)
     bool operator<(const GemmKey& o) const {
-      return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldd, precision, bias, accumulate, alignment) <
-             std::tie(o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.ldd, o.precision, o.bias, o.accumulate,
-                      o.alignment);
+      return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldd, precision, bias, accumulate, alignment,
+                      bias_alignment) < std::tie(o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.ldd,
+                                                 o.precision, o.bias, o.accumulate, o.alignment, o.bias_alignment);
     }
   };
   struct GemmPlan {

@@ -115,6 +115,8 @@ CudaKernels::GemmPlan& CudaKernels::Plan(const GemmKey& key, const float* bias) 
   const uint64_t ws = kWorkspaceBytes;
   SHARDGPT_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(ph.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  // The bias pointer's alignment is the heuristic's own reading (of BIAS_POINTER), so it is part
+  // of the key: a later, less aligned bias must not reuse this plan.
   for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
     SHARDGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ph.pref, attr, &key.alignment, sizeof(key.alignment)));
@@ -139,14 +141,14 @@ void CudaKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const fl
     a_op = Bf16Copy(A, trans_a ? k : m, trans_a ? m : k, lda, kOperandA);
     b_op = Bf16Copy(B, trans_b ? n : k, trans_b ? k : n, ldb, kOperandB);
   }
-  const uint32_t align =
-      std::min(std::min(Alignment(a_op), Alignment(b_op)), std::min(Alignment(D), bias ? Alignment(bias) : 256u));
-  GemmKey key{trans_a, trans_b, m, n, k, lda, ldb, ldd, precision_, bias != nullptr, beta != 0.0f, align};
+  const uint32_t align = std::min(std::min(Alignment(a_op), Alignment(b_op)), Alignment(D));
+  const uint32_t bias_align = bias ? Alignment(bias) : 256u;
+  GemmKey key{trans_a, trans_b, m, n, k, lda, ldb, ldd, precision_, bias != nullptr, beta != 0.0f, align, bias_align};
   GemmPlan* found = &Plan(key, bias);
   if (!found->found && key.precision == MatmulPrecision::kBf16) {
     // No bf16 algorithm for this configuration: this shape runs in fp32, on the fp32 inputs.
     key.precision = MatmulPrecision::kExact;
-    key.alignment = std::min(std::min(Alignment(A), Alignment(B)), std::min(Alignment(D), bias ? Alignment(bias) : 256u));
+    key.alignment = std::min(std::min(Alignment(A), Alignment(B)), Alignment(D));
     a_op = A, b_op = B;
     found = &Plan(key, bias);
   }

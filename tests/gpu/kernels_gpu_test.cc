@@ -315,6 +315,56 @@ TEST_F(GpuTest, MatmulBf16) {
   for (const auto& mc : kMatmulCases) RunMatmul(*gpu_, *cpu_, mc, MatmulPrecision::kBf16, kTolBf16);
 }
 
+// What kBf16 computes, told apart from the alternatives cuBLAS could pick: the products of
+// bf16-rounded (RNE) inputs summed in fp32, not TF32-rounded inputs (10-bit mantissas, what
+// CUBLAS_COMPUTE_32F_FAST_16BF on fp32 operands may do) and not fp32. Inputs are chosen not to
+// be bf16 values; the reference is in double. The three references differ by ~1e-3 (normwise),
+// the GPU must be within 2e-5 of the bf16 one (fp32 accumulation of exact products).
+TEST_F(GpuTest, MatmulBf16RoundsTheInputsToBf16) {
+  const int N = 48, C = 160, OC = 72;
+  std::vector<float> inp = RandomFloats((size_t)N * C, 50), w = RandomFloats((size_t)OC * C, 51);
+  auto round_mantissa = [](float x, int dropped_bits) {  // round to nearest even, as bf16 / TF32 do
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    const uint32_t half = 1u << (dropped_bits - 1), low = u & ((1u << dropped_bits) - 1);
+    u &= ~((1u << dropped_bits) - 1);
+    if (low > half || (low == half && (u >> dropped_bits) & 1u)) u += 1u << dropped_bits;
+    float r;
+    std::memcpy(&r, &u, 4);
+    return r;
+  };
+  auto reference = [&](int dropped_bits) {
+    std::vector<float> out((size_t)N * OC);
+    for (int n = 0; n < N; n++)
+      for (int o = 0; o < OC; o++) {
+        double acc = 0;
+        for (int c = 0; c < C; c++) {
+          const float a = inp[(size_t)n * C + c], b = w[(size_t)o * C + c];
+          acc += dropped_bits ? (double)round_mantissa(a, dropped_bits) * round_mantissa(b, dropped_bits)
+                              : (double)a * b;
+        }
+        out[(size_t)n * OC + o] = (float)acc;
+      }
+    return out;
+  };
+  const std::vector<float> ref_bf16 = reference(16), ref_tf32 = reference(13), ref_f32 = reference(0);
+  auto normwise = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double err = 0, scale = 0;
+    for (size_t i = 0; i < a.size(); i++) err = std::max(err, std::fabs((double)a[i] - b[i])), scale = std::max(scale, std::fabs((double)b[i]));
+    return err / scale;
+  };
+  ASSERT_GT(normwise(ref_tf32, ref_bf16), 2e-4) << "the inputs do not tell bf16 from TF32 rounding";
+  ASSERT_GT(normwise(ref_f32, ref_bf16), 2e-4);
+  auto d_inp = Make(inp, "inp"), d_w = Make(w, "w");
+  auto out = Zeros((size_t)N * OC, "out");
+  gpu_->kernels().set_matmul_precision(MatmulPrecision::kBf16);
+  gpu_->kernels().matmul_forward(out.p(true), d_inp.p(true), d_w.p(true), nullptr, N, C, OC);
+  gpu_->kernels().set_matmul_precision(MatmulPrecision::kExact);
+  const std::vector<float> got = out.Gpu();
+  EXPECT_LT(normwise(got, ref_bf16), 2e-5) << "not the product of bf16-rounded inputs";
+  EXPECT_GT(normwise(got, ref_tf32), 1e-4) << "looks like TF32 rounding";
+}
+
 TEST_F(GpuTest, Attention) {
   struct Case {
     int B, T, NH, hs;

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The CUDA backend's tests on a machine without a GPU (part of scripts/test.sh, so of CI): the
+# same model/cuda/*.cu and parallel/nccl/*.cc sources compiled by the host compiler against the
+# CUDA emulation (emu/cuda/, -DSHARDGPT_CUDA_EMULATION=ON) into BUILD_EMU (default build-emu/),
+# then every test labelled gpu-emu: the emulation's own tests, tests/gpu/ (kernels against their
+# CPU twins, NCCL against MPI, whole training runs), tests/e2e_gpu/ (shardgpt train --device
+# cuda) and, as root, the Slurm GPU template (tests/slurm/gpu.sh). Extra arguments go to ctest.
+# Nothing here runs on, or says anything about the speed of, a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD_EMU:-build-emu}
+scripts/install-deps.sh
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSHARDGPT_CUDA_EMULATION=ON -DSHARDGPT_BENCH=OFF >/dev/null
+# Only what the gpu-emu tests run (the CPU suite is scripts/test.sh's main build).
+cmake --build "$BUILD" -j "$(nproc)" --target shardgpt gpu_tests train_gpu_test nccl_gpu_test runtime_emu_test \
+  cublaslt_emu_test nccl_emu_test
+cd "$BUILD" && ctest --output-on-failure --timeout 1200 -L gpu-emu "$@"
