@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -132,6 +133,9 @@ std::string Dim(uint3 v) { return "(" + std::to_string(v.x) + "," + std::to_stri
   if (thread >= 0) where += ", thread " + Dim(b.fibers[thread].tid) + " (warp " + std::to_string(thread / 32) + ")";
   Fail(where + ": " + what);
 }
+
+// __FILE__ of one header may be two pointers (one per translation unit): compare the text.
+bool SameFile(const char* a, const char* b) { return a == b || std::strcmp(a, b) == 0; }
 
 std::string Site(const char* file, int line) {
   std::string f = file ? file : "?";
@@ -351,7 +355,7 @@ void SyncThreads(const char* file, int line) {
     BlockFail(*b, me, "waits at __syncthreads() (" + Site(file, line) + ") while lanes of its warp wait at " +
                           OpName(other.op) + " (" + Site(other.file, other.line) + ")");
   }
-  if (b->at_barrier > 0 && (b->barrier_line != line || std::string(b->barrier_file) != file))
+  if (b->at_barrier > 0 && (b->barrier_line != line || !SameFile(b->barrier_file, file)))
     BlockFail(*b, me, "waits at __syncthreads() (" + Site(file, line) + ") while others wait at another one (" +
                           Site(b->barrier_file, b->barrier_line) + ")");
   f.state = State::kAtBarrier;
@@ -394,7 +398,7 @@ uint64_t WarpCollective(WarpOp op, unsigned mask, uint64_t value, int param, int
                           ")");
   if (w.arrived > 0) {
     const Fiber& other = b->fibers[w.first_lane];
-    if (other.op != op || other.line != line || std::string(other.file) != file || other.width != width)
+    if (other.op != op || other.line != line || other.width != width || !SameFile(other.file, file))
       BlockFail(*b, me, "lanes of one warp meet at different collectives: this lane at " + std::string(OpName(op)) +
                             " (" + Site(file, line) + "), lane " + std::to_string(w.first_lane % 32) + " at " +
                             OpName(other.op) + " (" + Site(other.file, other.line) + ")");
