@@ -22,13 +22,13 @@ std::string ResolveCommKind(const std::string& kind, const Device& device) {
   return device.is_cuda() && NcclBuilt() ? "nccl" : "mpi";
 }
 
-StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(const CommOptions& o, MPI_Comm comm, Device& device,
-                                                           int local_size, int gpus) {
+StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(const CommOptions& o, MPI_Comm comm, Device& device) {
   const std::string kind = ResolveCommKind(o.kind, device);
   if (!(o.timeout_s > 0)) return Status::InvalidArgument("--comm-timeout must be > 0 seconds");
   if (kind == "mpi") {
     auto c = MpiCommunicator::Create(comm, &device);
     if (!c.ok()) return c.status();
+    c.value()->SetEndJobOnFailure(o.end_job_on_failure);
     return std::unique_ptr<Communicator>(std::move(c.value()));
   }
   if (kind != "nccl") return Status::InvalidArgument("--comm " + kind + ": expected auto, mpi or nccl");
@@ -36,11 +36,8 @@ StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(const CommOptions& o,
 #ifdef SHARDGPT_HAVE_NCCL
   NcclOptions no;
   no.timeout_s = o.timeout_s;
-  no.local_size = local_size;
-  no.visible_gpus = gpus;
   return CreateNcclCommunicator(comm, device, no);
 #else
-  (void)local_size, (void)gpus;
   return Status::Unimplemented("--comm nccl: this shardgpt was built without NCCL (use --comm mpi)");
 #endif
 }

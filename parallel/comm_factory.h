@@ -15,16 +15,27 @@ namespace shardgpt {
 
 struct CommOptions {
   std::string kind = "auto";  // auto (nccl for --device cuda when built, else mpi), mpi, nccl
-  double timeout_s = 600;     // --comm-timeout (NCCL): a collective older than this ends the job
+  double timeout_s = 600;     // --comm-timeout (NCCL): a collective running longer than this ends the job
+  // MPI: a data-plane collective that fails on the communication thread (a staging copy that
+  // threw, an MPI error) ends the job with one "shardgpt: error: rank R: ..." line per rank,
+  // as the NCCL watchdog does: the engine has no error path for a Work
+  // (MpiCommunicator::SetEndJobOnFailure). False: the Work fails with the Status (tests).
+  bool end_job_on_failure = true;
 };
 
 // True when this build has the NCCL communicator.
 bool NcclBuilt();
 
-// Collective over comm. local_size: ranks on this node, gpus: GPUs visible to this rank (for
-// NCCL, which needs one GPU per rank: more ranks than GPUs is an error naming both numbers).
-StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(const CommOptions& options, MPI_Comm comm, Device& device,
-                                                           int local_size, int gpus);
+// Collective over comm. For NCCL, two ranks on one GPU are refused (the ranks, host and bus id
+// named on every rank; parallel/gpu_binding.h); how many GPUs each rank sees does not matter.
+StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(const CommOptions& options, MPI_Comm comm, Device& device);
+
+// The former signature: local_size and gpus are ignored (NCCL now compares the GPUs' bus ids,
+// so --gpu-bind=per_task:1, where each rank sees one GPU, works). For callers not yet changed.
+inline StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(const CommOptions& options, MPI_Comm comm,
+                                                                  Device& device, int /*local_size*/, int /*gpus*/) {
+  return CreateCommunicator(options, comm, device);
+}
 
 // The communicator kind `auto` resolves to on this device ("mpi" or "nccl").
 std::string ResolveCommKind(const std::string& kind, const Device& device);

@@ -34,6 +34,15 @@
 //    event recorded on the compute stream (the buffers' producer), and the Work is a CUDA
 //    event recorded after it; Wait() makes the compute stream wait on that event, and
 //    IsCompleted() is cudaEventQuery. Stream order gives the same in-call-order guarantee.
+//  - Several communicators (HSDP's shard and replica groups, Split). MPI: each has its own
+//    FIFO and thread, so their collectives progress independently and the order between
+//    communicators does not matter. NCCL: all communicators of a rank share ONE communication
+//    stream (stream_ordered() is true), so a collective of one waits for every collective
+//    issued before it on any of them; two ranks that issue collectives of two communicators in
+//    different orders deadlock (each waits, behind its own first one, for the other's). So on
+//    stream-ordered communicators the ISSUE ORDER ACROSS COMMUNICATORS must be the same on
+//    every rank: collectives are issued from fixed points of the program, never from
+//    completion steps, whose timing differs per rank (parallel/grad_reducer.cc).
 //
 // Ring-model accounting (CommLedger). Every collective is counted at ENQUEUE time in the
 // caller's ledger: one call, plus the bytes this rank SENDS under a ring algorithm, with the
@@ -58,6 +67,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -208,6 +218,21 @@ class CompletedWork final : public Work {
   Status status_;
 };
 
+class Communicator;
+
+// Debug hook: called for every data-plane collective (AllReduce, ReduceScatter, AllGather,
+// Broadcast, AllToAllV) that a communicator of this process accepts, on the issuing thread, in
+// issue order, with the call's count argument (AllToAllV: the elements sent). Tests record the
+// sequence of (communicator, collective) per rank to check that every rank issues the same
+// sequence across communicators (the stream-ordered rule above). Empty by default (the cost is
+// one test of an empty std::function per call); set it before the communicators run and reset
+// it after: it is not synchronised.
+using CollectiveIssueHook = std::function<void(const Communicator& comm, CollKind kind, size_t count)>;
+inline CollectiveIssueHook& CollectiveIssueHookSlot() {
+  static CollectiveIssueHook hook;
+  return hook;
+}
+
 // See the header comment for the rank and threading contracts; every method is collective.
 class Communicator {
  public:
@@ -218,6 +243,12 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
+  // True when collectives execute in ISSUE order on one device stream shared with the other
+  // communicators of this rank (NCCL), so that a collective issued right after another one
+  // (of any of them) runs after it without the host waiting; the issue order across
+  // communicators must then be the same on every rank (header comment). False (MPI): one FIFO
+  // per communicator, ordered only within it.
+  virtual bool stream_ordered() const { return false; }
 
   // In place: buf holds count elements; afterwards every rank holds the reduction.
   virtual std::shared_ptr<Work> AllReduce(void* buf, size_t count, DType dtype, ReduceOp op) = 0;
@@ -278,6 +309,14 @@ class Communicator {
   // Wall time spent executing collectives since creation (to measure how much of it was
   // hidden behind computation); 0 where the backend cannot tell.
   virtual double busy_seconds() const { return 0.0; }
+
+ protected:
+  // Implementations call this once per accepted data-plane collective (where they count it in
+  // the ledger): runs the debug hook, if any.
+  void NoteIssued(CollKind kind, size_t count) const {
+    const CollectiveIssueHook& hook = CollectiveIssueHookSlot();
+    if (hook) hook(*this, kind, count);
+  }
 };
 
 // Every rank's values, on every rank (k values per rank, rank-major). Collective.

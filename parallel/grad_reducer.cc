@@ -1,23 +1,55 @@
 #include "parallel/grad_reducer.h"
 
+#include <deque>
 #include <functional>
+#include <memory>
 #include <vector>
 
 namespace shardgpt {
 
 namespace {
 
-// HSDP: the gradient shard this rank reduced inside its group is averaged ACROSS groups (the
-// R ranks that own the same shard), then `then` runs; without HSDP `then` runs at once. Only
-// launched once the in-group reduce-scatter has retired (a completion step), since the two
-// communicators have separate queues: each rank launches these in unit order, so the replica
-// communicator sees the same call order everywhere. buf holds count elements of dtype.
+// HSDP's two communicators, and the order in which a rank issues their collectives.
+//
+// The in-group reduce-scatter of a unit's gradient (shard communicator) is followed by the
+// all-reduce (average) of the owned shard ACROSS groups (replica communicator: the R ranks
+// that own the same shard). The replica communicator must see the same call order on every
+// rank, and so it does either way below (each rank issues these in unit order).
+//
+// Stream-ordered communicators (NCCL: one stream for both, parallel/communicator.h) need more:
+// the order of ALL collectives of both communicators must be the same on every rank, or two
+// ranks wait for each other behind collectives the other issued in another order. Completion
+// steps run whenever the training thread happens to retire a collective (timing, per rank),
+// so a collective issued from one could fall before or after, say, stage 3's next all-gather
+// prefetch. The rule: on stream-ordered communicators, collectives are issued only from fixed
+// points of the training flow, never from a completion step. So the replica all-reduce is
+// issued right after the shard reduce-scatter (stream order makes it wait for it): every rank
+// issues RS(u), AR(u), RS(u+1), AR(u+1), ... (EveryMicroReduceScatter, which must accumulate
+// first, issues AR(u) before its next reduce-scatter; see there).
+//
+// MPI (two FIFOs, two threads): order across communicators does not matter; the all-reduce is
+// launched from the reduce-scatter's completion step, as before, which keeps the replica FIFO
+// from waiting for the shard FIFO.
+bool StreamOrdered(const EngineContext& ctx) {
+  return ctx.replica != nullptr && ctx.replica->stream_ordered() && ctx.comm->stream_ordered();
+}
+
+// The across-group all-reduce (average) of the owned shard buf; `then` runs once it is final.
 void AverageAcrossGroups(EngineContext& ctx, void* buf, size_t count, DType dtype, std::function<void()> then) {
-  if (ctx.replica == nullptr) {
-    if (then) then();
-    return;
-  }
   ctx.queue.Enqueue(ctx.replica->AllReduce(buf, count, dtype, ReduceOp::kAvg), std::move(then));
+}
+
+// Retires the in-group reduce-scatter `rs` whose result is the owned shard buf (count elements
+// of dtype), averaged across groups with HSDP; `then` runs once the shard is final.
+void ReduceThenAcrossGroups(EngineContext& ctx, std::shared_ptr<Work> rs, void* buf, size_t count, DType dtype,
+                            std::function<void()> then) {
+  if (ctx.replica == nullptr) return ctx.queue.Enqueue(std::move(rs), std::move(then));
+  if (StreamOrdered(ctx)) {
+    ctx.queue.Enqueue(std::move(rs), nullptr);
+    return AverageAcrossGroups(ctx, buf, count, dtype, std::move(then));
+  }
+  EngineContext* c = &ctx;
+  ctx.queue.Enqueue(std::move(rs), [c, buf, count, dtype, then]() { AverageAcrossGroups(*c, buf, count, dtype, then); });
 }
 
 // Full (padded) gradients of every unit in dtype. fp32 backward accumulates straight into
@@ -56,8 +88,8 @@ class FullGradients : public GradReducer {
       if (all_reduce)
         ctx_.queue.Enqueue(ctx_.comm->AllReduce(grads, count, d, ReduceOp::kAvg), std::move(then));
       else
-        ctx_.queue.Enqueue(ctx_.comm->ReduceScatter(grads, mine, shard, d, ReduceOp::kAvg),
-                           [this, mine, shard, d, then]() { AverageAcrossGroups(ctx_, mine, shard, d, then); });
+        ReduceThenAcrossGroups(ctx_, ctx_.comm->ReduceScatter(grads, mine, shard, d, ReduceOp::kAvg), mine, shard, d,
+                               std::move(then));
       return;
     }
     auto tmp = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kComm, count * DTypeSize(rd), "reduce buffer"));
@@ -73,9 +105,7 @@ class FullGradients : public GradReducer {
       if (then) then();
     };
     if (all_reduce) return ctx_.queue.Enqueue(work, convert_back);
-    ctx_.queue.Enqueue(work, [this, back, back_count, rd, convert_back]() {
-      AverageAcrossGroups(ctx_, back, back_count, rd, convert_back);
-    });
+    ReduceThenAcrossGroups(ctx_, work, back, back_count, rd, convert_back);
   }
 
   EngineContext& ctx_;
@@ -147,10 +177,18 @@ class EveryMicroReduceScatter final : public GradReducer {
   // Rate limit (as FSDP's): at most kMaxInflight unit gradients wait for their reduce-scatter,
   // otherwise a slow network lets every unit's full gradient pile up and stage 2's memory
   // saving is lost. One reduces while the next unit's backward computes.
+  //
+  // HSDP: the across-group all-reduce of a unit needs its accumulated shard, i.e. the
+  // accumulate after its last reduce-scatter (a completion step) first. MPI: that completion
+  // step launches it. Stream-ordered (NCCL): it is issued from the flow instead (see
+  // ReduceThenAcrossGroups): right before the next unit's reduce-scatter, once the unit's has
+  // retired (with the rate limit of 1, it has already), and after the last unit's (embed),
+  // which waits for it. Every rank issues RS(u), [AG prefetch], AR(u), RS(u-1), ...
   void PostBackward(int u) override {
     const UnitShardInfo s = ctx_.plan.unit(u);
     const DType rd = ctx_.opt.reduce_dtype;
     while (inflight_ >= kMaxInflight) ctx_.queue.WaitOldest();
+    if (ordered_) IssueAcross(kMaxInflight - 1);
     inflight_++;
     auto send = std::make_shared<DeviceBuffer>(std::move(scratch_[u]));
     if (!ctx_.plan.rank_major_is_flat()) {  // copy-in: the unit's gradient in rank-major order
@@ -168,13 +206,17 @@ class EveryMicroReduceScatter final : public GradReducer {
     // the reduced shard lands in this rank's own block of the send buffer (in place)
     void* recv = send->as<uint8_t>() + ctx_.rank * s.shard * DTypeSize(rd);
     const bool last = sync_;
+    if (last && ordered_) reduced_[u] = false, awaiting_.push_back(u);
     ctx_.queue.Enqueue(ctx_.comm->ReduceScatter(send->data(), recv, s.shard, rd, ReduceOp::kAvg),
                        [this, u, send, recv, rd, s, last]() mutable {
                          ctx_.kernels().accumulate(Shard(u), ctx_.opt.dtype, recv, rd, s.shard);
                          send.reset();
                          inflight_--;
-                         if (last) AcrossGroups(u);
+                         if (!last) return;
+                         if (ordered_) reduced_[u] = true;  // its all-reduce is issued by IssueAcross
+                         else AcrossGroups(u);
                        });
+    if (last && ordered_ && u == ParamLayout::kEmbedUnit) IssueAcross(0);  // the end of backward
   }
   const void* OwnedAt(int u, const OwnedPiece& p) override {
     return static_cast<uint8_t*>(Shard(u)) + p.shard_offset * ctx_.elt();
@@ -182,6 +224,17 @@ class EveryMicroReduceScatter final : public GradReducer {
 
  private:
   static constexpr int kMaxInflight = 1;
+  // Stream-ordered HSDP: issues the across-group all-reduce of the oldest units whose last
+  // reduce-scatter was issued, until at most `keep` wait, each after its reduce-scatter retired
+  // (blocking for it if need be). How many are issued depends on counts only, never on timing.
+  void IssueAcross(size_t keep) {
+    while (awaiting_.size() > keep) {
+      const int v = awaiting_.front();
+      while (!reduced_[v]) ctx_.queue.WaitOldest();
+      awaiting_.pop_front();
+      AcrossGroups(v);
+    }
+  }
   // HSDP: the accumulated shard of unit u (every micro-batch's reduce-scatter done) averaged
   // across groups once per step, in the reduce dtype.
   void AcrossGroups(int u) {
@@ -201,6 +254,9 @@ class EveryMicroReduceScatter final : public GradReducer {
   std::vector<DeviceBuffer> scratch_;
   int inflight_ = 0;
   bool sync_ = true;  // this micro-batch is the last of the step
+  const bool ordered_ = StreamOrdered(ctx_);  // HSDP on stream-ordered communicators
+  std::deque<int> awaiting_;                  // ordered_: units whose all-reduce is not issued yet
+  std::vector<bool> reduced_ = std::vector<bool>(ctx_.plan.num_units(), false);  // ordered_: last RS retired
 };
 
 }  // namespace

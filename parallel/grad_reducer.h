@@ -11,7 +11,11 @@
 //                          only the owned shard persists (at most one unit waits).
 // HSDP (EngineContext::replica set): the reduce-scatters run inside the shard group; once a
 // unit's last reduce-scatter of the step has retired, its owned shard is all-reduced (average)
-// across groups on the replica communicator, launched from that completion step.
+// across groups on the replica communicator. MPI: launched from that reduce-scatter's
+// completion step. Stream-ordered communicators (NCCL, one stream for both): issued from the
+// training flow right after the reduce-scatter (EveryMicroReduceScatter: before the next
+// unit's), never from a completion step, so every rank issues both communicators' collectives
+// in the same order (grad_reducer.cc).
 // With the per-param shard layout a unit's gradient is copied into rank-major order
 // (ctx.CopyIn) before its reduce-scatter; the last-micro policy copies the reduced pieces back
 // into the unit's flat order, where the optimizer reads them.

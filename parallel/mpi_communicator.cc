@@ -8,7 +8,10 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -102,6 +105,32 @@ std::shared_ptr<Work> Refused(std::string msg) {
   return std::make_shared<CompletedWork>(Status::InvalidArgument(std::move(msg)));
 }
 
+// Where a staged collective's buffers lie in the host staging area. Only real spans are
+// staged: a side with 0 bytes or a null pointer has none (its host pointer is null), wherever
+// its device pointer points. Overlapping sides (in place) share one span, so the collective
+// sees the same aliasing on the host as on the device; disjoint sides lie back to back.
+struct StagingLayout {
+  bool has_send = false, has_recv = false;
+  size_t bytes = 0;                 // the host span
+  size_t send_at = 0, recv_at = 0;  // offsets of the two sides in it
+};
+
+StagingLayout LayOut(const void* send, size_t send_bytes, const void* recv, size_t recv_bytes) {
+  StagingLayout l;
+  l.has_send = send != nullptr && send_bytes > 0;
+  l.has_recv = recv != nullptr && recv_bytes > 0;
+  if (l.has_send && l.has_recv && Overlaps(send, send_bytes, recv, recv_bytes)) {
+    const auto s = reinterpret_cast<uintptr_t>(send), r = reinterpret_cast<uintptr_t>(recv);
+    const uintptr_t lo = std::min(s, r);
+    l.bytes = std::max(s + send_bytes, r + recv_bytes) - lo;
+    l.send_at = s - lo, l.recv_at = r - lo;
+  } else {
+    l.bytes = (l.has_send ? send_bytes : 0) + (l.has_recv ? recv_bytes : 0);
+    l.recv_at = l.has_send ? send_bytes : 0;
+  }
+  return l;
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(MPI_Comm comm, Device* device) {
@@ -129,17 +158,19 @@ StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(MPI_Comm comm
   int world = 0;
   MPI_Comm_rank(dup, &rank);
   MPI_Comm_size(dup, &world);
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Op op = MPI_OP_NULL;
   int rc = MPI_Op_create(&Bf16Sum, /*commute=*/1, &op);
   if (rc != MPI_SUCCESS) {
     MPI_Comm_free(&dup);
     return MpiError(rc, "MPI_Op_create");
   }
-  return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(dup, rank, world, op, device));
+  return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(dup, rank, world, world_rank, op, device));
 }
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm, int rank, int world, MPI_Op bf16_sum, Device* device)
-    : comm_(comm), rank_(rank), world_(world), bf16_sum_(bf16_sum),
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, int rank, int world, int world_rank, MPI_Op bf16_sum, Device* device)
+    : comm_(comm), rank_(rank), world_(world), world_rank_(world_rank), bf16_sum_(bf16_sum),
       device_(device != nullptr && !device->host_accessible() ? device : nullptr) {
   thread_ = std::thread([this] { Loop(); });
 }
@@ -171,50 +202,111 @@ void MpiCommunicator::Loop() {
       queue_.pop_front();
     }
     const auto t0 = std::chrono::steady_clock::now();
-    Status st = item.task();
+    agreed_failure_ = false;
+    // Nothing may escape to std::terminate: an exception becomes this Work's error. (The
+    // staging tasks catch their own, so that every rank stays in step; see the header.)
+    Status st;
+    try {
+      st = item.task();
+    } catch (const std::exception& e) {
+      st = Status::Internal("communication thread of rank " + std::to_string(world_rank_) + ": " + e.what());
+    } catch (...) {
+      st = Status::Internal("communication thread of rank " + std::to_string(world_rank_) + ": unknown exception");
+    }
     busy_ns_ += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    if (!st.ok() && item.data_plane && end_job_on_failure_.load()) EndJob(st);
     item.work->Complete(std::move(st));
   }
 }
 
-std::shared_ptr<Work> MpiCommunicator::Enqueue(Task task) {
+void MpiCommunicator::EndJob(const Status& failure) {
+  std::fprintf(stderr, "shardgpt: error: rank %d: %s\n", world_rank_, failure.message().c_str());
+  std::fflush(stderr);
+  // A failure every rank of this communicator knows: each prints its line before anyone ends
+  // the job. Otherwise the others may be inside the collective: no barrier.
+  if (agreed_failure_) MPI_Barrier(comm_);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
+
+std::shared_ptr<Work> MpiCommunicator::Enqueue(Task task, bool data_plane) {
   auto work = std::make_shared<MpiWork>();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(Item{std::move(task), work});
+    queue_.push_back(Item{std::move(task), work, data_plane});
   }
   cv_.notify_one();
   return work;
 }
 
-std::shared_ptr<Work> MpiCommunicator::Submit(Body body, const void* send, size_t send_bytes, void* recv,
-                                              size_t recv_bytes) {
-  if (device_ == nullptr) return Enqueue([body, send, recv]() { return body(send, recv); });
+Status MpiCommunicator::AgreeOnFailure(const Status& local) {
+  int first = local.ok() ? world_ : rank_;  // the lowest failing rank, world_ for none
+  int rc = MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm_);
+  if (rc != MPI_SUCCESS) return local.ok() ? MpiError(rc, "MPI_Allreduce(staging outcome)") : local;
+  if (first >= world_) return Status::OK();
+  // that rank's message to every rank, so that all Works fail with the same text
+  std::string msg = first == rank_ ? local.message() : std::string();
+  int len = static_cast<int>(msg.size());
+  rc = MPI_Bcast(&len, 1, MPI_INT, first, comm_);
+  if (rc == MPI_SUCCESS) {
+    msg.resize(static_cast<size_t>(len));
+    rc = MPI_Bcast(&msg[0], len, MPI_CHAR, first, comm_);
+  }
+  if (rc != MPI_SUCCESS) msg = "a collective failed on rank " + std::to_string(first) + " of this communicator";
+  agreed_failure_ = true;
+  return Status::Internal(msg);
+}
+
+std::shared_ptr<Work> MpiCommunicator::Submit(CollKind kind, Body body, const void* send, size_t send_bytes,
+                                              void* recv, size_t recv_bytes) {
+  if (device_ == nullptr) return Enqueue([body, send, recv]() { return body(send, recv); }, /*data_plane=*/true);
   std::shared_ptr<DeviceEvent> ready = device_->RecordEvent();  // the producer of `send`
-  return Enqueue([this, body, send, send_bytes, recv, recv_bytes, ready]() -> Status {
-    ready->Synchronize();
-    // Overlapping buffers (in place) share one host span, so the collective sees the same
-    // aliasing on the host as on the device.
-    const auto s = reinterpret_cast<uintptr_t>(send), r = reinterpret_cast<uintptr_t>(recv);
-    const bool shared = send_bytes == 0 || recv_bytes == 0 || Overlaps(send, send_bytes, recv, recv_bytes);
-    const uintptr_t lo = shared ? std::min(s, r) : 0;
-    const size_t span = shared ? std::max(s + send_bytes, r + recv_bytes) - lo : send_bytes + recv_bytes;
-    char* host = Staging(span);
-    char* host_send = shared ? host + (s - lo) : host;
-    char* host_recv = shared ? host + (r - lo) : host + send_bytes;
-    if (send_bytes) device_->StageToHost(host_send, send, send_bytes);
+  return Enqueue([this, kind, body, send, send_bytes, recv, recv_bytes, ready]() -> Status {
+    const StagingLayout l = LayOut(send, send_bytes, recv, recv_bytes);
+    auto failed = [this, kind](const char* step, const char* what) {
+      return Status::Internal(std::string(CollKindName(kind)) + " failed on rank " + std::to_string(world_rank_) +
+                              ": " + step + ": " + what);
+    };
+    char* host_send = nullptr;
+    char* host_recv = nullptr;
+    Status in;
+    try {
+      ready->Synchronize();
+      char* host = l.bytes > 0 ? Staging(l.bytes) : nullptr;
+      if (l.has_send) host_send = host + l.send_at;
+      if (l.has_recv) host_recv = host + l.recv_at;
+      if (l.has_send) device_->StageToHost(host_send, send, send_bytes);
+    } catch (const std::exception& e) {
+      in = failed("copying its input to host memory", e.what());
+    } catch (...) {
+      in = failed("copying its input to host memory", "unknown exception");
+    }
+    // Every rank enters the MPI calls, or none does: one that stayed out would leave the
+    // others waiting inside them forever.
+    SHARDGPT_RETURN_IF_ERROR(AgreeOnFailure(in));
     Status st = body(host_send, host_recv);
-    if (st.ok() && recv_bytes) device_->StageToDevice(recv, host_recv, recv_bytes);
-    return st;
-  });
+    if (!st.ok()) return st;  // an MPI error, this rank's own (MPI itself may be broken: no agreement)
+    Status out;
+    try {
+      if (l.has_recv) device_->StageToDevice(recv, host_recv, recv_bytes);
+    } catch (const std::exception& e) {
+      out = failed("copying its output back to the device", e.what());
+    } catch (...) {
+      out = failed("copying its output back to the device", "unknown exception");
+    }
+    return AgreeOnFailure(out);
+  }, /*data_plane=*/true);
 }
 
 char* MpiCommunicator::Staging(size_t bytes) {
   if (bytes > staging_bytes_) {
+    const size_t grown = std::max(bytes, 2 * staging_bytes_);
+    // the new area first: a failed allocation leaves the old one in place
+    char* p = static_cast<char*>(device_->AllocateHost(grown));
+    if (p == nullptr) throw std::runtime_error("cannot allocate " + std::to_string(grown) + " bytes of pinned host memory");
     if (staging_ != nullptr) device_->FreeHost(staging_);
-    staging_bytes_ = std::max(bytes, 2 * staging_bytes_);
-    staging_ = static_cast<char*>(device_->AllocateHost(staging_bytes_));
+    staging_ = p, staging_bytes_ = grown;
   }
   return staging_;
 }
@@ -224,8 +316,9 @@ MPI_Op MpiCommunicator::SumOp(DType dtype) const { return dtype == DType::kF32 ?
 std::shared_ptr<Work> MpiCommunicator::AllReduce(void* buf, size_t count, DType dtype, ReduceOp op) {
   if (count > 0 && buf == nullptr) return Refused("AllReduce: null buffer with count " + std::to_string(count));
   ledger_.Add(CollKind::kAllReduce, CommLedger::RingBytes(CollKind::kAllReduce, count, dtype, world_));
+  NoteIssued(CollKind::kAllReduce, count);
   const size_t bytes = count * DTypeSize(dtype);
-  return Submit([this, count, dtype, op](const void*, void* buf) -> Status {
+  return Submit(CollKind::kAllReduce, [this, count, dtype, op](const void*, void* buf) -> Status {
     char* p = static_cast<char*>(buf);
     const size_t esize = DTypeSize(dtype);
     size_t done = 0;
@@ -251,8 +344,9 @@ std::shared_ptr<Work> MpiCommunicator::ReduceScatter(const void* send, void* rec
   }
   ledger_.Add(CollKind::kReduceScatter,
               CommLedger::RingBytes(CollKind::kReduceScatter, recv_count, dtype, world_));
+  NoteIssued(CollKind::kReduceScatter, recv_count);
   const size_t rbytes = recv_count * DTypeSize(dtype);
-  return Submit([this, recv_count, dtype, op](const void* send, void* recv) -> Status {
+  return Submit(CollKind::kReduceScatter, [this, recv_count, dtype, op](const void* send, void* recv) -> Status {
     const size_t esize = DTypeSize(dtype);
     const size_t recv_bytes = recv_count * esize;
     // MPI forbids aliasing send and recv (its MPI_IN_PLACE means something else here), so
@@ -283,7 +377,8 @@ std::shared_ptr<Work> MpiCommunicator::AllGather(const void* send, void* recv, s
     return Refused("AllGather: send overlaps recv but is not this rank's block of it");
   }
   ledger_.Add(CollKind::kAllGather, CommLedger::RingBytes(CollKind::kAllGather, send_count, dtype, world_));
-  return Submit([this, send_count, dtype, in_place](const void* send, void* recv) -> Status {
+  NoteIssued(CollKind::kAllGather, send_count);
+  return Submit(CollKind::kAllGather, [this, send_count, dtype, in_place](const void* send, void* recv) -> Status {
     const MPI_Datatype type = MpiType(dtype);
     const int n = static_cast<int>(send_count);
     SHARDGPT_MPI_CALL(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, type, recv, n, type, comm_),
@@ -298,8 +393,9 @@ std::shared_ptr<Work> MpiCommunicator::Broadcast(void* buf, size_t count, DType 
   }
   if (count > 0 && buf == nullptr) return Refused("Broadcast: null buffer with count " + std::to_string(count));
   ledger_.Add(CollKind::kBroadcast, CommLedger::RingBytes(CollKind::kBroadcast, count, dtype, world_));
+  NoteIssued(CollKind::kBroadcast, count);
   const size_t bytes = count * DTypeSize(dtype);
-  return Submit([this, count, dtype, root](const void*, void* buf) -> Status {
+  return Submit(CollKind::kBroadcast, [this, count, dtype, root](const void*, void* buf) -> Status {
     char* p = static_cast<char*>(buf);
     const size_t esize = DTypeSize(dtype);
     size_t done = 0;
@@ -323,6 +419,7 @@ StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Derive(const char* what
   auto made = Create(derived, device);  // duplicates `derived` (nobody else uses it): ours to free
   MPI_Comm_free(&derived);
   if (!made.ok()) return made.status();
+  made.value()->SetEndJobOnFailure(end_job_on_failure_.load());
   return std::unique_ptr<Communicator>(std::move(made.value()));
 }
 
@@ -360,7 +457,8 @@ std::shared_ptr<Work> MpiCommunicator::AllToAllV(const void* send, const std::ve
     return Refused("AllToAllV: null buffer with a non-zero count");
   if (Overlaps(send, s_total * esize, recv, r_total * esize)) return Refused("AllToAllV: send overlaps recv");
   ledger_.Add(CollKind::kAllToAll, CommLedger::AllToAllBytes(send_counts, rank_, dtype));
-  return Submit([this, sc, sd, rc, rd, dtype](const void* send, void* recv) -> Status {
+  NoteIssued(CollKind::kAllToAll, s_total);
+  return Submit(CollKind::kAllToAll, [this, sc, sd, rc, rd, dtype](const void* send, void* recv) -> Status {
     const MPI_Datatype type = MpiType(dtype);
     SHARDGPT_MPI_CALL(MPI_Alltoallv(send, sc.data(), sd.data(), type, recv, rc.data(), rd.data(), type, comm_),
                       "MPI_Alltoallv");

@@ -21,7 +21,23 @@
 // compute work queued before the call (an event recorded at enqueue), copies the input to the
 // host on the device's side stream, runs MPI, and copies the output back before the Work
 // completes. This is the `--comm mpi` path for GPUs (and what lets 2-4 ranks share one GPU in
-// tests); the ledger counts the same bytes either way.
+// tests); the ledger counts the same bytes either way. Only real spans are staged: a side of
+// the collective with 0 bytes (an empty shard, a null pointer) stages nothing, wherever its
+// pointer points. Every rank of the communicator must pass the same kind of device (staged or
+// not): staged collectives agree on their outcome (below), which is a protocol of their own.
+//
+// Failures on the communication thread. Staging can fail (a CUDA error thrown by
+// Device::StageToHost, the event wait or the pinned allocation); a staged collective then
+// still keeps every rank in step: the ranks agree (one int all-reduce on this communicator,
+// not counted in the ledger) whether all of them staged their input before anyone enters the
+// MPI calls, and again whether all copied the output back, so the collective succeeds on
+// every rank or fails on every rank, with the failing rank's message ("reduce_scatter failed
+// on rank 1: copying its input to host memory: CUDA: ..."), and nobody is left waiting. Any
+// other exception escaping a task fails that Work (never std::terminate). An MPI error fails
+// the Work of the rank that saw it. With SetEndJobOnFailure (what the application sets: the
+// engine has no error path for a Work), a failed data-plane collective instead ends the job:
+// every rank that knows prints one "shardgpt: error: rank R: ..." line, then MPI_Abort, as
+// the NCCL watchdog does.
 //
 // Lifetime: create after MPI_Init_thread and destroy before MPI_Finalize. The destructor
 // runs what is still queued (so remote ranks are not left waiting), then joins the thread;
@@ -82,31 +98,48 @@ class MpiCommunicator final : public Communicator {
   CommLedger& ledger() override { return ledger_; }
   double busy_seconds() const override { return busy_ns_.load() * 1e-9; }
 
+  // On: a data-plane collective (AllReduce ... AllToAllV) that fails on the communication
+  // thread ends the job (one error line per rank that knows, then MPI_Abort) instead of
+  // failing its Work; refused arguments still come back as a failed Work. Split and
+  // DuplicateControl pass it on. Off by default; set before the first collective.
+  void SetEndJobOnFailure(bool on) { end_job_on_failure_ = on; }
+
  private:
   using Task = std::function<Status()>;  // runs on the communication thread
   struct Item {
     Task task;
     std::shared_ptr<MpiWork> work;
+    bool data_plane = false;  // a collective on the caller's buffers (not a control call)
   };
 
   // A collective's MPI calls on (send, recv), which are host memory when it runs.
   using Body = std::function<Status(const void* send, void* recv)>;
 
-  MpiCommunicator(MPI_Comm comm, int rank, int world, MPI_Op bf16_sum, Device* device);
+  MpiCommunicator(MPI_Comm comm, int rank, int world, int world_rank, MPI_Op bf16_sum, Device* device);
   // A new communicator over make(comm_) (MPI_Comm_split, MPI_Comm_dup), run on our thread.
   using DeriveFn = std::function<int(MPI_Comm, MPI_Comm*)>;
   StatusOr<std::unique_ptr<Communicator>> Derive(const char* what, const DeriveFn& make, Device* device);
-  std::shared_ptr<Work> Enqueue(Task task);
-  // Enqueues body(send, recv), staging device buffers through host memory when needed.
-  std::shared_ptr<Work> Submit(Body body, const void* send, size_t send_bytes, void* recv, size_t recv_bytes);
-  // Communication thread: the host staging area, grown to at least `bytes`.
+  std::shared_ptr<Work> Enqueue(Task task, bool data_plane = false);
+  // Enqueues collective `kind` as body(send, recv), staging device buffers through host memory
+  // when needed (send_bytes / recv_bytes: the spans the collective reads / writes).
+  std::shared_ptr<Work> Submit(CollKind kind, Body body, const void* send, size_t send_bytes, void* recv,
+                               size_t recv_bytes);
+  // Communication thread, staged collectives: every rank learns whether any rank failed
+  // (`local` is this rank's outcome); OK when none did, else the lowest failing rank's error,
+  // on every rank. Every rank of the communicator must call it at the same point.
+  Status AgreeOnFailure(const Status& local);
+  // Communication thread: the host staging area, grown to at least `bytes`. Throws when the
+  // pinned allocation fails (caught by the staging task).
   char* Staging(size_t bytes);
   void Loop();
+  // Communication thread: one line, then the job ends (SetEndJobOnFailure).
+  [[noreturn]] void EndJob(const Status& failure);
   MPI_Op SumOp(DType dtype) const;
 
   MPI_Comm comm_;   // our duplicate; freed in the destructor
   const int rank_;
   const int world_;
+  const int world_rank_;  // in MPI_COMM_WORLD: error lines name it
   MPI_Op bf16_sum_;  // freed in the destructor
   Device* device_;   // null or host-accessible: no staging
   char* staging_ = nullptr;  // pinned host memory, used by the communication thread only
@@ -118,6 +151,8 @@ class MpiCommunicator final : public Communicator {
   std::deque<Item> queue_;  // guarded by mu_
   bool stop_ = false;       // guarded by mu_
   std::atomic<uint64_t> busy_ns_{0};  // time the comm thread spent inside collectives
+  std::atomic<bool> end_job_on_failure_{false};
+  bool agreed_failure_ = false;  // communication thread: the running task's failure is known to every rank
   std::thread thread_;      // started last in the constructor
 };
 

@@ -30,6 +30,17 @@ std::string GiB(uint64_t bytes) {
   return buf;
 }
 
+// cudaDeviceGetPCIBusId of ordinal dev in lower case; "" when CUDA cannot tell.
+std::string PciBusId(int dev) {
+  char bus[32] = "";
+  if (cudaDeviceGetPCIBusId(bus, sizeof(bus), dev) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  for (char* c = bus; *c; c++) *c = (char)std::tolower((unsigned char)*c);
+  return bus;
+}
+
 class CudaEvent final : public DeviceEvent {
  public:
   CudaEvent(int device, cudaEvent_t e) : device_(device), event_(e) {}
@@ -220,6 +231,11 @@ void* CudaComputeStream(Device& device) {
   return cuda ? static_cast<void*>(cuda->compute_stream()) : nullptr;
 }
 
+std::string CudaPciBusId(Device& device) {
+  const int ordinal = CudaDeviceOrdinal(device);
+  return ordinal < 0 ? std::string() : PciBusId(ordinal);
+}
+
 int CudaVisibleDeviceCount(std::string* error) {
   int count = 0;  // cudaGetDeviceCount leaves it unchanged on error
   const cudaError_t e = cudaGetDeviceCount(&count);
@@ -252,10 +268,8 @@ StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int local_rank, int local_siz
     cudaGetLastError();
     return Status::Internal("--device cuda: cannot open " + which + ": " + cuda::ErrorText(e));
   }
-  char bus[32] = "?";
-  if (cudaDeviceGetPCIBusId(bus, sizeof(bus), dev) != cudaSuccess) cudaGetLastError();
-  for (char* c = bus; *c; c++) *c = (char)std::tolower((unsigned char)*c);
-  const std::string name = "cuda:" + std::to_string(dev) + " (" + prop.name + ", bus " + bus + ")";
+  const std::string bus = PciBusId(dev);
+  const std::string name = "cuda:" + std::to_string(dev) + " (" + prop.name + ", bus " + (bus.empty() ? "?" : bus) + ")";
   cudaFuncAttributes attr{};
   e = cudaFuncGetAttributes(&attr, probe_kernel);
   if (e != cudaSuccess) {

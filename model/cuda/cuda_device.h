@@ -31,5 +31,9 @@ StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int local_rank, int local_siz
 // other device) and its compute stream (a cudaStream_t; null for any other device).
 int CudaDeviceOrdinal(Device& device);
 void* CudaComputeStream(Device& device);
+// The PCI bus id of a device made by CreateCudaDevice, lower case ("0000:19:00.0", what its
+// name shows): which physical GPU it is, whatever CUDA_VISIBLE_DEVICES renumbered. "" for any
+// other device, or when CUDA cannot tell. The NCCL communicator refuses two ranks on one GPU by it.
+std::string CudaPciBusId(Device& device);
 
 }  // namespace shardgpt

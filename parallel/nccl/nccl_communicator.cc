@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "model/cuda/cuda_device.h"
+#include "parallel/gpu_binding.h"
 #include "parallel/mpi_communicator.h"
 
 namespace shardgpt {
@@ -60,44 +61,68 @@ class NcclWork final : public Work {
   bool waited_ = false;
 };
 
+// The communication stream of a rank, shared by a communicator and every one split from it, so
+// that all NCCL collectives of the rank run in one issue order (the header: one stream). The
+// last owner destroys it, after each owner has drained it.
+struct CommStream {
+  CommStream(int device, cudaStream_t s) : device(device), stream(s) {}
+  ~CommStream() {
+    cudaSetDevice(device);
+    cudaStreamDestroy(stream);
+  }
+  const int device;
+  const cudaStream_t stream;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(std::unique_ptr<MpiCommunicator> control, ncclComm_t nccl, int device, cudaStream_t compute,
-                   cudaStream_t comm_stream, double timeout_s)
+                   std::shared_ptr<CommStream> comm_stream, double timeout_s)
       : control_(std::move(control)),
         nccl_(nccl),
         device_(device),
         compute_(compute),
-        stream_(comm_stream),
+        shared_stream_(std::move(comm_stream)),
+        stream_(shared_stream_->stream),
         timeout_s_(timeout_s),
         rank_(control_->rank()),
         world_(control_->world_size()) {
     watchdog_ = std::thread([this] { Watch(); });
   }
+  // Drain, then finalize; nothing here can block forever. The drain runs while the watchdog
+  // still watches (it is joined after): a collective that never completes is aborted by it
+  // after --comm-timeout (the process ends with its error line). ncclCommFinalize waits for
+  // the peers' side of the communicator; a peer that died leaves it in progress, so it is
+  // polled up to --comm-timeout and the communicator aborted instead (one warning line).
   ~NcclCommunicator() override {
     cudaSetDevice(device_);
-    cudaStreamSynchronize(stream_);
+    cudaStreamSynchronize(stream_);  // also the work of communicators sharing the stream
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
     }
     cv_.notify_all();
     watchdog_.join();
-    for (const InFlight& f : inflight_) cudaEventDestroy(f.done);
-    ncclCommDestroy(nccl_);
-    cudaStreamDestroy(stream_);
+    for (const InFlight& f : inflight_) {
+      cudaEventDestroy(f.started);
+      cudaEventDestroy(f.done);
+    }
+    Finalize();
   }
 
+  bool stream_ordered() const override { return true; }
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
 
   std::shared_ptr<Work> AllReduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
     ledger_.Add(CollKind::kAllReduce, CommLedger::RingBytes(CollKind::kAllReduce, count, dtype, world_));
+    NoteIssued(CollKind::kAllReduce, count);
     return Launch("ncclAllReduce", [&] { return ncclAllReduce(buf, buf, count, NcclType(dtype), NcclOp(op), nccl_, stream_); });
   }
   std::shared_ptr<Work> ReduceScatter(const void* send, void* recv, size_t recv_count, DType dtype,
                                       ReduceOp op) override {
     ledger_.Add(CollKind::kReduceScatter, CommLedger::RingBytes(CollKind::kReduceScatter, recv_count, dtype, world_));
+    NoteIssued(CollKind::kReduceScatter, recv_count);
     // NCCL allows recv to be rank r's block of send (in place); any other overlap is refused,
     // as by MpiCommunicator.
     return Launch("ncclReduceScatter", [&] {
@@ -106,12 +131,14 @@ class NcclCommunicator final : public Communicator {
   }
   std::shared_ptr<Work> AllGather(const void* send, void* recv, size_t send_count, DType dtype) override {
     ledger_.Add(CollKind::kAllGather, CommLedger::RingBytes(CollKind::kAllGather, send_count, dtype, world_));
+    NoteIssued(CollKind::kAllGather, send_count);
     return Launch("ncclAllGather", [&] { return ncclAllGather(send, recv, send_count, NcclType(dtype), nccl_, stream_); });
   }
   std::shared_ptr<Work> Broadcast(void* buf, size_t count, DType dtype, int root) override {
     if (root < 0 || root >= world_)
       return std::make_shared<CompletedWork>(Status::InvalidArgument("Broadcast: root out of range"));
     ledger_.Add(CollKind::kBroadcast, CommLedger::RingBytes(CollKind::kBroadcast, count, dtype, world_));
+    NoteIssued(CollKind::kBroadcast, count);
     return Launch("ncclBroadcast", [&] { return ncclBroadcast(buf, buf, count, NcclType(dtype), root, nccl_, stream_); });
   }
 
@@ -122,6 +149,9 @@ class NcclCommunicator final : public Communicator {
     if (send_counts.size() != static_cast<size_t>(world_) || recv_counts.size() != static_cast<size_t>(world_))
       return std::make_shared<CompletedWork>(Status::InvalidArgument("AllToAllV: need one count per rank"));
     ledger_.Add(CollKind::kAllToAll, CommLedger::AllToAllBytes(send_counts, rank_, dtype));
+    size_t sent = 0;
+    for (size_t c : send_counts) sent += c;
+    NoteIssued(CollKind::kAllToAll, sent);
     const size_t esize = DTypeSize(dtype);
     return Launch("ncclSend/ncclRecv (all-to-all-v)", [&]() -> ncclResult_t {
       ncclResult_t r = ncclGroupStart();
@@ -163,7 +193,9 @@ class NcclCommunicator final : public Communicator {
   CommLedger& ledger() override { return ledger_; }
 
   // HSDP: the control plane split with MPI_Comm_split, the data plane with ncclCommSplit (it
-  // shares the parent's bootstrap: no new unique id), on a communication stream of its own.
+  // shares the parent's bootstrap: no new unique id), on the parent's communication stream: one
+  // stream for all NCCL collectives of this rank, so the GPU runs them in issue order and the
+  // shard and replica groups never hold the GPU for each other (the header: issue order).
   StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override {
     Drain();
     auto ctl = control_->Split(color, key);
@@ -194,10 +226,8 @@ class NcclCommunicator final : public Communicator {
       if (part) ncclCommAbort(part);
       return st.ok() ? Status::Internal("") : st;
     }
-    cudaStream_t stream = nullptr;
-    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     return std::unique_ptr<Communicator>(
-        new NcclCommunicator(std::move(control), part, device_, compute_, stream, timeout_s_));
+        new NcclCommunicator(std::move(control), part, device_, compute_, shared_stream_, timeout_s_));
   }
 
  private:
@@ -207,18 +237,22 @@ class NcclCommunicator final : public Communicator {
     cudaStreamSynchronize(stream_);
   }
 
-  // Orders the collective after the compute stream's work so far, issues it, records its
-  // completion event and hands the event to the watchdog.
+  // Orders the collective after the compute stream's work so far, records its "started" event
+  // (the stream reaches it when that work and every collective issued before, of any
+  // communicator on the stream, are done), issues it, records its completion event and hands
+  // both to the watchdog.
   template <typename Issue>
   std::shared_ptr<Work> Launch(const char* name, Issue issue) {
     cudaSetDevice(device_);
-    cudaEvent_t ready = nullptr, done = nullptr;
-    if (cudaEventCreateWithFlags(&ready, cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess)
-      Fatal(rank_, std::string(name) + ": cannot create a CUDA event: " + cudaGetErrorString(cudaGetLastError()));
+    cudaEvent_t ready = nullptr, started = nullptr, done = nullptr, watch = nullptr;
+    cudaEvent_t* events[] = {&ready, &started, &done, &watch};
+    for (cudaEvent_t* e : events)
+      if (cudaEventCreateWithFlags(e, cudaEventDisableTiming) != cudaSuccess)
+        Fatal(rank_, std::string(name) + ": cannot create a CUDA event: " + cudaGetErrorString(cudaGetLastError()));
     cudaEventRecord(ready, compute_);
     cudaStreamWaitEvent(stream_, ready, 0);
     cudaEventDestroy(ready);  // destruction is deferred until the wait has been satisfied
+    cudaEventRecord(started, stream_);
     ncclResult_t r = issue();
     // non-blocking communicator: the call may still be in progress; wait for it to be enqueued
     const double t0 = Now();
@@ -228,15 +262,34 @@ class NcclCommunicator final : public Communicator {
     }
     if (r != ncclSuccess) Abort(std::string(name) + " failed: " + NcclText(r) + ": " + ncclGetLastError(nccl_));
     cudaEventRecord(done, stream_);
-    cudaEvent_t watch = nullptr;  // the watchdog's own event: the Work's may die before it is queried
-    cudaEventCreateWithFlags(&watch, cudaEventDisableTiming);
-    cudaEventRecord(watch, stream_);
+    cudaEventRecord(watch, stream_);  // the watchdog's own event: the Work's may die before it is queried
     {
       std::lock_guard<std::mutex> lock(mu_);
-      inflight_.push_back(InFlight{watch, Now(), name});
+      inflight_.push_back(InFlight{started, watch, -1.0, name});
     }
     cv_.notify_all();
     return std::make_shared<NcclWork>(done, compute_);
+  }
+
+  // ncclCommFinalize, polled up to the timeout, then ncclCommDestroy; ncclCommAbort (and one
+  // warning line) when it fails or does not finish.
+  void Finalize() {
+    ncclResult_t r = ncclCommFinalize(nccl_);
+    const double t0 = Now();
+    while (r == ncclInProgress && Now() - t0 <= timeout_s_) {
+      usleep(1000);
+      ncclCommGetAsyncError(nccl_, &r);
+    }
+    if (r == ncclSuccess) {
+      ncclCommDestroy(nccl_);
+      return;
+    }
+    ncclCommAbort(nccl_);
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), "did not finish within --comm-timeout %.0f s", timeout_s_);
+    std::fprintf(stderr, "shardgpt: warning: rank %d: NCCL: ncclCommFinalize %s (a peer probably died); aborted the communicator\n",
+                 rank_, r == ncclInProgress ? buf : ("failed: " + NcclText(r)).c_str());
+    std::fflush(stderr);
   }
 
   [[noreturn]] void Abort(const std::string& why) {
@@ -244,14 +297,20 @@ class NcclCommunicator final : public Communicator {
     Fatal(rank_, why);
   }
 
-  // The watchdog: every 100 ms, retire completed collectives and check the oldest's age and
-  // NCCL's asynchronous error.
+  // The watchdog: every 100 ms, retire completed collectives and check NCCL's asynchronous
+  // error and the age of the oldest unfinished collective. The age counts from the first time
+  // the watchdog saw its "started" event complete, not from the launch: the compute it waited
+  // for and the collectives queued before it on the stream are not its time.
   void Watch() {
     cudaSetDevice(device_);
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
       cv_.wait_for(lock, std::chrono::milliseconds(100));
-      while (!inflight_.empty() && cudaEventQuery(inflight_.front().done) == cudaSuccess) {
+      while (!inflight_.empty()) {
+        const cudaError_t q = cudaEventQuery(inflight_.front().done);
+        if (q == cudaErrorNotReady) break;
+        if (q != cudaSuccess) Abort(std::string(inflight_.front().name) + ": CUDA error: " + cudaGetErrorString(q));
+        cudaEventDestroy(inflight_.front().started);
         cudaEventDestroy(inflight_.front().done);
         inflight_.pop_front();
       }
@@ -260,25 +319,36 @@ class NcclCommunicator final : public Communicator {
       if (async != ncclSuccess && async != ncclInProgress)
         Abort("asynchronous error: " + NcclText(async) + ": " + ncclGetLastError(nccl_) +
               " (another rank or its GPU probably failed)");
-      if (!inflight_.empty() && Now() - inflight_.front().since > timeout_s_) {
+      if (inflight_.empty()) continue;
+      InFlight& f = inflight_.front();
+      if (f.started_at < 0) {
+        const cudaError_t q = cudaEventQuery(f.started);
+        if (q == cudaSuccess) f.started_at = Now();
+        else if (q != cudaErrorNotReady) Abort(std::string(f.name) + ": CUDA error: " + cudaGetErrorString(q));
+      }
+      if (f.started_at >= 0 && Now() - f.started_at > timeout_s_) {
         char buf[160];
-        std::snprintf(buf, sizeof(buf), "%s did not complete within --comm-timeout %.0f s", inflight_.front().name,
+        std::snprintf(buf, sizeof(buf), "%s did not complete within --comm-timeout %.0f s of starting", f.name,
                       timeout_s_);
         Abort(std::string(buf) + " (another rank probably died or hangs); aborting the communicator");
       }
     }
   }
 
+  // Both events owned by the watchdog (destroyed when retired, or by the destructor).
   struct InFlight {
-    cudaEvent_t done;  // owned by the watchdog
-    double since;
+    cudaEvent_t started;  // recorded on the stream just before the collective
+    cudaEvent_t done;     // recorded just after it
+    double started_at;    // when the watchdog first saw `started` complete; < 0: not yet
     const char* name;
   };
 
   std::unique_ptr<MpiCommunicator> control_;
   ncclComm_t nccl_;
   const int device_;
-  cudaStream_t compute_, stream_;
+  const cudaStream_t compute_;
+  const std::shared_ptr<CommStream> shared_stream_;  // shared with the communicators split from this one
+  const cudaStream_t stream_;                        // shared_stream_->stream
   const double timeout_s_;
   const int rank_, world_;
   CommLedger ledger_;
@@ -305,12 +375,13 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(MPI_Comm comm, De
   const int rank = control->rank(), world = control->world_size();
   const int ordinal = CudaDeviceOrdinal(device);
   Status st = ordinal < 0 ? Status::InvalidArgument("--comm nccl needs --device cuda") : Status::OK();
-  if (st.ok() && options.local_size > options.visible_gpus)
-    st = Status::InvalidArgument("--comm nccl: " + std::to_string(options.local_size) + " ranks on this node but " +
-                                 std::to_string(options.visible_gpus) +
-                                 " visible GPU(s); NCCL needs one GPU per rank (start one rank per GPU, or use "
-                                 "--comm mpi to share GPUs)");
   if (!control->AllTrue(st.ok())) return st.ok() ? Status::Internal("") : st;
+  // One GPU per rank: every rank's (host, PCI bus id), decided alike on every rank from the
+  // same gathered list, so all ranks return the same error together (parallel/gpu_binding.h).
+  auto gpus = GatherRankGpus(*control, RankGpu{ThisHostName(), CudaPciBusId(device)});
+  if (!gpus.ok()) return gpus.status();
+  const std::string shared = SharedGpuError(gpus.value());
+  if (!shared.empty()) return Status::InvalidArgument(shared);
 
   // Bootstrap: rank 0's unique id, broadcast over MPI.
   ncclUniqueId id{};
@@ -344,10 +415,19 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(MPI_Comm comm, De
     return st.ok() ? Status::Internal("") : st;
   }
   cudaStream_t stream = nullptr;
-  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  const cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  st = e == cudaSuccess ? Status::OK()
+                        : Status::Internal("NCCL: cannot create the communication stream on rank " + std::to_string(rank) +
+                                           ": " + cudaGetErrorString(e));
+  if (!control->AllTrue(st.ok())) {
+    if (stream) cudaStreamDestroy(stream);
+    ncclCommAbort(nccl);
+    return st.ok() ? Status::Internal("") : st;
+  }
   auto* compute = static_cast<cudaStream_t>(CudaComputeStream(device));
-  return std::unique_ptr<Communicator>(
-      new NcclCommunicator(std::move(control), nccl, ordinal, compute, stream, options.timeout_s));
+  return std::unique_ptr<Communicator>(new NcclCommunicator(std::move(control), nccl, ordinal, compute,
+                                                            std::make_shared<CommStream>(ordinal, stream),
+                                                            options.timeout_s));
 }
 
 }  // namespace shardgpt

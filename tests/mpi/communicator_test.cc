@@ -1,6 +1,10 @@
 // MpiCommunicator on 1..4 ranks: exact results of every collective (fp32 and bf16, sum and
 // avg, odd counts and count 0), call-order execution, ring-model ledger, real overlap of
-// communication with computation, and the agreement helpers.
+// communication with computation, and the agreement helpers. On a device posing as GPU memory
+// (the staging path): collectives with an empty side (0 bytes, null pointers) stage nothing,
+// and a staging copy that throws on one rank fails that collective's Work on every rank with
+// the same message, nobody hangs and the communicator goes on. The issue hook, and the
+// (host, GPU bus id) gather behind NCCL's one-GPU-per-rank check.
 //
 // Values are chosen exactly representable in bf16 at every partial sum, so results are
 // compared with ==. Expected values come from a reference that simulates all ranks in double.
@@ -9,16 +13,23 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "base/bf16.h"
+#include "model/device.h"
+#include "parallel/gpu_binding.h"
 #include "parallel/mpi_communicator.h"
 
 namespace shardgpt {
@@ -479,6 +490,255 @@ TEST(Communicator, DestructorDrainsQueue) {
   }  // destroyed with work queued
   EXPECT_TRUE(w->IsCompleted());
   EXPECT_EQ(buf[0], static_cast<float>(n * n * n * n));
+}
+
+// ---- the staging path (a device whose memory the host cannot address) ----
+
+std::unique_ptr<MpiCommunicator> MakeStagedComm(Device* device) {
+  auto comm = MpiCommunicator::Create(MPI_COMM_WORLD, device);
+  EXPECT_TRUE(comm.ok()) << comm.status().ToString();
+  return comm.ok() ? std::move(comm).value() : nullptr;
+}
+
+std::vector<float> ReadBack(Device& dev, const DeviceBuffer& b, size_t n) {
+  std::vector<float> out(n);
+  if (n) dev.CopyToHost(out.data(), b.data(), n * sizeof(float));
+  return out;
+}
+
+// Collectives where one side has no bytes: a rank that sends nothing (null send) or receives
+// nothing (null recv, or a real buffer with count 0), empty shards (count 0) with null or real
+// pointers. Only real spans may be staged; the staged collectives after them must still be right
+// (a staging area sized from the distance between a null pointer and a buffer was not).
+TEST(CommunicatorStaged, EmptySidesStageNothing) {
+  std::unique_ptr<Device> dev = NewCpuDevice(/*pretend_device_memory=*/true);
+  auto comm = MakeStagedComm(dev.get());
+  ASSERT_TRUE(comm);
+  const int r = comm->rank(), n = comm->world_size();
+  // all-to-all-v: rank 0 sends nothing, rank n-1 receives nothing, every other pair j -> k sends j+k+1
+  auto count = [n](int from, int to) -> size_t { return from == 0 || to == n - 1 ? 0 : size_t(from + to + 1); };
+  auto value = [](int from, int to, size_t k) { return static_cast<float>(from * 1000 + to * 100 + k); };
+  std::vector<size_t> sc(n), rc(n);
+  size_t s_total = 0, r_total = 0;
+  for (int j = 0; j < n; j++) sc[j] = count(r, j), rc[j] = count(j, r), s_total += sc[j], r_total += rc[j];
+  DeviceBuffer send(dev.get(), nullptr, MemKind::kComm, s_total * sizeof(float), "send");  // null when empty
+  DeviceBuffer recv(dev.get(), nullptr, MemKind::kComm, std::max<size_t>(r_total, 16) * sizeof(float), "recv");
+  std::vector<float> host;
+  for (int j = 0; j < n; j++)
+    for (size_t k = 0; k < sc[j]; k++) host.push_back(value(r, j, k));
+  if (s_total) dev->CopyToDevice(send.data(), host.data(), s_total * sizeof(float));
+  EXPECT_TRUE(comm->AllToAllV(send.data(), sc, recv.data(), rc, DType::kF32)->status().ok());
+  const std::vector<float> got = ReadBack(*dev, recv, r_total);
+  size_t at = 0, wrong = 0;
+  for (int j = 0; j < n; j++)
+    for (size_t k = 0; k < rc[j]; k++) wrong += got[at++] != value(j, r, k);
+  EXPECT_EQ(wrong, 0u) << "all-to-all-v with empty sides";
+  // and with the empty sides' pointers null
+  EXPECT_TRUE(comm->AllToAllV(send.data(), sc, r_total ? recv.data() : nullptr, rc, DType::kF32)->status().ok());
+
+  // empty shards: count 0 with one real and one null pointer, each way
+  DeviceBuffer real(dev.get(), nullptr, MemKind::kComm, 64 * sizeof(float), "real");
+  EXPECT_TRUE(comm->ReduceScatter(real.data(), nullptr, 0, DType::kF32, ReduceOp::kAvg)->status().ok());
+  EXPECT_TRUE(comm->ReduceScatter(nullptr, real.data(), 0, DType::kBF16, ReduceOp::kSum)->status().ok());
+  EXPECT_TRUE(comm->AllGather(nullptr, real.data(), 0, DType::kF32)->status().ok());
+  EXPECT_TRUE(comm->AllGather(real.data(), nullptr, 0, DType::kF32)->status().ok());
+  EXPECT_TRUE(comm->AllReduce(nullptr, 0, DType::kF32, ReduceOp::kSum)->status().ok());
+  EXPECT_TRUE(comm->Broadcast(nullptr, 0, DType::kF32, 0)->status().ok());
+
+  // real staged collectives afterwards: in-place reduce-scatter and all-gather, an all-reduce
+  const size_t shard = 37;
+  DeviceBuffer flat(dev.get(), nullptr, MemKind::kComm, shard * n * sizeof(float), "flat");
+  std::vector<float> in(shard * n);
+  for (size_t i = 0; i < in.size(); i++) in[i] = static_cast<float>(Input(r, i, 5));
+  dev->CopyToDevice(flat.data(), in.data(), in.size() * sizeof(float));
+  float* own = flat.as<float>() + r * shard;
+  EXPECT_TRUE(comm->ReduceScatter(flat.data(), own, shard, DType::kF32, ReduceOp::kSum)->status().ok());
+  EXPECT_TRUE(comm->AllGather(own, flat.data(), shard, DType::kF32)->status().ok());
+  const std::vector<float> out = ReadBack(*dev, flat, shard * n);
+  wrong = 0;
+  for (size_t i = 0; i < out.size(); i++) wrong += out[i] != static_cast<float>(Reduce(n, i, 5, ReduceOp::kSum));
+  EXPECT_EQ(wrong, 0u) << "staged reduce-scatter + all-gather after the empty ones";
+  EXPECT_TRUE(comm->AllReduce(flat.data(), shard * n, DType::kF32, ReduceOp::kAvg)->status().ok());
+  EXPECT_TRUE(comm->Barrier().ok());
+}
+
+// A device posing as GPU memory whose staging copies, or the wait for the producer event, throw
+// (as CudaDevice does on a CUDA error) on the nth call, counted from 1. Everything else forwards.
+class FaultyDevice final : public Device {
+ public:
+  enum class Fault { kNone, kStageToHost, kStageToDevice, kEventWait };
+  FaultyDevice(Fault fault, int nth) : inner_(NewCpuDevice(true)), fault_(fault), nth_(nth) {}
+  std::string name() const override { return "faulty " + inner_->name(); }
+  bool is_cuda() const override { return false; }
+  bool host_accessible() const override { return false; }
+  void* Allocate(size_t bytes, const std::string& what) override { return inner_->Allocate(bytes, what); }
+  void Free(void* p) override { inner_->Free(p); }
+  void CopyToDevice(void* d, const void* h, size_t b) override { inner_->CopyToDevice(d, h, b); }
+  void CopyToHost(void* h, const void* d, size_t b) override { inner_->CopyToHost(h, d, b); }
+  void Copy(void* d, const void* s, size_t b) override { inner_->Copy(d, s, b); }
+  void Zero(void* p, size_t b) override { inner_->Zero(p, b); }
+  void Synchronize() override { inner_->Synchronize(); }
+  std::shared_ptr<DeviceEvent> RecordEvent() override {
+    return std::make_shared<Event>(this, inner_->RecordEvent());
+  }
+  void* AllocateHost(size_t bytes) override { return inner_->AllocateHost(bytes); }
+  void FreeHost(void* p) override { inner_->FreeHost(p); }
+  void StageToHost(void* h, const void* d, size_t b) override {
+    Maybe(Fault::kStageToHost, "cudaMemcpyAsync (device to host)");
+    inner_->StageToHost(h, d, b);
+  }
+  void StageToDevice(void* d, const void* h, size_t b) override {
+    Maybe(Fault::kStageToDevice, "cudaMemcpyAsync (host to device)");
+    inner_->StageToDevice(d, h, b);
+  }
+  Kernels& kernels() override { return inner_->kernels(); }
+
+ private:
+  class Event final : public DeviceEvent {
+   public:
+    Event(FaultyDevice* dev, std::shared_ptr<DeviceEvent> inner) : dev_(dev), inner_(std::move(inner)) {}
+    void Synchronize() override {
+      dev_->Maybe(Fault::kEventWait, "cudaEventSynchronize");
+      inner_->Synchronize();
+    }
+
+   private:
+    FaultyDevice* dev_;
+    std::shared_ptr<DeviceEvent> inner_;
+  };
+  void Maybe(Fault f, const char* call) {
+    if (f == fault_ && ++calls_ == nth_)
+      throw std::runtime_error(std::string("CUDA: ") + call +
+                               ": an illegal memory access was encountered (cudaErrorIllegalAddress, 700)");
+  }
+  std::unique_ptr<Device> inner_;
+  const Fault fault_;
+  const int nth_;
+  std::atomic<int> calls_{0};
+};
+
+// The last rank's device throws in its 2nd collective (in each of the three places). Three
+// all-reduces queued back to back: the 1st and 3rd are right on every rank, the 2nd fails on
+// EVERY rank with the failing rank's message (no rank waits inside MPI for the one that threw,
+// no std::terminate), and the communicator keeps working.
+TEST(CommunicatorStaged, StagingExceptionFailsTheWorkOnEveryRank) {
+  using Fault = FaultyDevice::Fault;
+  int r = 0, n = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  const int bad = n - 1;
+  const std::pair<Fault, const char*> cases[] = {
+      {Fault::kStageToHost, "copying its input to host memory: CUDA: cudaMemcpyAsync (device to host)"},
+      {Fault::kStageToDevice, "copying its output back to the device: CUDA: cudaMemcpyAsync (host to device)"},
+      {Fault::kEventWait, "copying its input to host memory: CUDA: cudaEventSynchronize"}};
+  for (const auto& [fault, what] : cases) {
+    SCOPED_TRACE(what);
+    FaultyDevice dev(r == bad ? fault : Fault::kNone, 2);
+    auto comm = MakeStagedComm(&dev);
+    ASSERT_TRUE(comm);
+    const size_t count = 1031;
+    std::vector<DeviceBuffer> bufs;
+    std::vector<std::shared_ptr<Work>> works;
+    const std::vector<float> mine(count, static_cast<float>(r + 1));
+    for (int k = 0; k < 3; k++) {
+      bufs.emplace_back(&dev, nullptr, MemKind::kComm, count * sizeof(float), "buf");
+      dev.CopyToDevice(bufs.back().data(), mine.data(), count * sizeof(float));
+    }
+    for (int k = 0; k < 3; k++) works.push_back(comm->AllReduce(bufs[k].data(), count, DType::kF32, ReduceOp::kSum));
+    const float want = static_cast<float>(n * (n + 1) / 2);
+    for (int k : {0, 2}) {
+      EXPECT_TRUE(works[k]->status().ok()) << "all-reduce " << k << ": " << works[k]->status().message();
+      const std::vector<float> got = ReadBack(dev, bufs[k], count);
+      size_t wrong = 0;
+      for (float v : got) wrong += v != want;
+      EXPECT_EQ(wrong, 0u) << "all-reduce " << k;
+    }
+    const Status failed = works[1]->status();
+    EXPECT_FALSE(failed.ok());
+    const std::string head = "all_reduce failed on rank " + std::to_string(bad) + ": ";
+    EXPECT_EQ(failed.message().rfind(head + what, 0), 0u) << failed.message();
+    EXPECT_NE(failed.message().find("an illegal memory access"), std::string::npos) << failed.message();
+    // the same text on every rank
+    const std::vector<uint64_t> lengths = AllGatherU64(*comm, {failed.message().size()});
+    for (int j = 0; j < n; j++) EXPECT_EQ(lengths[j], lengths[0]) << "rank " << j;
+    EXPECT_TRUE(comm->Barrier().ok());
+    EXPECT_TRUE(comm->AllTrue(true));
+  }
+}
+
+// The issue hook sees every accepted data-plane collective, in issue order, on the issuing
+// thread, with the communicator it was issued on (also one made by Split); refused calls and
+// control calls are not collectives. MPI is not stream-ordered.
+TEST(Communicator, IssueHookRecordsTheIssueOrder) {
+  auto comm = MakeComm();
+  ASSERT_TRUE(comm);
+  EXPECT_FALSE(comm->stream_ordered());
+  auto half = comm->Split(comm->rank() % 2, comm->rank());
+  ASSERT_TRUE(half.ok()) << half.status().message();
+  const int n = comm->world_size(), h = half.value()->world_size();
+  struct Seen {
+    const Communicator* comm;
+    CollKind kind;
+    size_t count;
+    std::thread::id thread;
+  };
+  std::vector<Seen> seen;
+  CollectiveIssueHookSlot() = [&seen](const Communicator& c, CollKind k, size_t count) {
+    seen.push_back({&c, k, count, std::this_thread::get_id()});
+  };
+  std::vector<float> a(8 * n, 1.0f), b(8 * n, 0.0f);
+  std::vector<std::shared_ptr<Work>> w;
+  w.push_back(comm->ReduceScatter(a.data(), b.data(), 8, DType::kF32, ReduceOp::kSum));
+  w.push_back(half.value()->AllReduce(b.data(), 8, DType::kF32, ReduceOp::kAvg));
+  w.push_back(comm->Broadcast(a.data(), 3, DType::kF32, n));  // refused: bad root
+  w.push_back(comm->AllGather(b.data(), a.data(), 8, DType::kF32));
+  w.push_back(half.value()->Broadcast(b.data(), 5, DType::kF32, h - 1));
+  std::vector<size_t> counts(n, 1);
+  w.push_back(comm->AllToAllV(a.data(), counts, b.data(), counts, DType::kF32));
+  EXPECT_TRUE(comm->Barrier().ok());
+  for (auto& x : w) x->Wait();
+  CollectiveIssueHookSlot() = nullptr;
+  ASSERT_EQ(seen.size(), 5u);
+  const Communicator* c = comm.get();
+  const Communicator* g = half.value().get();
+  const Seen want[] = {{c, CollKind::kReduceScatter, 8, {}}, {g, CollKind::kAllReduce, 8, {}},
+                       {c, CollKind::kAllGather, 8, {}},     {g, CollKind::kBroadcast, 5, {}},
+                       {c, CollKind::kAllToAll, size_t(n), {}}};
+  for (size_t i = 0; i < seen.size(); i++) {
+    EXPECT_EQ(seen[i].comm, want[i].comm) << i;
+    EXPECT_EQ(seen[i].kind, want[i].kind) << i;
+    EXPECT_EQ(seen[i].count, want[i].count) << i;
+    EXPECT_EQ(seen[i].thread, std::this_thread::get_id()) << i;
+  }
+}
+
+// NCCL's one-GPU-per-rank check gathers (host, bus id) over the control plane: every rank gets
+// every rank's, so every rank decides alike.
+TEST(GpuBinding, GatherGivesEveryRankTheSameList) {
+  auto comm = MakeComm();
+  ASSERT_TRUE(comm);
+  const int r = comm->rank(), n = comm->world_size();
+  auto bus = [](int k) {
+    char b[16];
+    std::snprintf(b, sizeof(b), "0000:%02x:00.0", 0x19 + k);
+    return std::string(b);
+  };
+  const std::string long_host(300, 'h');  // cut at 255 bytes
+  auto all = GatherRankGpus(*comm, RankGpu{r == 0 ? long_host : "node" + std::to_string(r / 2), bus(r % 2)});
+  ASSERT_TRUE(all.ok()) << all.status().message();
+  ASSERT_EQ(all.value().size(), static_cast<size_t>(n));
+  for (int j = 0; j < n; j++) {
+    EXPECT_EQ(all.value()[j].host, j == 0 ? long_host.substr(0, 255) : "node" + std::to_string(j / 2)) << j;
+    EXPECT_EQ(all.value()[j].bus_id, bus(j % 2)) << j;
+  }
+  EXPECT_EQ(SharedGpuError(all.value()), "");  // two GPUs per host, one rank on each
+  // every rank on GPU 0 of one host (a lost binding): refused on every rank alike
+  auto same = GatherRankGpus(*comm, RankGpu{"n1", bus(0)});
+  ASSERT_TRUE(same.ok());
+  const std::string err = SharedGpuError(same.value());
+  if (n == 1) EXPECT_EQ(err, "");
+  if (n == 2) EXPECT_EQ(err.rfind("--comm nccl: ranks 0 and 1 on host n1 share GPU 0000:19:00.0; ", 0), 0u) << err;
+  if (n == 3) EXPECT_EQ(err.rfind("--comm nccl: ranks 0, 1 and 2 on host n1 share GPU 0000:19:00.0; ", 0), 0u) << err;
 }
 
 }  // namespace

@@ -1,0 +1,42 @@
+// One GPU per rank, NCCL's rule, checked before NCCL starts: every rank names its host and its
+// GPU's PCI bus id, the names are gathered over the control plane, and a (host, bus id) pair
+// used by two or more ranks is refused with one line naming those ranks and the GPU.
+//
+// Why not "ranks on the node <= GPUs visible to the rank": under Slurm's --gpu-bind=per_task:1
+// each rank sees exactly one GPU (its own), so 8 ranks on a node each see 1 GPU and are still
+// one GPU per rank. Only the bus ids tell whether two ranks opened the same device.
+//
+// The decision (SharedGpuError) is pure and has no CUDA dependency, so it is unit-tested
+// without a GPU; GatherRankGpus runs over any Communicator's control plane (MPI).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "parallel/communicator.h"
+
+namespace shardgpt {
+
+// Where one rank's GPU is. bus_id: "0000:19:00.0" (lower case, as cudaDeviceGetPCIBusId); empty
+// when unknown (then the rank is not compared: NCCL's own duplicate check still applies).
+struct RankGpu {
+  std::string host;
+  std::string bus_id;
+};
+
+// Given every rank's GPU (index = rank), "" when no two ranks share one, else the error line for
+// the first shared GPU (the one whose lowest rank is lowest), e.g. "--comm nccl: ranks 0 and 3
+// on host n1 share GPU 0000:19:00.0; NCCL needs one GPU per rank (check --gpu-bind /
+// CUDA_VISIBLE_DEVICES, or use --comm mpi to share GPUs)"; more shared GPUs are counted, not
+// listed. Every rank that computes it from the same list gets the same text.
+std::string SharedGpuError(const std::vector<RankGpu>& ranks);
+
+// This process's host name (gethostname; "?" if it fails).
+std::string ThisHostName();
+
+// Every rank's RankGpu, on every rank (ControlAllGather of fixed-size records: host names and
+// bus ids are cut at 255 and 63 bytes). Collective over comm's control plane.
+StatusOr<std::vector<RankGpu>> GatherRankGpus(Communicator& comm, const RankGpu& mine);
+
+}  // namespace shardgpt
