@@ -403,7 +403,7 @@ cudaError_t cudaDeviceGetPCIBusId(char* bus, int len, int device) {
   const int d = cuda_emu::Physical(device);
   if (bus == nullptr || len <= 0) return Record(cudaErrorInvalidValue);
   if (d < 0) return Record(cudaErrorInvalidDevice);
-  std::snprintf(bus, (size_t)len, "00000000:%02X:00.0", 0x10 + d);  // CUDA's upper-case form
+  std::snprintf(bus, (size_t)len, "0000:%02X:00.0", 0x10 + d);  // domain:bus:device.function, as CUDA
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
