@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# An NCCL failure mid-run ends the job on every rank with one line, no hang (the watchdog of
-# parallel/nccl/nccl_communicator.cc): 2 ranks, --comm nccl, the emulation's failure injection
+# The NCCL watchdog (parallel/nccl/nccl_communicator.cc) under the CUDA emulation.
+# 0. --comm-timeout counts from when a collective starts, not from when it was queued: on 1
+#    rank (no peer to wait for), steps whose compute takes longer than a 1 s timeout (a couple
+#    of seconds each under the emulation, whose streams run only when waited on) complete.
+#    (Before the fix the all-reduce queued behind that compute aborted the run.)
+# 1. An NCCL failure mid-run ends the job on every rank with one line, no hang: 2 ranks, --comm
+#    nccl, the emulation's failure injection
 # (SHARDGPT_NCCL_EMU_FAIL_AT=N: this process's N-th NCCL operation does not run and sets the
 # communicator's asynchronous error, as a dead peer or a broken link would). Expected: exit
 # status non-zero within the bound, "shardgpt: error: rank R: NCCL: asynchronous error" from
@@ -18,6 +23,12 @@ probe=$("$BIN" train $MODEL --steps 1 --device cuda 2>&1)
 if ! grep -q "CUDA emulation" <<<"$probe"; then
   echo "SKIP: not a CUDA-emulation build (the failure injection is the emulation's)"; exit 77
 fi
+
+# 0. compute longer than the timeout in front of a collective
+out0=$(timeout 300 "$BIN" train --data "$T/data/train.bin" --seq-len 64 --n-layer 2 --n-embd 128 --n-head 4 \
+  --micro-batch 16 --steps 2 --threads 1 --device cuda --comm nccl --comm-timeout 1 2>&1) ||
+  { echo "FAIL: a collective waiting behind compute was timed out"; echo "$out0"; exit 1; }
+echo "0. 1 s --comm-timeout, steps of $(grep -o '[0-9.]* ms' <<<"$out0" | tail -1) of compute: completed"
 
 # 1. the 40th NCCL operation of each rank fails (mid-run: a step has a dozen at stage 3)
 start=$SECONDS
@@ -52,4 +63,4 @@ timeout 300 mpirun -np 2 "$T/bind.sh" train $MODEL --steps 2 --device cuda --com
 grep -q "bus 0000:15:00.0" "$T/out3" && grep -q "bus 0000:16:00.0" "$T/out3" ||
   { echo "FAIL: the ranks did not report GPUs 5 and 6"; cat "$T/out3"; exit 1; }
 echo "3. CUDA_VISIBLE_DEVICES=5 and =6 (one visible GPU each): trains; $(grep -m1 'bus 0000:15' "$T/out3")"
-echo "nccl_failure: ok"
+echo "nccl_watchdog: ok"
