@@ -26,6 +26,12 @@
 #   check_losses LOG FIRST BITWISE_UPTO TOL   LOG has steps FIRST..$N once each; losses equal
 #                                       $T/ref.jsonl bitwise up to BITWISE_UPTO, within TOL after
 #   expect_job ID STATE EXIT, wait_rows LOG K SECONDS, stop_step OUTPUT
+# GPU nodes (tests/slurm/gpu.sh):
+#   slurm_add_gpus DIR N                every node of DIR/slurm.conf gets Gres=gpu:N over
+#                                       placeholder devices DIR/dev/gpu0..N-1 (DIR/gres.conf)
+#   sbatch_gpu NAME [sbatch opts] -- [train flags]   slurm/train_gpu.sbatch (unmodified) on one
+#                                       node of this machine; run dir $T/NAME, output
+#                                       $T/NAME.out; prints the job id
 
 slurm_install() {
   if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then
@@ -205,6 +211,46 @@ sbatch_cpu() {
   shift
   RUN_DIR=$T/$name SHARDGPT=$BIN sbatch --parsable --job-name="$name" --chdir="$T" --output="$T/$name.out" \
     "${opts[@]}" "$SRC/slurm/train_cpu.sbatch" "$@"
+}
+
+# ---- GPU nodes ----
+# slurm_add_gpus DIR N: after slurm_write_conf, before the daemons start. Every node of
+# DIR/slurm.conf gets N GPUs (Gres=gpu:N, GresTypes=gpu), backed in DIR/gres.conf (Slurm reads
+# gres.conf next to slurm.conf) by placeholder devices DIR/dev/gpu0..N-1. slurmd 22.05 wants
+# each File= to be a character or block device: a plain file is refused in its log ("... is not
+# a valid character or block device, fix your gres.conf") while the node still shows Gres=gpu:N,
+# and jobs then run with no CUDA_VISIBLE_DEVICES at all; a missing file stops slurmd after 20 s
+# ("fatal: can't stat gres.conf file"). So: character devices with the NVIDIA major, 195, and
+# minor i, as /dev/nvidia<i> would be. No driver has that major here: opening one fails (ENXIO),
+# and nothing opens them (no cgroup device constraint with task/none, proctrack/linuxproc).
+# DIR must not be on a nodev mount, nor under /tmp for hosts made by netns_exec (own /tmp).
+slurm_add_gpus() {
+  local d=$1 n=$2 i files
+  mkdir -p "$d/dev"
+  for i in $(seq 0 $((n - 1))); do
+    rm -f "$d/dev/gpu$i"
+    mknod -m 0666 "$d/dev/gpu$i" c 195 "$i" || return 1
+  done
+  sed -i "s/^\(NodeName=.*\) State=UNKNOWN$/\1 Gres=gpu:$n State=UNKNOWN/" "$d/slurm.conf"
+  grep -q "^NodeName=.* Gres=gpu:$n " "$d/slurm.conf" || { echo "no NodeName line to add Gres=gpu:$n to"; return 1; }
+  echo "GresTypes=gpu" >> "$d/slurm.conf"
+  if [ "$n" = 1 ]; then files=$d/dev/gpu0; else files="$d/dev/gpu[0-$((n - 1))]"; fi
+  echo "Name=gpu File=$files" > "$d/gres.conf"
+}
+
+# sbatch_gpu NAME [sbatch opts] -- [train flags]: slurm/train_gpu.sbatch as it is, with
+# SHARDGPT=$BIN and RUN_DIR=$T/NAME. What a node of this machine cannot give is overridden on
+# the command line, before the caller's options: one node (--nodes=1, not 2), $GPU_TASKS tasks
+# on it (default 2, not 8: one per GPU of slurm_add_gpus) and one core each (--cpus-per-task=1,
+# not 8; the template passes it to srun and to --threads). The template's --gpus-per-task=1,
+# srun --mpi=pmix --gpu-bind=per_task:1, --mem=0, --time, --signal, --requeue and --open-mode
+# stay as they are.
+sbatch_gpu() {
+  local name=$1 opts=(); shift
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do opts+=("$1"); shift; done
+  shift
+  RUN_DIR=$T/$name SHARDGPT=$BIN sbatch --parsable --job-name="$name" --chdir="$T" --output="$T/$name.out" \
+    --nodes=1 --ntasks-per-node="${GPU_TASKS:-2}" --cpus-per-task=1 "${opts[@]}" "$SRC/slurm/train_gpu.sbatch" "$@"
 }
 
 check_losses() {
