@@ -45,11 +45,14 @@ for i in $(seq 1 300); do echo "In the beginning God created the heaven and the 
 N=150
 FLAGS="--data $T/data/train.bin --seq-len 64 --n-layer 2 --n-embd 64 --n-head 4 --steps $N --lr 3e-3 --seed 5 --quiet"
 A="$FLAGS --micro-batch 6 --zero-stage 1"  # 2 ranks x 6 = 12 sequences per step
-t_ref=$SECONDS
-OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 \
-  mpirun -np 2 --oversubscribe "$BIN" train $A --threads 1 --log "$T/ref.jsonl" >/dev/null || fail "mpirun reference run"
-t_ref=$((SECONDS - t_ref))
-echo "reference: mpirun -np 2, $N steps in $t_ref s"
+reference() {  # reference FLAGS LOG: the uninterrupted mpirun run; sets t_ref_ms
+  local t0_ns; t0_ns=$(date +%s%N)
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 \
+    mpirun -np 2 --oversubscribe "$BIN" train $1 --threads 1 --log "$2" >/dev/null || fail "mpirun reference run"
+  t_ref_ms=$((($(date +%s%N) - t0_ns) / 1000000))
+}
+reference "$A" "$T/ref.jsonl"
+echo "reference: mpirun -np 2, $N steps in $t_ref_ms ms"
 
 # ---- 1. trains to the end ----
 id=$(sbatch_cpu full -- $A) || fail "sbatch"
@@ -116,9 +119,17 @@ echo "5. a step whose launch fails (srun exits 0): the template ends the job FAI
 # ---- 6. the time limit's --signal=USR1 ----
 # Slurm sends --signal's warning at its periodic time-limit check (every 30 s) once the time
 # left is at most the warning time + 30 s; with --time=1 and USR1@30, the first check after the
-# job starts. Submit half the reference run's duration (+2 s, at most 25) before a check (found in
+# job starts. Submit half the run's duration (+2 s, at most 25) before a check (found in
 # slurmctld's debug2 log), so the signal comes mid-run rather than anywhere in the first 30 s.
-lead=$((t_ref / 2 + 2)); [ $lead -gt 25 ] && lead=25  # + 2: scheduling and start-up
+# The run is made long enough (about 10 s of steps, from the reference's speed; its own
+# reference) that half of it is a wide target on a machine twice as fast or as slow: at 150
+# steps a fast machine ran it in 1 s and the signal landed before the first step.
+N6=$((N * 10000 / (t_ref_ms > 100 ? t_ref_ms : 100))); [ $N6 -lt $N ] && N6=$N; [ $N6 -gt 3000 ] && N6=3000
+A6=${A/--steps $N /--steps $N6 }
+N=$N6
+reference "$A6" "$T/ref.jsonl"
+echo "  scenario 6 runs $N steps (reference: $t_ref_ms ms)"
+lead=$((t_ref_ms / 2000 + 2)); [ $lead -gt 25 ] && lead=25  # + 2: scheduling and start-up
 last_check() { date -d "$(grep 'Testing job time limits' "$C/log/slurmctld.log" | tail -1 | sed 's/^\[\([^]]*\)\].*/\1/')" +%s 2>/dev/null; }
 # The signal comes `lead` seconds after the submission. On a loaded machine that can be before the
 # tasks have installed their handlers (the job dies of SIGUSR1 itself, 138:0, before shardgpt
@@ -130,13 +141,16 @@ for attempt in 1 2 3 4; do
   next=$((lc + 30)); while [ "$next" -lt $(($(date +%s) + lead)) ]; do next=$((next + 30)); done
   sleep $((next - lead - $(date +%s)))
   rm -rf "$T/tl" "$T/tl.out"
-  id=$(sbatch_cpu tl --time=1 --signal=USR1@30 -- $A) || fail "sbatch"
+  id=$(sbatch_cpu tl --time=1 --signal=USR1@30 -- $A6) || fail "sbatch"
   wait_job "$id" 400 || { show "$T/tl.out"; fail "job $id did not end"; }
   if [ "$(job_field "$id" ExitCode)" = "138:0" ] && ! grep -q "stop signal received" "$T/tl.out"; then
     echo "  (try $attempt: SIGUSR1 came before the tasks had started: signal later)"; lead=$((lead + 2)); continue
   fi
   if ! grep -q "stop signal received" "$T/tl.out"; then
     echo "  (try $attempt: SIGUSR1 came after the run had ended: signal earlier)"; lead=$((lead > 1 ? lead - 1 : 1)); continue
+  fi
+  if [ "$(stop_step "$T/tl.out")" = 0 ]; then
+    echo "  (try $attempt: SIGUSR1 came before the first step: signal later)"; lead=$((lead + 2)); continue
   fi
   break
 done
