@@ -434,11 +434,13 @@ class Trainer {
   struct StepResult {
     float loss, lr, norm;
     double seconds;
+    DeviceCounters device;  // what the step cost the device: differences of counters()
   };
   // One optimizer step over grad_accum micro-batches; the loss is the mean over ranks.
   StepResult TrainStep(int step) {
     const int B = o_.micro_batch, T = o_.seq_len, A = o_.grad_accum;
     x_.resize(static_cast<size_t>(B) * T), y_.resize(x_.size());
+    const DeviceCounters c0 = device_.counters();
     const double t0 = Now();
     StepResult r;
     r.lr = o_.schedule.At(step);
@@ -459,6 +461,10 @@ class Trainer {
     device_.Synchronize();  // the step's time includes the device's queued work
     r.loss = static_cast<float>(comm_.AllReduceScalar(loss_sum / A, ReduceOp::kAvg));
     r.seconds = Now() - t0;
+    const DeviceCounters c1 = device_.counters();
+    r.device = c1;
+    r.device.allocations = c1.allocations - c0.allocations, r.device.frees = c1.frees - c0.frees;
+    r.device.host_syncs = c1.host_syncs - c0.host_syncs;
     last_loss_ = r.loss;
     return r;
   }
@@ -545,10 +551,12 @@ class Trainer {
     const StepReport& report = engine_->last_report();
     // Per-rank ledgers only for the JSONL (o_.log_file is the same flag on every rank), in one
     // small control gather: no collective is added to steps that are not logged to a file.
+    constexpr size_t kPerRank = 6;
     std::vector<uint64_t> per_rank;
     if (!o_.log_file.empty())
       per_rank = AllGatherU64(comm_, {report.comm.Total().bytes_sent + report.comm_across.Total().bytes_sent,
-                                      report.model_state_bytes, report.comm_across.Total().bytes_sent});
+                                      report.model_state_bytes, report.comm_across.Total().bytes_sent,
+                                      r.device.allocations, r.device.frees, r.device.host_syncs});
     if (!lead_) return;
     const double tps = tokens_per_step() / r.seconds;
     if (!o_.quiet) {
@@ -566,12 +574,30 @@ class Trainer {
     j["tokens"] = state_.tokens;
     j["tokens_per_s"] = tps;
     j["ms"] = r.seconds * 1e3;
-    std::vector<uint64_t> comm_bytes, state_bytes, across_bytes;
-    for (size_t r = 0; r + 2 < per_rank.size(); r += 3)
-      comm_bytes.push_back(per_rank[r]), state_bytes.push_back(per_rank[r + 1]), across_bytes.push_back(per_rank[r + 2]);
+    std::vector<uint64_t> comm_bytes, state_bytes, across_bytes, allocs, frees, syncs;
+    for (size_t i = 0; i + kPerRank <= per_rank.size(); i += kPerRank) {
+      comm_bytes.push_back(per_rank[i]), state_bytes.push_back(per_rank[i + 1]), across_bytes.push_back(per_rank[i + 2]);
+      allocs.push_back(per_rank[i + 3]), frees.push_back(per_rank[i + 4]), syncs.push_back(per_rank[i + 5]);
+    }
     j["comm_bytes_per_rank"] = comm_bytes;  // inside + across groups
     j["model_state_bytes_per_rank"] = state_bytes;
     if (engine_->num_groups() > 1) j["comm_bytes_across_groups_per_rank"] = across_bytes;
+    // What the step (TrainStep: its micro-batches, the optimizer step, the final synchronise)
+    // cost the device, where the device counts it (every rank runs the same device kind):
+    // allocations and frees of device memory, host waits on device work. This rank's figure,
+    // then every rank's. Absent on the CPU; on a GPU only CudaDevice's own allocations and
+    // frees, no host_syncs; under the CUDA emulation the whole process's (a background
+    // checkpoint's staging counts in the step it overlaps).
+    if (r.device.known) {
+      j["device_allocations"] = r.device.allocations;
+      j["device_allocations_per_rank"] = allocs;
+      j["device_frees"] = r.device.frees;
+      j["device_frees_per_rank"] = frees;
+    }
+    if (r.device.host_syncs_known) {
+      j["host_syncs"] = r.device.host_syncs;
+      j["host_syncs_per_rank"] = syncs;
+    }
     if (eval_now) j["val_loss"] = last_val_;
     if (async_) {
       const double w = async_->TakeWriteMs();

@@ -42,6 +42,18 @@ class DeviceEvent {
   virtual void Synchronize() = 0;
 };
 
+// What a device did at the host's request since it was made (or since the process started,
+// where that is what the backend can count): allocations and frees of device memory (and of
+// pinned host memory), and host synchronisations (the host blocked on device work). known:
+// allocations and frees are counted; host_syncs_known: host_syncs is counted too. Differences
+// between two readings say what a step cost; a training step in steady state should allocate,
+// free and wait for nothing beyond what its results need (the loss, the gradient norm).
+struct DeviceCounters {
+  uint64_t allocations = 0, frees = 0, host_syncs = 0;
+  bool known = false;
+  bool host_syncs_known = false;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -53,9 +65,14 @@ class Device {
 
   // Zero-filled. `what` names the buffer in the out-of-memory error. bytes may be 0 (nullptr).
   virtual void* Allocate(size_t bytes, const std::string& what) = 0;
+  // May be called while work queued on the compute stream still uses p (CUDA reuses the memory
+  // in stream order, without waiting); work on any other stream that uses p must be complete, or
+  // the compute stream ordered after it (Work::WaitStream), before Free.
   virtual void Free(void* p) = 0;
   // Bytes free on the device (0 where unknown).
   virtual uint64_t free_bytes() const { return 0; }
+  // Monotonic counts (see DeviceCounters); nothing known by default (the CPU device).
+  virtual DeviceCounters counters() const { return {}; }
 
   virtual void CopyToDevice(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;

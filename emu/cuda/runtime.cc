@@ -16,11 +16,16 @@
 // instead of working by luck. Copies follow CUDA's documented host semantics: from pageable
 // memory to the device the source is captured at the call; from the device to pageable memory
 // the call returns when the copy is done; pinned memory is read and written when the copy runs.
+//
+// Counters (cuda_emu::GetCounters): allocations, frees and host synchronisations the program
+// asked for. The runtime's own waits (cudaFree's device synchronisation, cudaMemcpy's wait
+// after its copy) go through uncounted internal helpers, so each call counts once.
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -44,6 +49,8 @@ struct CUstream_st {
   uint64_t enqueued = 0;
   std::mutex run_mu;  // held by the thread running the queue
   std::atomic<uint64_t> executed{0};
+  std::mutex progress_mu;              // with `progress`: executed grew, or run_mu was let go
+  std::condition_variable progress;
   std::atomic<std::thread::id> runner{};
   bool destroyed = false;
 };
@@ -118,6 +125,9 @@ Emulator& Emu() {
 thread_local int tls_device = 0;  // visible ordinal
 thread_local cudaError_t tls_last_error = cudaSuccess;
 
+// GetCounters' figures; constant-initialised, so usable from static constructors too.
+std::atomic<uint64_t> g_device_allocations{0}, g_device_frees{0}, g_host_syncs{0};
+
 cudaError_t Record(cudaError_t e) {
   if (e != cudaSuccess) tls_last_error = e;
   return e;
@@ -135,17 +145,31 @@ CUstream_st* Resolve(cudaStream_t s) {
   return Emu().legacy[d];
 }
 
+// Wakes the threads waiting in RunUntil for stream s to progress.
+void NotifyProgress(CUstream_st* s) {
+  { std::lock_guard<std::mutex> l(s->progress_mu); }
+  s->progress.notify_all();
+}
+
 // Runs stream s until `target` closures have run. blocking = false: give up (false) when
 // another thread is running the queue (cudaEventQuery must not block).
+//
+// A blocking waiter whose stream another thread is running waits for `executed` to reach its
+// target rather than for the queue: that thread may run past the target into a closure that
+// waits on a stream this one is running (compute waits for NCCL op q while the watchdog's
+// query runs NCCL ops beyond q, one of which waits for a later compute op): a valid order,
+// which waiting for the whole queue would deadlock.
 bool RunUntil(CUstream_st* s, uint64_t target, bool blocking) {
   if (s->executed.load() >= target) return true;
   if (s->runner.load() == std::this_thread::get_id())
     Fail("a stream waits on work queued after its own current operation (a cycle of stream waits)");
   std::unique_lock<std::mutex> run(s->run_mu, std::defer_lock);
-  if (blocking) {
-    run.lock();
-  } else if (!run.try_lock()) {
-    return s->executed.load() >= target;
+  while (!run.try_lock()) {
+    if (!blocking) return s->executed.load() >= target;
+    std::unique_lock<std::mutex> l(s->progress_mu);
+    // notified after every closure and when the runner lets go; the timeout only re-tries the lock
+    s->progress.wait_for(l, std::chrono::milliseconds(1), [&] { return s->executed.load() >= target; });
+    if (s->executed.load() >= target) return true;
   }
   s->runner = std::this_thread::get_id();
   while (s->executed.load() < target) {
@@ -157,8 +181,11 @@ bool RunUntil(CUstream_st* s, uint64_t target, bool blocking) {
     }
     op.second();
     s->executed = op.first;
+    NotifyProgress(s);
   }
   s->runner = std::thread::id();
+  run.unlock();
+  NotifyProgress(s);
   return true;
 }
 
@@ -262,6 +289,14 @@ bool IsPinnedHost(const void* p, size_t bytes) {
 
 int StreamDevice(cudaStream_t s) { return Resolve(s)->device; }
 int CurrentDevice() { return Physical(tls_device); }
+
+Counters GetCounters() {
+  Counters c;
+  c.device_allocations = g_device_allocations.load();
+  c.device_frees = g_device_frees.load();
+  c.host_syncs = g_host_syncs.load();
+  return c;
+}
 
 void SynchronizeAll() {
   std::vector<std::pair<CUstream_st*, uint64_t>> all;
@@ -406,9 +441,9 @@ cudaError_t cudaDeviceGetPCIBusId(char* bus, int len, int device) {
   std::snprintf(bus, (size_t)len, "0000:%02X:00.0", 0x10 + d);  // domain:bus:device.function, as CUDA
   return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize() {
-  const int d = cuda_emu::Physical(cuda_emu::tls_device);
-  if (d < 0) return Record(cudaErrorNoDevice);
+namespace {
+// Runs everything queued so far on the streams of physical device d (not counted: cudaFree's).
+void SynchronizeDevice(int d) {
   std::vector<std::pair<CUstream_st*, uint64_t>> mine;
   {
     std::lock_guard<std::mutex> lock(Emu().mu);
@@ -416,6 +451,14 @@ cudaError_t cudaDeviceSynchronize() {
       if (s->device == d) mine.emplace_back(s.get(), cuda_emu::Enqueued(s.get()));
   }
   for (auto& s : mine) cuda_emu::RunUntil(s.first, s.second, true);
+}
+}  // namespace
+
+cudaError_t cudaDeviceSynchronize() {
+  const int d = cuda_emu::Physical(cuda_emu::tls_device);
+  if (d < 0) return Record(cudaErrorNoDevice);
+  cuda_emu::g_host_syncs++;
+  SynchronizeDevice(d);
   return cudaSuccess;
 }
 cudaError_t cudaRuntimeGetVersion(int* v) {
@@ -457,6 +500,7 @@ cudaError_t Allocate(void** p, size_t bytes, int device) {
   std::lock_guard<std::mutex> lock(em.mu);
   em.allocations[reinterpret_cast<uintptr_t>(mem)] = cuda_emu::Allocation{bytes, device};
   *p = mem;
+  cuda_emu::g_device_allocations++;
   return cudaSuccess;
 }
 cudaError_t Release(void* p, bool pinned) {
@@ -474,17 +518,14 @@ cudaError_t Release(void* p, bool pinned) {
   if (pinned) {
     cuda_emu::SynchronizeAll();
   } else {
-    const int saved = cuda_emu::tls_device;
-    for (int o = 0; o < (int)em.visible.size(); o++)
-      if (em.visible[o] == device) cuda_emu::tls_device = o;
-    cudaDeviceSynchronize();
-    cuda_emu::tls_device = saved;
+    SynchronizeDevice(device);
   }
   std::lock_guard<std::mutex> lock(em.mu);
   auto it = em.allocations.find(reinterpret_cast<uintptr_t>(p));
   if (device >= 0) em.used[device] -= it->second.bytes;
   em.allocations.erase(it);
   std::free(p);
+  cuda_emu::g_device_frees++;
   return cudaSuccess;
 }
 }  // namespace
@@ -523,6 +564,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   CUstream_st* st = cuda_emu::Resolve(s);
+  cuda_emu::g_host_syncs++;
   cuda_emu::RunUntil(st, cuda_emu::Enqueued(st), true);
   return cudaSuccess;
 }
@@ -565,6 +607,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (e == nullptr) return Record(cudaErrorInvalidResourceHandle);
+  cuda_emu::g_host_syncs++;
   if (e->stream) cuda_emu::RunUntil(e->stream, e->target, true);
   return cudaSuccess;
 }
@@ -601,7 +644,10 @@ bool CheckDirection(void* dst, const void* src, size_t bytes, cudaMemcpyKind kin
 }
 }  // namespace
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+namespace {
+// cudaMemcpyAsync without counting; *blocked: it waited for the stream (pageable destination).
+cudaError_t MemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s, bool* blocked) {
+  *blocked = false;
   if (bytes == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return Record(cudaErrorInvalidValue);
   cuda_emu::Where dw, sw;
@@ -616,13 +662,31 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     cuda_emu::Enqueue(st, [dst, src, bytes] { std::memmove(dst, src, bytes); });
   }
   // Pageable destination: the call returns once the bytes are there.
-  if (dw == cuda_emu::Where::kPageable) cuda_emu::RunUntil(st, cuda_emu::Enqueued(st), true);
+  if (dw == cuda_emu::Where::kPageable) {
+    *blocked = true;
+    cuda_emu::RunUntil(st, cuda_emu::Enqueued(st), true);
+  }
   return cudaSuccess;
 }
+void RunAll(cudaStream_t s) {
+  CUstream_st* st = cuda_emu::Resolve(s);
+  cuda_emu::RunUntil(st, cuda_emu::Enqueued(st), true);
+}
+}  // namespace
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+  bool blocked = false;
+  const cudaError_t e = MemcpyAsync(dst, src, bytes, kind, s, &blocked);
+  if (blocked) cuda_emu::g_host_syncs++;
+  return e;
+}
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+  bool blocked = false;
+  const cudaError_t e = MemcpyAsync(dst, src, bytes, kind, nullptr, &blocked);
   if (e != cudaSuccess) return e;
-  return cudaStreamSynchronize(nullptr);
+  cuda_emu::g_host_syncs++;  // one blocking call, whether or not the copy itself waited
+  RunAll(nullptr);
+  return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
   if (bytes == 0) return cudaSuccess;
@@ -634,7 +698,9 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   const cudaError_t e = cudaMemsetAsync(p, value, bytes, nullptr);
   if (e != cudaSuccess) return e;
-  return cudaStreamSynchronize(nullptr);
+  cuda_emu::g_host_syncs++;
+  RunAll(nullptr);
+  return cudaSuccess;
 }
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* user_data) {
   if (fn == nullptr) return Record(cudaErrorInvalidValue);

@@ -1,17 +1,26 @@
-// CudaDevice: one GPU. Memory comes from cudaMalloc (zero-filled on the compute stream), kernels,
-// Copy and Zero run in order on one compute stream, the communicator's staging copies run on a
-// side stream guarded by a mutex, events are cudaEvents, host staging memory is pinned.
+// CudaDevice: one GPU. Memory comes from a caching allocator over cudaMalloc (zero-filled on the
+// compute stream), kernels, Copy and Zero run in order on one compute stream, the communicator's
+// staging copies run on a side stream guarded by a mutex, events are cudaEvents, host staging
+// memory is pinned.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cctype>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "model/cuda/cuda_device.h"
 #include "model/cuda/kernels_cuda.h"
+
+#ifdef SHARDGPT_CUDA_EMULATION
+#include "cuda_emu.h"
+#endif
 
 #ifndef SHARDGPT_CUDA_ARCHS
 #define SHARDGPT_CUDA_ARCHS "unknown"
@@ -58,15 +67,152 @@ class CudaEvent final : public DeviceEvent {
   const cudaEvent_t event_;
 };
 
+// The bytes a block for a request of `bytes` has, and whether a cached block of `block` bytes
+// may serve a request whose block size is `size`. On a GPU: multiples of 512 bytes up to 1 MiB,
+// of 2 MiB (cudaMalloc's page) above; a cached block fits when it wastes at most an eighth.
+// Under the emulation blocks are exactly the bytes asked and fit only the same size, so that
+// its bounds checks (copies, kernel arguments, AddressSanitizer) still see each buffer's own
+// end; the engine asks the same sizes every step, so the cache still serves every request.
+#ifdef SHARDGPT_CUDA_EMULATION
+constexpr bool kExactBlocks = true;
+#else
+constexpr bool kExactBlocks = false;
+#endif
+size_t BlockBytes(size_t bytes) {
+  if (kExactBlocks) return bytes;
+  const size_t align = bytes <= (size_t{1} << 20) ? 512 : size_t{2} << 20;
+  if (bytes > SIZE_MAX - align) return bytes;  // no GPU has it: cudaMalloc says so
+  return (bytes + align - 1) / align * align;
+}
+bool Fits(size_t block, size_t size) { return block >= size && block - size <= (kExactBlocks ? 0 : size / 8); }
+
+// A caching, stream-ordered allocator of one GPU's memory, in the spirit of PyTorch's: Free
+// keeps the block in a pool, Allocate hands out the best-fitting pooled block, so the engine's
+// buffers made and dropped per unit and micro-batch (bf16 compute copies, gradient scratch,
+// stage 3's gathered units, reduce buffers) cost no cudaMalloc, no cudaFree and no host wait
+// once the first step has filled the pool.
+//
+// Why reuse needs no wait: a block is handed out in the compute stream's order (Allocate's
+// zero-fill is queued there), and everything that touches device memory is ordered with the
+// compute stream:
+//   - kernels, Copy and Zero run on the compute stream itself;
+//   - a NCCL collective's stream waits on an event of the compute stream recorded when the
+//     collective is issued, and the engine retires a collective (IsCompleted, Wait) or orders
+//     the compute stream after it (Work::WaitStream) before it drops the collective's buffers;
+//   - the MPI communicator's staging copies (side stream) start after an event of the compute
+//     stream and finish before the collective's Work completes.
+// So when Free(p) is called, every use of p on another stream is finished or ordered before
+// the compute stream's current position, and any later use of the block on another stream
+// starts after a compute event recorded after its next Allocate. That is the contract for
+// callers (PyTorch's record_stream, made a rule): never drop a buffer that another stream may
+// still use and the compute stream has not been ordered after.
+//
+// Out of memory: the pool is emptied (after one wait for the compute stream) and cudaMalloc
+// retried once. Thread-safe (a mutex): buffers normally come and go on the training thread.
+class CachingAllocator {
+ public:
+  // Counts its cudaMalloc and cudaFree calls in *mallocs and *frees. The caller makes the GPU
+  // current before every call.
+  CachingAllocator(std::atomic<uint64_t>* mallocs, std::atomic<uint64_t>* frees) : mallocs_(mallocs), frees_(frees) {}
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // A block of at least `bytes` (> 0) from the pool or cudaMalloc; nullptr when the GPU is out
+  // of memory even with the pool emptied. `compute` is waited for before the pool is emptied.
+  void* Allocate(size_t bytes, cudaStream_t compute) {
+    const size_t size = BlockBytes(bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = cached_.lower_bound(size);  // best fit: the smallest cached block that is large enough
+    if (it != cached_.end() && Fits(it->first, size)) {
+      void* p = it->second;
+      live_[p] = it->first;
+      cached_bytes_ -= it->first;
+      cached_.erase(it);
+      return p;
+    }
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, size);
+    if (e == cudaErrorMemoryAllocation && !cached_.empty()) {
+      cudaGetLastError();  // not sticky; clear it
+      SHARDGPT_CUDA_CHECK(cudaStreamSynchronize(compute));
+      ReleaseCached();
+      e = cudaMalloc(&p, size);
+    }
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    SHARDGPT_CUDA_CHECK(e);
+    (*mallocs_)++;
+    live_[p] = size;
+    return p;
+  }
+
+  // Back into the pool, no wait (see the class comment). False when p is not a live block here.
+  bool Free(void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = live_.find(p);
+    if (it == live_.end()) return false;
+    cached_.emplace(it->second, p);
+    cached_bytes_ += it->second;
+    live_.erase(it);
+    return true;
+  }
+
+#ifdef SHARDGPT_CUDA_EMULATION
+  // The bytes of live block p (0 when p is not one): what CudaDevice::Free poisons.
+  size_t bytes_of(void* p) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = live_.find(p);
+    return it == live_.end() ? 0 : it->second;
+  }
+#endif
+
+  // Bytes in the pool: free for the program, though cudaMemGetInfo counts them as used.
+  uint64_t cached_bytes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cached_bytes_;
+  }
+
+  // cudaFree of every block, pooled or live. The streams must be idle (the device's destructor).
+  void ReleaseAll() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ReleaseCached();
+    for (auto& kv : live_) FreeBlock(kv.first);
+    live_.clear();
+  }
+
+ private:
+  // Under mu_. cudaFree waits for the GPU anyway; the callers have waited for the compute stream.
+  void ReleaseCached() {
+    for (auto& kv : cached_) FreeBlock(kv.second);
+    cached_.clear();
+    cached_bytes_ = 0;
+  }
+  void FreeBlock(void* p) {
+    const cudaError_t e = cudaFree(p);
+    if (e == cudaSuccess) (*frees_)++;
+    else std::fprintf(stderr, "shardgpt: warning: CUDA: cudaFree: %s\n", cuda::ErrorText(e).c_str());
+  }
+
+  std::atomic<uint64_t>* const mallocs_;  // the device's counters
+  std::atomic<uint64_t>* const frees_;
+  mutable std::mutex mu_;                   // guards everything below
+  std::multimap<size_t, void*> cached_;     // block bytes -> free block
+  std::unordered_map<void*, size_t> live_;  // handed-out block -> its bytes
+  uint64_t cached_bytes_ = 0;
+};
+
 class CudaDevice final : public Device {
  public:
-  explicit CudaDevice(int device) : device_(device) {}
+  explicit CudaDevice(int device) : device_(device), pool_(&allocations_, &frees_) {}
   ~CudaDevice() override {
     // No throwing here: errors are ignored (the GPU may be gone already).
     cudaSetDevice(device_);
     if (compute_) cudaStreamSynchronize(compute_);
     if (side_) cudaStreamSynchronize(side_);
     kernels_.reset();  // before the stream it uses
+    pool_.ReleaseAll();
     if (side_) cudaStreamDestroy(side_);
     if (compute_) cudaStreamDestroy(compute_);
   }
@@ -91,10 +237,8 @@ class CudaDevice final : public Device {
   void* Allocate(size_t bytes, const std::string& what) override {
     if (bytes == 0) return nullptr;
     Bind();
-    void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, bytes);
-    if (e == cudaErrorMemoryAllocation) {
-      cudaGetLastError();  // not sticky; clear it
+    void* p = pool_.Allocate(bytes, compute_);
+    if (p == nullptr) {
       size_t free_b = 0, total_b = 0;
       cudaMemGetInfo(&free_b, &total_b);
       throw DeviceOutOfMemory("out of GPU memory on " + name_ + " allocating " + what + ": " +
@@ -102,21 +246,48 @@ class CudaDevice final : public Device {
                               " bytes (" + GiB(free_b) + ") free of " + GiB(total_b) +
                               "; try a higher --zero-stage or a smaller --micro-batch");
     }
-    SHARDGPT_CUDA_CHECK(e);
     // Zero-filled in stream order: every later kernel, copy or recorded event sees the zeros.
     SHARDGPT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, compute_));
     return p;
   }
 
+  // Into the pool: queued kernels may still use p, and need not have finished (stream order
+  // protects the block's next user; see CachingAllocator). Called from destructors: reports,
+  // never throws.
   void Free(void* p) override {
     if (p == nullptr) return;
+#ifdef SHARDGPT_CUDA_EMULATION
+    // Poisoned (NaN as fp32 and bf16) in stream order, as a fresh emulated allocation is: a
+    // kernel or a collective reading p after its Free, or one on another stream that was not
+    // ordered before this point (the pool's contract), reads NaN and the tests see it.
     cudaSetDevice(device_);
-    // Queued kernels may still use p. Called from destructors: reports, never throws.
-    cudaError_t e = cudaStreamSynchronize(compute_);
-    if (e == cudaSuccess) e = cudaFree(p);
-    if (e != cudaSuccess) std::fprintf(stderr, "shardgpt: warning: CUDA: cudaFree: %s\n", cuda::ErrorText(e).c_str());
+    const size_t bytes = pool_.bytes_of(p);
+    if (bytes > 0 && cudaMemsetAsync(p, 0xff, bytes, compute_) != cudaSuccess) cudaGetLastError();
+#endif
+    if (!pool_.Free(p))
+      std::fprintf(stderr, "shardgpt: warning: CUDA: Free of %p, which %s did not allocate (or freed already)\n", p,
+                   name_.c_str());
   }
 
+  // The emulation counts every allocation, free and host wait of the process (the kernel
+  // scratch's, the NCCL communicator's and the checkpoint writer's included). On a GPU only
+  // this device's own cudaMalloc/cudaMallocHost and cudaFree/cudaFreeHost calls are counted
+  // (not the kernels' scratch, not the libraries'), and host waits are not: they happen in
+  // CudaKernels, the communicators and here, and nothing sees them all.
+  DeviceCounters counters() const override {
+    DeviceCounters c;
+#ifdef SHARDGPT_CUDA_EMULATION
+    const cuda_emu::Counters e = cuda_emu::GetCounters();
+    c.allocations = e.device_allocations, c.frees = e.device_frees, c.host_syncs = e.host_syncs;
+    c.host_syncs_known = true;
+#else
+    c.allocations = allocations_.load(), c.frees = frees_.load();
+#endif
+    c.known = true;
+    return c;
+  }
+
+  // The pool's blocks count as free: Allocate reuses them, or returns them to CUDA when it must.
   uint64_t free_bytes() const override {
     cudaSetDevice(device_);
     size_t free_b = 0, total_b = 0;
@@ -124,7 +295,7 @@ class CudaDevice final : public Device {
       cudaGetLastError();
       return 0;
     }
-    return free_b;
+    return free_b + pool_.cached_bytes();
   }
 
   // Synchronous for the host, ordered after the kernels already queued.
@@ -176,12 +347,14 @@ class CudaDevice final : public Device {
                               "; try a higher --zero-stage or a smaller --micro-batch");
     }
     SHARDGPT_CUDA_CHECK(e);
+    allocations_++;
     return p;
   }
   void FreeHost(void* p) override {
     if (p == nullptr) return;
     cudaSetDevice(device_);
     const cudaError_t e = cudaFreeHost(p);
+    if (e == cudaSuccess) frees_++;
     if (e != cudaSuccess)
       std::fprintf(stderr, "shardgpt: warning: CUDA: cudaFreeHost: %s\n", cuda::ErrorText(e).c_str());
   }
@@ -217,6 +390,10 @@ class CudaDevice final : public Device {
   cudaStream_t side_ = nullptr;
   std::mutex side_mu_;
   std::unique_ptr<CudaKernels> kernels_;
+  // cudaMalloc/cudaMallocHost and cudaFree/cudaFreeHost calls made here and by pool_
+  // (AllocateHost and FreeHost may run on the communication thread).
+  std::atomic<uint64_t> allocations_{0}, frees_{0};
+  CachingAllocator pool_;  // after the counters it updates
 };
 
 }  // namespace

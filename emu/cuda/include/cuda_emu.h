@@ -38,6 +38,21 @@ int CurrentDevice();
 // Runs everything queued so far on every stream of every device (cudaFreeHost, finalisers).
 void SynchronizeAll();
 
+// What the program asked of the emulated runtime since the process started, counted with
+// atomics on every thread (all devices together): what a test asserts when it says "nothing is
+// allocated, freed or synchronised with the host inside a step".
+//   device_allocations: successful cudaMalloc and cudaMallocHost calls;
+//   device_frees:       successful cudaFree and cudaFreeHost calls (their own internal
+//                       synchronisation is not a host_sync: it is part of the free);
+//   host_syncs:         calls that block the host on device work: cudaStreamSynchronize,
+//                       cudaEventSynchronize, cudaDeviceSynchronize, the blocking cudaMemcpy and
+//                       cudaMemset, and cudaMemcpyAsync to pageable host memory. Queries
+//                       (cudaEventQuery, cudaStreamQuery) do not block and are not counted.
+struct Counters {
+  uint64_t device_allocations = 0, device_frees = 0, host_syncs = 0;
+};
+Counters GetCounters();
+
 // Ends the process: prints "shardgpt CUDA emulation: <what>" on stderr and aborts. For a misuse
 // that a real GPU would punish with a crash, a hang or undefined behaviour.
 [[noreturn]] void Fail(const std::string& what);
