@@ -34,7 +34,11 @@ check seq-too-long      "seq-len"            -- train $D --seq-len 4096
 check reduce-grads      "reduce-grads"       -- train $D --zero-stage 1 --reduce-grads last-micro
 check reduce-dtype      "reduce-dtype"       -- train $D --reduce-dtype bf16
 check shard-layout      "--shard-layout"     -- train $D --shard-layout diagonal
+# --device cuda with every GPU hidden: the no-GPU error in every build (no CUDA backend, a GPU
+# machine, the CUDA emulation, which also reads CUDA_VISIBLE_DEVICES).
+export CUDA_VISIBLE_DEVICES=
 check cuda              "--device cuda"      -- train $D --device cuda
+unset CUDA_VISIBLE_DEVICES
 check lr-nan            "--lr"               -- train $D --lr nan
 check lr-zero           "--lr"               -- train $D --lr 0
 check clip-negative     "--grad-clip"        -- train $D --grad-clip -1
