@@ -18,9 +18,8 @@ PY=/usr/bin/python3
 "$PY" -c "import torch" 2>/dev/null || { echo "vs_torch: needs python3-torch for $PY (apt-get install python3-torch)"; exit 1; }
 [ -x "$BUILD/bench/bench_train" ] || { echo "vs_torch: build $BUILD/bench/bench_train first (scripts/build.sh)"; exit 1; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores;" \
-     "bf16 dot instructions: $(grep -m1 -owE 'amx_bf16|avx512_bf16' /proc/cpuinfo | head -1 || echo none);" \
-     "torch $("$PY" -c 'import torch; print(torch.__version__)'); load $(cut -d' ' -f1-3 /proc/loadavg)"
+bench/machine.sh
+echo "torch $("$PY" -c 'import torch; print(torch.__version__)')"
 results=$(mktemp); trap 'rm -f "$results"' EXIT
 for dtype in $DTYPES; do
   for config in $CONFIGS; do

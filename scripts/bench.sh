@@ -6,6 +6,8 @@
 set -euo pipefail
 BUILD=${1:-build}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Every figure below belongs to this hardware: print it first.
+"$(dirname "$0")"/../bench/machine.sh
 echo "== kernels (2 threads)"
 "$BUILD"/bench/bench_kernels --benchmark_min_time=0.2 2>/dev/null | grep -E "^BM_" || true
 echo "== end to end, 1 rank x 2 threads"
