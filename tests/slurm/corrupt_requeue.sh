@@ -33,8 +33,9 @@ echo "private cluster up in $((SECONDS - t0)) s"
 
 for i in $(seq 1 300); do echo "In the beginning God created the heaven and the earth. And the earth was without form."; done > "$T/text.txt"
 "$BIN" prepare --input "$T/text.txt" --output "$T/data" >/dev/null || fail prepare
-# Long enough that the signal, sent once 25 rows are logged, lands mid-run on any machine.
-N=2000
+# The signal is sent once 25 rows are logged: 375 steps before the end (scenario 2 of run.sh
+# leaves 100), so it lands mid-run unless the machine runs ~375 steps in scancel's latency.
+N=400
 A="--data $T/data/train.bin --seq-len 32 --n-layer 2 --n-embd 32 --n-head 2 --steps $N --lr 3e-3 --seed 5 --quiet --micro-batch 6 --zero-stage 1 --ckpt-every 10 --keep-last 3"
 id=$(sbatch_cpu cr -- $A) || fail "sbatch"
 wait_rows "$T/cr/train.jsonl" 25 240 || { show "$T/cr.out"; fail "job $id made no progress"; }
