@@ -215,7 +215,7 @@ Status ReadLatestTarget(const std::string& root, bool* exists, std::string* dir)
     if (errno == ENOENT) return Status::OK();
     return Status::IOError(path + ": cannot stat: " + Errno());
   }
-  const int fd = open(path.c_str(), O_RDONLY);
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO must not block
   if (fd < 0) {
     const int e = errno;
     if (S_ISLNK(lsb.st_mode) && e == ELOOP) return Status::Corruption(path + ": a symlink loop (expected a file naming a step_XXXXXXXX directory)");
@@ -230,12 +230,13 @@ Status ReadLatestTarget(const std::string& root, bool* exists, std::string* dir)
   std::string text;
   char buf[256];
   ssize_t n = 0;
-  const bool is_dir = fstat(fd, &sb) == 0 && S_ISDIR(sb.st_mode);
-  if (!is_dir)
+  const bool stated = fstat(fd, &sb) == 0, is_dir = stated && S_ISDIR(sb.st_mode), is_file = stated && S_ISREG(sb.st_mode);
+  if (is_file)
     while (text.size() <= 128 && (n = read(fd, buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(n));
   const int read_errno = errno;
   close(fd);
   if (is_dir) return Status::Corruption(path + ": is a directory (expected a file naming a step_XXXXXXXX directory)");
+  if (!is_file) return Status::Corruption(path + ": not a regular file (expected a file naming a step_XXXXXXXX directory)");
   if (n < 0) return Status::Corruption(path + ": cannot read: " + std::strerror(read_errno));
   const size_t b = text.find_first_not_of(" \t\r\n");
   const std::string name = b == std::string::npos ? "" : text.substr(b, text.find_first_of(" \t\r\n", b) - b);

@@ -1,6 +1,6 @@
 // --resume auto's building blocks on 1..3 ranks (issue 24, issue 23 item 6):
 //  - the one rule for DIR/latest, a case per test (missing, a name, empty, another name, a
-//    dangling symlink, a symlink loop, a directory, a missing or incomplete step, a good
+//    dangling symlink, a symlink loop, a directory, a FIFO, a missing or incomplete step, a good
 //    symlink): ResolveCheckpoint (an explicit choice) refuses every unusable one naming it,
 //    ListResumeCandidates (auto) says what is wrong and lists the complete steps newest first;
 //  - a damaged checkpoint (a byte of master, m or v, the index, a missing, truncated or
@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <mpi.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -202,6 +203,7 @@ TEST(Latest, OneRuleForEveryCase) {
       {"dangling symlink", [&] { fs::create_symlink("nowhere", d + "/latest"); }, "latest: a dangling symlink (to 'nowhere'"},
       {"symlink loop", [&] { fs::create_symlink("latest", d + "/latest"); }, "latest: a symlink loop"},
       {"directory", [&] { fs::create_directory(d + "/latest"); }, "latest: is a directory"},
+      {"fifo", [&] { mkfifo((d + "/latest").c_str(), 0600); }, "latest: not a regular file"},  // must not block
       {"missing step", [&] { WriteText(d + "/latest", "step_00000010\n"); }, "latest: names step_00000010, which does not exist"},
       {"incomplete step", [&] { WriteText(d + "/latest", "step_00000006\n"); }, "latest: names step_00000006, which has no index.h5"},
       {"quarantined step", [&] { WriteText(d + "/latest", "step_00000008.bad-checksum\n"); },
