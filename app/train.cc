@@ -103,10 +103,40 @@ void RestoreDefaultStopSignalHandlers() {
 
 namespace {
 
+// What an explicit --resume choice (latest, PATH) that is damaged says after its error.
+constexpr const char* kAutoHint = " (--resume auto falls back to the newest checkpoint that loads)";
+
+// Rank 0's list of --resume auto candidates, on every rank (ranks on several nodes list the
+// shared directory at slightly different moments; one listing keeps them on the same one).
+ResumeCandidates BroadcastCandidates(Communicator& comm, const std::string& ckpt_dir) {
+  ResumeCandidates c;
+  std::string text;
+  if (comm.rank() == 0) {
+    c = ListResumeCandidates(ckpt_dir);
+    text = c.latest_problem;
+    for (const std::string& d : c.dirs) text += "\n" + d;
+  }
+  uint64_t n = text.size();
+  comm.ControlBroadcast(&n, sizeof(n), 0);
+  text.resize(n);
+  if (n > 0) comm.ControlBroadcast(text.data(), n, 0);
+  if (comm.rank() != 0) {
+    size_t at = text.find('\n');
+    c.latest_problem = text.substr(0, at);
+    while (at != std::string::npos) {
+      const size_t next = text.find('\n', at + 1);
+      c.dirs.push_back(text.substr(at + 1, next == std::string::npos ? std::string::npos : next - at - 1));
+      at = next;
+    }
+  }
+  return c;
+}
+
 // Setup phase 1: the model config (from --init or the flags) and the checkpoint to resume from
-// (empty: a fresh start), agreed on by every rank.
+// (empty: a fresh start), agreed on by every rank. --resume auto gives, instead of one path,
+// its candidates in order (Resume tries them) and what is wrong with `latest`, if anything.
 Status ResolveModelAndResume(TrainOptions& o, Communicator& comm, std::unique_ptr<LlmcModelReader>* init,
-                             std::string* resume_path) {
+                             std::string* resume_path, ResumeCandidates* candidates) {
   if (!o.init_file.empty()) {  // the header now; each rank reads its owned ranges in Setup
     auto m = LlmcModelReader::Open(o.init_file);
     SHARDGPT_RETURN_IF_ERROR(Agree(comm, m.status()));
@@ -120,23 +150,35 @@ Status ResolveModelAndResume(TrainOptions& o, Communicator& comm, std::unique_pt
   const bool auto_resume = o.resume == "auto";
   if ((o.resume == "latest" || auto_resume) && o.ckpt_dir.empty())
     return Status::InvalidArgument("--resume " + o.resume + " needs --ckpt-dir (where to look for the latest checkpoint)");
-  auto where = ResolveCheckpoint(auto_resume ? "latest" : o.resume, o.ckpt_dir);
+  if (auto_resume) {
+    // The model config of each candidate is checked by LoadCheckpoint, before it touches the
+    // engine: another model stops the run there, damage moves on to the next candidate.
+    *candidates = BroadcastCandidates(comm, o.ckpt_dir);
+    if (candidates->dirs.empty() && comm.rank() == 0) {
+      if (!candidates->latest_problem.empty())
+        std::fprintf(stderr, "shardgpt: warning: --resume auto: %s; no complete step_* directory either\n",
+                     candidates->latest_problem.c_str());
+      std::printf("--resume auto: no checkpoint in %s yet, starting from step 0 on %d rank(s)\n", o.ckpt_dir.c_str(),
+                  comm.world_size());
+      std::fflush(stdout), std::fflush(stderr);
+    }
+    return Status::OK();
+  }
+  auto where = ResolveCheckpoint(o.resume, o.ckpt_dir);
   if (where.ok()) {
     *resume_path = where.value();
     auto saved = ReadCheckpointConfig(*resume_path, o.ckpt_dir);
+    if (!saved.ok() && saved.status().code() == Status::Code::kCorruption)
+      return Agree(comm, Status::Corruption(saved.status().message() + kAutoHint));
     SHARDGPT_RETURN_IF_ERROR(Agree(comm, saved.status()));
     const std::string diff = saved->FirstDifference(o.model);
     if (!diff.empty())
       return Status::InvalidArgument(*resume_path + ": checkpoint is for another model (" + diff +
                                      ", checkpoint vs this run)");
-  } else if (auto_resume && where.status().code() == Status::Code::kNotFound) {
-    if (comm.rank() == 0) {
-      std::printf("--resume auto: no checkpoint in %s yet, starting from step 0 on %d rank(s)\n", o.ckpt_dir.c_str(),
-                  comm.world_size());
-      std::fflush(stdout);
-    }
   } else if (o.resume == "latest" && where.status().code() == Status::Code::kNotFound) {
     return Agree(comm, Status::NotFound(where.status().message() + " (--resume auto starts fresh when there is none)"));
+  } else if (where.status().code() == Status::Code::kCorruption) {  // an unusable latest
+    return Agree(comm, Status::Corruption(where.status().message() + kAutoHint));
   } else {
     return Agree(comm, where.status());
   }
@@ -240,7 +282,7 @@ class Trainer {
   Status Setup() {
     SetComputeThreads(o_.threads);
     std::unique_ptr<LlmcModelReader> init;
-    SHARDGPT_RETURN_IF_ERROR(ResolveModelAndResume(o_, comm_, &init, &resume_path_));
+    SHARDGPT_RETURN_IF_ERROR(ResolveModelAndResume(o_, comm_, &init, &resume_path_, &candidates_));
     SHARDGPT_RETURN_IF_ERROR(ValidateLoopOptions(o_, comm_.world_size()));
     // bf16 runs round matmul inputs to bf16 where the device has fast bf16 matmuls (tensor cores,
     // AVX512-BF16/AMX), or where --compute-dtype asks for it
@@ -332,11 +374,77 @@ class Trainer {
     return Agree(comm_, st);
   }
 
+  // One damaged --resume auto candidate that was passed over.
+  struct Skipped {
+    std::string dir, reason, error, renamed_to;
+  };
+
+  // --resume auto: the candidates in order (ListResumeCandidates); the first that loads (every
+  // check, every chunk checksum as it is read, on every rank) is resumed. A damaged one is
+  // passed over, and once a good one is found, renamed DIR.bad-<reason> by rank 0 (so the
+  // next requeue does not read it again) and warned about; `latest` then names the one
+  // resumed. Anything that is not damage (another model, ...) stops here as an error. When
+  // none loads: one error line listing each, nothing renamed (a later --resume auto must not
+  // start from step 0 because everything was moved aside). Collective; every rank has the
+  // same statuses (LoadCheckpoint agrees them), so all take the same path.
+  Status ResumeAuto() {
+    if (lead_ && !candidates_.latest_problem.empty()) {
+      std::fprintf(stderr, "shardgpt: warning: --resume auto: %s; trying the complete step_* directories, newest first\n",
+                   candidates_.latest_problem.c_str());
+      std::fflush(stderr);
+    }
+    std::vector<Skipped> skipped;
+    for (const std::string& dir : candidates_.dirs) {
+      LoadProblem problem = LoadProblem::kNone;
+      auto loaded = LoadCheckpoint(dir, o_.ckpt_dir, *engine_, *layout_, comm_, o_.quiet, &problem);
+      if (loaded.ok()) {
+        resume_path_ = dir;
+        state_ = loaded.value();
+        break;
+      }
+      if (!IsCheckpointDamage(problem)) return Agree(comm_, loaded.status());
+      skipped.push_back({dir, LoadProblemName(problem), loaded.status().message(), ""});
+    }
+    if (resume_path_.empty()) {
+      std::string line = "--resume auto: no checkpoint in " + o_.ckpt_dir + " loads (nothing renamed):";
+      for (const Skipped& s : skipped) line += " " + s.dir + " (" + s.reason + ": " + s.error + ");";
+      line.pop_back();
+      return Agree(comm_, Status::Corruption(lead_ ? line : ""));
+    }
+    nlohmann::json record = {{"from", resume_path_}, {"skipped", nlohmann::json::array()}};
+    if (!candidates_.latest_problem.empty()) record["latest_problem"] = candidates_.latest_problem;
+    if (lead_) {
+      for (Skipped& s : skipped) {
+        auto to = QuarantineCheckpoint(s.dir, s.reason);
+        if (to.ok()) s.renamed_to = to.value();
+        std::fprintf(stderr, "shardgpt: warning: --resume auto: skipped %s (%s): %s; %s\n", s.dir.c_str(), s.reason.c_str(),
+                     s.error.c_str(), to.ok() ? ("renamed to " + s.renamed_to).c_str()
+                                              : ("not renamed: " + to.status().message()).c_str());
+        record["skipped"].push_back({{"dir", s.dir}, {"reason", s.reason}, {"error", s.error}, {"renamed_to", s.renamed_to}});
+      }
+      if (!skipped.empty() || !candidates_.latest_problem.empty()) {
+        const Status st = PointLatestAt(o_.ckpt_dir, resume_path_.substr(resume_path_.rfind('/') + 1));
+        if (!st.ok()) std::fprintf(stderr, "shardgpt: warning: --resume auto: %s\n", st.message().c_str());
+      }
+      std::fflush(stderr);
+    }
+    resume_record_ = record;
+    skipped_ = std::move(skipped);
+    return Status::OK();
+  }
+
   Status Resume() {
-    if (!resume_path_.empty()) {
-      auto loaded = LoadCheckpoint(resume_path_, o_.ckpt_dir, *engine_, *layout_, comm_, o_.quiet);
+    if (!candidates_.dirs.empty()) SHARDGPT_RETURN_IF_ERROR(ResumeAuto());
+    else if (!resume_path_.empty()) {
+      LoadProblem problem = LoadProblem::kNone;
+      auto loaded = LoadCheckpoint(resume_path_, o_.ckpt_dir, *engine_, *layout_, comm_, o_.quiet, &problem);
+      if (!loaded.ok() && IsCheckpointDamage(problem))
+        return Agree(comm_, Status::Corruption(loaded.status().message() + kAutoHint));
       SHARDGPT_RETURN_IF_ERROR(Agree(comm_, loaded.status()));
       state_ = loaded.value();
+      resume_record_ = {{"from", resume_path_}, {"skipped", nlohmann::json::array()}};
+    }
+    if (!resume_path_.empty()) {
       SHARDGPT_RETURN_IF_ERROR(CheckResumeChanges());
       // Nothing left to do would silently do nothing: say so. (At the last step with validation
       // data there is something left: the final validation a stop may have interrupted.)
@@ -358,6 +466,10 @@ class Trainer {
           if (index->shard_group_size < index->ranks) std::printf(", shard groups of %d", index->shard_group_size);
           std::printf(")");
         }
+        for (size_t i = 0; i < skipped_.size(); i++)
+          std::printf("%s%s (%s%s%s)", i == 0 ? "; skipped damaged: " : ", ", skipped_[i].dir.c_str(),
+                      skipped_[i].reason.c_str(), skipped_[i].renamed_to.empty() ? "" : ", now ",
+                      skipped_[i].renamed_to.c_str());
         std::printf("\n");
         std::fflush(stdout);
       }
@@ -599,6 +711,7 @@ class Trainer {
       j["host_syncs_per_rank"] = syncs;
     }
     if (eval_now) j["val_loss"] = last_val_;
+    if (!resume_record_.is_null()) j["resume"] = std::move(resume_record_), resume_record_ = nullptr;  // first row only
     if (async_) {
       const double w = async_->TakeWriteMs();
       if (w >= 0) ckpt_write_ms_ = w;
@@ -649,6 +762,9 @@ class Trainer {
   Device& device_;
   const bool lead_;
   std::string resume_path_;
+  ResumeCandidates candidates_;   // --resume auto: what Resume tries, in order
+  std::vector<Skipped> skipped_;  // --resume auto: the damaged candidates passed over
+  nlohmann::json resume_record_;  // the resume, for the first JSONL row after it (rank 0)
   std::string compute_line_;  // the start-up line saying which precision the matmuls run in
   std::unique_ptr<ParamLayout> layout_;
   std::unique_ptr<Engine> engine_;

@@ -69,15 +69,16 @@ Status MakeStatus(int code, std::string msg) {
 
 // Every rank returns an error when any rank has one, all with the message of the lowest
 // failing rank (so whichever rank the caller prints from names the file).
-Status AgreeAll(Communicator& comm, const Status& local) {
+Status AgreeAll(Communicator& comm, const Status& local, uint64_t tag = 0, uint64_t* agreed_tag = nullptr) {
   if (comm.AllTrue(local.ok())) return Status::OK();
   const std::vector<uint64_t> failed = AllGatherU64(comm, {local.ok() ? 0u : 1u});
   int speaker = 0;
   while (speaker < comm.world_size() && failed[speaker] == 0) speaker++;
   if (speaker == comm.world_size()) return Status::Internal("checkpoint: communication failed");
-  uint64_t hdr[2] = {0, 0};
-  if (comm.rank() == speaker) hdr[0] = local.message().size(), hdr[1] = static_cast<uint64_t>(local.code());
+  uint64_t hdr[3] = {0, 0, 0};
+  if (comm.rank() == speaker) hdr[0] = local.message().size(), hdr[1] = static_cast<uint64_t>(local.code()), hdr[2] = tag;
   comm.ControlBroadcast(hdr, sizeof(hdr), speaker);
+  if (agreed_tag != nullptr) *agreed_tag = hdr[2];  // the speaker's: the same on every rank
   std::vector<char> buf(hdr[0] + 1, '\0');
   if (comm.rank() == speaker) std::memcpy(buf.data(), local.message().data(), hdr[0]);
   comm.ControlBroadcast(buf.data(), buf.size(), speaker);
@@ -199,18 +200,74 @@ std::string Gbps(double bytes, double s) {
   return buf;
 }
 
-// The step directory DIR/latest names. Only a step_XXXXXXXX name is followed: the file may
-// come from elsewhere, and a name like "../x" or "/abs" must not lead outside DIR.
-std::string ReadLatest(const std::string& root, Status* st) {
-  std::ifstream in(root + "/" + kLatestName);
-  std::string name;
-  if (!(in >> name)) {
-    *st = Status::Corruption(root + "/" + kLatestName + ": empty or unreadable");
-  } else if (name.size() > 64 || ParseStepDirName(name) < 0 || StepDirName(ParseStepDirName(name)) != name) {
-    *st = Status::Corruption(root + "/" + kLatestName + ": names '" + name.substr(0, 64) +
-                             "' (expected a step_XXXXXXXX directory name)");
+// The one rule for DIR/latest (docs/CHECKPOINT.md, "Which checkpoint a resume reads"): no
+// entry at all (lstat finds nothing: a crash before the first save published one) sets
+// *exists = false; any entry is read as a file (a symlink is followed, as open() does) and
+// must hold one step_XXXXXXXX name (the file may come from elsewhere: "../x" or "/abs" must not
+// lead outside DIR) of a directory that has index.h5. Anything else (empty, another name, a
+// dangling symlink, a symlink loop, a directory, an unreadable file, a missing or incomplete
+// step directory) is a Corruption naming DIR/latest and what is wrong with it.
+Status ReadLatestTarget(const std::string& root, bool* exists, std::string* dir) {
+  const std::string path = root + "/" + kLatestName;
+  struct stat lsb;
+  *exists = lstat(path.c_str(), &lsb) == 0;
+  if (!*exists) {
+    if (errno == ENOENT) return Status::OK();
+    return Status::IOError(path + ": cannot stat: " + Errno());
   }
-  return name;
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO must not block
+  if (fd < 0) {
+    const int e = errno;
+    if (S_ISLNK(lsb.st_mode) && e == ELOOP) return Status::Corruption(path + ": a symlink loop (expected a file naming a step_XXXXXXXX directory)");
+    if (S_ISLNK(lsb.st_mode) && e == ENOENT) {
+      std::error_code ec;
+      return Status::Corruption(path + ": a dangling symlink (to '" + fs::read_symlink(path, ec).string() +
+                                "'; expected a file naming a step_XXXXXXXX directory)");
+    }
+    return Status::Corruption(path + ": cannot open: " + std::strerror(e));
+  }
+  struct stat sb;
+  std::string text;
+  char buf[256];
+  ssize_t n = 0;
+  const bool stated = fstat(fd, &sb) == 0, is_dir = stated && S_ISDIR(sb.st_mode), is_file = stated && S_ISREG(sb.st_mode);
+  if (is_file)
+    while (text.size() <= 128 && (n = read(fd, buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(n));
+  const int read_errno = errno;
+  close(fd);
+  if (is_dir) return Status::Corruption(path + ": is a directory (expected a file naming a step_XXXXXXXX directory)");
+  if (!is_file) return Status::Corruption(path + ": not a regular file (expected a file naming a step_XXXXXXXX directory)");
+  if (n < 0) return Status::Corruption(path + ": cannot read: " + std::strerror(read_errno));
+  const size_t b = text.find_first_not_of(" \t\r\n");
+  const std::string name = b == std::string::npos ? "" : text.substr(b, text.find_first_of(" \t\r\n", b) - b);
+  if (name.empty()) return Status::Corruption(path + ": empty (expected the name of a step_XXXXXXXX directory)");
+  if (name.size() > 64 || ParseStepDirName(name) < 0 || StepDirName(ParseStepDirName(name)) != name)
+    return Status::Corruption(path + ": names '" + name.substr(0, 64) + "' (expected a step_XXXXXXXX directory name)");
+  std::error_code ec;
+  *dir = root + "/" + name;
+  if (!fs::is_directory(*dir, ec)) return Status::Corruption(path + ": names " + name + ", which does not exist");
+  if (!fs::exists(fs::path(*dir) / kIndexName, ec))
+    return Status::Corruption(path + ": names " + name + ", which has no " + kIndexName + " (an incomplete save)");
+  return Status::OK();
+}
+
+bool LatestEntryExists(const std::string& root) {
+  struct stat sb;
+  return lstat((root + "/" + kLatestName).c_str(), &sb) == 0;
+}
+
+// The complete step_* directories of root (those with index.h5), newest first.
+std::vector<std::string> CompleteStepDirs(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const int64_t s = ParseStepDirName(e.path().filename().string());
+    if (s >= 0 && e.is_directory(ec) && fs::exists(e.path() / kIndexName, ec)) found.emplace_back(s, e.path().string());
+  }
+  std::sort(found.rbegin(), found.rend());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
 }
 
 // The engine's owned state in the order of this rank's shard file: its pieces of the saving
@@ -265,27 +322,56 @@ StatusOr<std::string> ResolveCheckpoint(const std::string& path, const std::stri
       return fs::path(path).parent_path().string();
     if (!fs::is_directory(path, ec)) return Status::InvalidArgument(path + ": not a checkpoint directory");
     if (fs::exists(fs::path(path) / kIndexName, ec)) return path;
-    if (!fs::exists(fs::path(path) / kLatestName, ec))
+    if (!LatestEntryExists(path))
       return Status::InvalidArgument(path + ": not a checkpoint (no " + kIndexName + ")");
     root = path;
   }
-  if (fs::exists(fs::path(root) / kLatestName, ec)) {
-    Status st;
-    const std::string name = ReadLatest(root, &st);
-    if (!st.ok()) return st;
-    const std::string dir = root + "/" + name;
-    if (!fs::exists(fs::path(dir) / kIndexName, ec))
-      return Status::Corruption(root + "/" + kLatestName + ": names " + name + ", which has no " + kIndexName);
-    return dir;
+  bool exists = false;
+  std::string dir;
+  SHARDGPT_RETURN_IF_ERROR(ReadLatestTarget(root, &exists, &dir));
+  if (exists) return dir;
+  // No latest entry (a crash before the first one was written): the newest complete step.
+  const std::vector<std::string> steps = CompleteStepDirs(root);
+  if (steps.empty()) return Status::NotFound(root + ": no checkpoint (no latest file, no complete step_* directory)");
+  return steps.front();
+}
+
+ResumeCandidates ListResumeCandidates(const std::string& ckpt_dir) {
+  ResumeCandidates c;
+  bool exists = false;
+  std::string first;
+  const Status st = ReadLatestTarget(ckpt_dir, &exists, &first);
+  if (!st.ok()) c.latest_problem = st.message();
+  if (st.ok() && exists) c.dirs.push_back(first);
+  for (std::string& d : CompleteStepDirs(ckpt_dir))
+    if (d != first || !st.ok()) c.dirs.push_back(std::move(d));
+  return c;
+}
+
+StatusOr<std::string> QuarantineCheckpoint(const std::string& dir, const std::string& reason) {
+  std::string to = dir + ".bad-" + reason;
+  std::error_code ec;
+  for (int k = 2; fs::exists(fs::symlink_status(to, ec)); k++) to = dir + ".bad-" + reason + "-" + std::to_string(k);
+  if (std::rename(dir.c_str(), to.c_str()) != 0) return Status::IOError(dir + ": cannot rename to " + to + ": " + Errno());
+  SHARDGPT_RETURN_IF_ERROR(FsyncPath(fs::path(dir).parent_path().string(), true));
+  return to;
+}
+
+Status PointLatestAt(const std::string& ckpt_dir, const std::string& step_dir_name) {
+  return WriteSmallFileAtomic(ckpt_dir, kLatestName, step_dir_name + "\n");
+}
+
+const char* LoadProblemName(LoadProblem p) {
+  switch (p) {
+    case LoadProblem::kNone: return "none";
+    case LoadProblem::kIndex: return "index";
+    case LoadProblem::kMissingShard: return "missing-shard";
+    case LoadProblem::kTruncatedShard: return "shard-size";
+    case LoadProblem::kShardHeader: return "shard-header";
+    case LoadProblem::kChecksum: return "checksum";
+    case LoadProblem::kRun: return "run";
   }
-  // No latest file (a crash before the first one was written): the newest complete step.
-  int64_t best = -1;
-  for (const auto& e : fs::directory_iterator(root, ec)) {
-    const int64_t s = ParseStepDirName(e.path().filename().string());
-    if (s > best && fs::exists(e.path() / kIndexName)) best = s;
-  }
-  if (best < 0) return Status::NotFound(root + ": no checkpoint (no latest file, no complete step_* directory)");
-  return root + "/" + StepDirName(best);
+  return "run";
 }
 
 StatusOr<GPTConfig> ReadCheckpointConfig(const std::string& path, const std::string& ckpt_dir) {
@@ -431,15 +517,34 @@ StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& 
 
 StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& ckpt_dir, Engine& engine,
                                     const ParamLayout& layout, Communicator& comm, bool quiet) {
+  LoadProblem problem;
+  return LoadCheckpoint(path, ckpt_dir, engine, layout, comm, quiet, &problem);
+}
+
+StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& ckpt_dir, Engine& engine,
+                                    const ParamLayout& layout, Communicator& comm, bool quiet, LoadProblem* problem) {
   h5::InitH5();
   const double t_start = Now();
+  *problem = LoadProblem::kNone;
+  // this rank's problem kind, agreed with the message (the lowest failing rank's, on every rank)
+  LoadProblem mine = LoadProblem::kNone;
+  auto agree = [&](const Status& local) {
+    uint64_t tag = 0;
+    Status st = AgreeAll(comm, local, static_cast<uint64_t>(mine), &tag);
+    if (!st.ok()) *problem = static_cast<LoadProblem>(tag);
+    return st;
+  };
   // 1. Everything checkable without reading data, before the engine is touched.
   CheckpointIndex idx;
   Status st = [&]() -> Status {
+    mine = LoadProblem::kRun;
     auto dir = ResolveCheckpoint(path, ckpt_dir);
     if (!dir.ok()) return dir.status();
     auto read = ReadCheckpointIndex(dir.value());
+    // an index format this build does not read is not damage (another build reads it)
+    if (!read.ok() && read.status().code() != Status::Code::kUnimplemented) mine = LoadProblem::kIndex;
     if (!read.ok()) return read.status();
+    mine = LoadProblem::kRun;
     idx = std::move(read.value());
     SHARDGPT_RETURN_IF_ERROR(CheckLayout(idx, layout, idx.dir + "/" + kIndexName));
     // Muon's momentum is not AdamW's first moment (and Muon keeps no second moment there).
@@ -448,11 +553,15 @@ StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& 
       return Status::InvalidArgument(idx.dir + "/" + kIndexName + ": saved by --optimizer " + idx.optimizer +
                                      ", this run uses --optimizer " + want + " (its optimizer state cannot continue " +
                                      "as the other's; resume with --optimizer " + idx.optimizer + ")");
-    for (const CheckpointFile& f : idx.files)
-      SHARDGPT_RETURN_IF_ERROR(CheckShardFileSize(idx.dir + "/" + f.name, f.bytes));
+    for (const CheckpointFile& f : idx.files) {
+      Status size = CheckShardFileSize(idx.dir + "/" + f.name, f.bytes);
+      mine = size.code() == Status::Code::kNotFound ? LoadProblem::kMissingShard : LoadProblem::kTruncatedShard;
+      SHARDGPT_RETURN_IF_ERROR(size);
+    }
+    mine = LoadProblem::kNone;
     return Status::OK();
   }();
-  SHARDGPT_RETURN_IF_ERROR(AgreeAll(comm, st));
+  SHARDGPT_RETURN_IF_ERROR(agree(st));
 
   // 2. What this rank reads: the saved pieces intersecting each Owned(u) range, by file.
   struct Job {
@@ -472,7 +581,8 @@ StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& 
     st = readers[f].Open(idx.dir + "/" + idx.files[f].name, idx, f);
     if (!st.ok()) break;
   }
-  SHARDGPT_RETURN_IF_ERROR(AgreeAll(comm, st));
+  mine = st.ok() ? LoadProblem::kNone : LoadProblem::kShardHeader;
+  SHARDGPT_RETURN_IF_ERROR(agree(st));
 
   // 3. Hyperslab reads straight into the engine's buffers (through host memory for a GPU).
   const double t_read = Now();
@@ -496,7 +606,9 @@ StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& 
     if (!st.ok()) break;
   }
   const double read_s = Now() - t_read;
-  SHARDGPT_RETURN_IF_ERROR(AgreeAll(comm, st));
+  mine = st.ok() ? LoadProblem::kNone : LoadProblem::kChecksum;
+  SHARDGPT_RETURN_IF_ERROR(agree(st));
+  // commit: only now, with every rank's data read and checked, the step and working parameters
 
   engine.set_step_count(idx.state.step);
   engine.SyncParamsFromMaster();

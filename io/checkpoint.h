@@ -84,13 +84,54 @@ StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& 
 StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& ckpt_dir, Engine& engine,
                                     const ParamLayout& layout, Communicator& comm, bool quiet);
 
+// Why a load failed, as far as `--resume auto` cares. The damage kinds are the checkpoint's
+// own (its index, a shard file's presence, size, header or chunk checksums): an older
+// checkpoint may still be good. kRun is everything else (another model config or optimizer,
+// an index format this build does not read, a missing directory): about the run, not the
+// files, so it stays an error and nothing is renamed.
+enum class LoadProblem { kNone, kIndex, kMissingShard, kTruncatedShard, kShardHeader, kChecksum, kRun };
+// "index", "missing-shard", "truncated-shard", "shard-header", "checksum" (the `.bad-<reason>`
+// suffix), "run", "none".
+const char* LoadProblemName(LoadProblem p);
+inline bool IsCheckpointDamage(LoadProblem p) { return p != LoadProblem::kNone && p != LoadProblem::kRun; }
+
+// LoadCheckpoint that also says, identically on every rank, which kind of problem failed it.
+// Transactional for a resume that tries several checkpoints: the step count and the working
+// parameters (SyncParamsFromMaster) are committed only after every rank has read and checked
+// all its data; a failure while reading leaves some owned master/m/v elements overwritten,
+// and the next successful LoadCheckpoint overwrites every owned element of the three (the
+// index's chunks cover each element exactly once, checked before any data moves), so nothing
+// of a failed candidate survives a successful one.
+StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& ckpt_dir, Engine& engine,
+                                    const ParamLayout& layout, Communicator& comm, bool quiet, LoadProblem* problem);
+
+// What `--resume auto` tries, in order (docs/CHECKPOINT.md, "Which checkpoint a resume
+// reads"): the directory DIR/latest names, then every other complete step_* directory (one
+// with index.h5; `.bad-*` and `.tmp.*` never are), newest first. `latest_problem` is set (one
+// line naming DIR/latest) when latest exists but cannot be used: then the list is just the
+// complete step_* directories, newest first. Local.
+struct ResumeCandidates {
+  std::vector<std::string> dirs;
+  std::string latest_problem;
+};
+ResumeCandidates ListResumeCandidates(const std::string& ckpt_dir);
+
+// Renames the damaged checkpoint directory `dir` to `dir.bad-<reason>` (`-2`, `-3`, ... when
+// that name is taken) and fsyncs its parent; nothing is deleted. Returns the new path. Local.
+StatusOr<std::string> QuarantineCheckpoint(const std::string& dir, const std::string& reason);
+// Replaces ckpt_dir/latest atomically with the name `step_dir_name`. Local.
+Status PointLatestAt(const std::string& ckpt_dir, const std::string& step_dir_name);
+
 // Reads only the model config stored in a checkpoint's index (so the loop can build the layout before the engine).
 StatusOr<GPTConfig> ReadCheckpointConfig(const std::string& path, const std::string& ckpt_dir);
 
 // The checkpoint directory `path` names: "latest" -> the directory ckpt_dir/latest names (or, if
-// that file is missing, the newest complete step_* directory); a directory with index.h5 ->
-// itself; a directory with a `latest` file (a --ckpt-dir) -> what it names. NotFound when
-// there is no checkpoint at all (a fresh run), another error when the path is not a checkpoint.
+// there is no `latest` entry at all, the newest complete step_* directory); a directory with
+// index.h5 -> itself; a directory with a `latest` file (a --ckpt-dir) -> what it names. NotFound
+// when there is no checkpoint at all (a fresh run), another error when the path is not a
+// checkpoint. A `latest` that exists but cannot be used (empty, not a step_XXXXXXXX name, a
+// dangling symlink, a symlink loop, a directory, naming a directory without index.h5) is an
+// error naming it: an explicit choice is never replaced by another checkpoint.
 StatusOr<std::string> ResolveCheckpoint(const std::string& path, const std::string& ckpt_dir);
 
 // Reads every byte of every shard file and checks sizes, HDF5 structure, Fletcher32 chunk
