@@ -252,6 +252,10 @@ void CheckForwardOverlap(const UnitTrace& t, const OrderOf& order, int units) {
       if (op && op->kind == TraceKind::kCollective && op->name == "ncclAllGather") gather = op;
     }
     ASSERT_NE(gather, nullptr) << "unit " << l + 1 << "'s kernels are ordered after no all-gather";
+    // ... and it is the one issued for unit l+1 (in PreForward(l) as a prefetch, or later),
+    // not an older one: else unit l+1's kernels do not wait for their parameters
+    ASSERT_GT(gather->seq, t.mark.at(Unit("pre forward", l, ""))) << "unit " << l + 1
+        << "'s first kernel is not ordered after the all-gather of its parameters (a missing wait)";
     EXPECT_LT(gather->seq, mine.front().seq) << "the all-gather of unit " << l + 1
                                              << " is issued after unit " << l << "'s first kernel (no prefetch)";
     for (const TraceOp& k : mine)
