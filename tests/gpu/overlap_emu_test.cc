@@ -1,6 +1,7 @@
 // Stage-3 communication overlaps compute on the GPU path (issue 19, part 5), checked from the
 // CUDA emulation's trace of stream operations (cuda_emu::TraceStart), under mpirun with 2 ranks
-// and the emulated NCCL (--comm nccl): a tiny model with 4 blocks, stage 3, fp32 and bf16.
+// and the emulated NCCL (--comm nccl): a tiny model with 4 blocks, stage 3 in fp32 and bf16
+// (forward and backward), stages 1 and 2 (backward: their per-unit reduce-scatters).
 //
 // What a GPU may run at the same time follows from the ENQUEUE order alone: op a is ordered
 // before op b when a precedes b on one stream, or b's stream waits (cudaStreamWaitEvent) for an
@@ -299,7 +300,7 @@ void CheckBackwardOverlap(const UnitTrace& t, const OrderOf& order, int units) {
 constexpr int kT = 16, kB = 2;
 const GPTConfig kConfig{4, 2, 32, 32, 64};  // 4 blocks: units E, 1..4, F
 
-void RunOverlap(DType dtype) {
+void RunOverlap(DType dtype, int stage) {
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (size != 2) GTEST_SKIP() << "runs with 2 ranks";
@@ -320,7 +321,7 @@ void RunOverlap(DType dtype) {
 
   ParamLayout layout(kConfig);
   EngineOptions eo;
-  eo.zero_stage = 3;
+  eo.zero_stage = stage;
   eo.dtype = dtype;
   eo.reduce_dtype = dtype;
   auto engine = std::move(Engine::Create(layout, comm.value().get(), eo, device).value());
@@ -361,12 +362,16 @@ void RunOverlap(DType dtype) {
   const OrderOf order(t.ops);
   const int units = layout.num_units();
   ASSERT_EQ(units, kConfig.n_layer + 2);
-  CheckForwardOverlap(t, order, units);
+  if (stage == 3) CheckForwardOverlap(t, order, units);  // only stage 3 gathers in forward
   CheckBackwardOverlap(t, order, units);
 }
 
-TEST(Overlap, Stage3NcclFp32) { RunOverlap(DType::kF32); }
-TEST(Overlap, Stage3NcclBf16) { RunOverlap(DType::kBF16); }
+TEST(Overlap, Stage3NcclFp32) { RunOverlap(DType::kF32, 3); }
+TEST(Overlap, Stage3NcclBf16) { RunOverlap(DType::kBF16, 3); }
+// Stages 1 and 2 reduce-scatter each unit after its backward too (stage 1: in the last
+// micro-batch, here the only one): the same backward check.
+TEST(Overlap, Stage2NcclBf16) { RunOverlap(DType::kBF16, 2); }
+TEST(Overlap, Stage1NcclFp32) { RunOverlap(DType::kF32, 1); }
 
 }  // namespace
 }  // namespace shardgpt
