@@ -69,11 +69,6 @@ class OrderOf {
     return a.stream < (int)c.size() && c[a.stream] >= a.index && !(a.stream == b.stream && a.index == b.index);
   }
   bool MayOverlap(const TraceOp& a, const TraceOp& b) const { return !Before(a, b) && !Before(b, a); }
-  // The largest index of `stream` that op b is ordered after (0: none).
-  uint64_t LatestBefore(const TraceOp& b, int stream) const {
-    const std::vector<uint64_t>& c = clock_.at({b.stream, b.index});
-    return stream < (int)c.size() ? c[stream] : 0;
-  }
 
  private:
   static void Set(std::vector<uint64_t>* c, int s, uint64_t v) {
@@ -198,11 +193,6 @@ struct UnitTrace {
       if (ops[i].kind == TraceKind::kCollective && ops[i].name == name) c.push_back(ops[i]);
     return c;
   }
-  const TraceOp* CommOp(uint64_t index) const {
-    for (const TraceOp& op : ops)
-      if (op.stream == comm && op.index == index) return &op;
-    return nullptr;
-  }
   const TraceOp* Op(int stream, uint64_t index) const {
     for (const TraceOp& op : ops)
       if (op.stream == stream && op.index == index) return &op;
@@ -239,30 +229,25 @@ void Note(const std::string& syncs, const std::string& coll, const std::string& 
 std::string Unit(const char* phase, int u, const char* tail) { return std::string(phase) + " " + std::to_string(u) + tail; }
 
 void CheckForwardOverlap(const UnitTrace& t, const OrderOf& order, int units) {
+  const std::vector<TraceOp> gathers =
+      t.Collectives("ncclAllGather", Unit("pre forward", 0, ""), Unit("pre backward", units - 1, ""));
+  ASSERT_EQ(gathers.size(), static_cast<size_t>(units)) << "stage 3's forward gathers each unit once";
   for (int l = 0; l + 1 < units; l++) {
     SCOPED_TRACE("forward of unit " + std::to_string(l));
     const std::vector<TraceOp> mine = t.Kernels(Unit("forward", l, " begins"));
     const std::vector<TraceOp> next = t.Kernels(Unit("forward", l + 1, " begins"));
     ASSERT_FALSE(mine.empty());
     ASSERT_FALSE(next.empty());
-    // the gather unit l+1 reads: the last all-gather on the comm stream that its first kernel
-    // is ordered after
-    const TraceOp* gather = nullptr;
-    for (uint64_t i = order.LatestBefore(next.front(), t.comm); i > 0 && gather == nullptr; i--) {
-      const TraceOp* op = t.CommOp(i);
-      if (op && op->kind == TraceKind::kCollective && op->name == "ncclAllGather") gather = op;
-    }
-    ASSERT_NE(gather, nullptr) << "unit " << l + 1 << "'s kernels are ordered after no all-gather";
-    // ... and it is the one issued for unit l+1 (in PreForward(l) as a prefetch, or later),
-    // not an older one: else unit l+1's kernels do not wait for their parameters
-    ASSERT_GT(gather->seq, t.mark.at(Unit("pre forward", l, ""))) << "unit " << l + 1
-        << "'s first kernel is not ordered after the all-gather of its parameters (a missing wait)";
+    // the gather of unit l+1: stage 3's forward gathers every unit once, in unit order
+    const TraceOp* gather = &gathers[l + 1];
+    ASSERT_TRUE(order.Before(*gather, next.front()))
+        << "unit " << l + 1 << "'s first kernel is not ordered after the all-gather of its parameters (a missing wait)";
     EXPECT_LT(gather->seq, mine.front().seq) << "the all-gather of unit " << l + 1
                                              << " is issued after unit " << l << "'s first kernel (no prefetch)";
     for (const TraceOp& k : mine)
       EXPECT_TRUE(order.MayOverlap(*gather, k))
           << "the all-gather of unit " << l + 1 << " cannot overlap kernel " << k.name << " of unit " << l << " ("
-          << (order.Before(*gather, k) ? "the compute stream waits for the gather before it"
+          << (order.Before(*gather, k) ? "it is ordered after the gather: a wait of the compute stream or of the host"
                                        : "the gather waits for it") << ")";
     std::string others;
     EXPECT_EQ(t.HostWaitsFor(*gather, mine.back().seq, order, &others), 0)
@@ -287,7 +272,7 @@ void CheckBackwardOverlap(const UnitTrace& t, const OrderOf& order, int units) {
     for (const TraceOp& k : theirs)
       EXPECT_TRUE(order.MayOverlap(rs[0], k))
           << "the reduce-scatter of unit " << u << " cannot overlap kernel " << k.name << " of unit " << next
-          << "'s backward (" << (order.Before(rs[0], k) ? "the compute stream waits for it first" : "it waits for it")
+          << "'s backward (" << (order.Before(rs[0], k) ? "it is ordered after it: a wait of the compute stream or of the host" : "it waits for it")
           << ")";
     std::string others;
     EXPECT_EQ(t.HostWaitsFor(rs[0], theirs.back().seq, order, &others), 0)
