@@ -18,7 +18,7 @@
 // the call returns when the copy is done; pinned memory is read and written when the copy runs.
 //
 // Trace (cuda_emu::TraceStart/TraceStop): when on, every queued op, host synchronisation and
-// mark is appended under trace_mu in enqueue order, and every op again when it has run.
+// mark is appended under TraceMu() in enqueue order, and every op again when it has run.
 //
 // Counters (cuda_emu::GetCounters): allocations, frees and host synchronisations the program
 // asked for. The runtime's own waits (cudaFree's device synchronisation, cudaMemcpy's wait
