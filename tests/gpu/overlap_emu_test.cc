@@ -1,7 +1,8 @@
 // Stage-3 communication overlaps compute on the GPU path (issue 19, part 5), checked from the
 // CUDA emulation's trace of stream operations (cuda_emu::TraceStart), under mpirun with 2 ranks
 // and the emulated NCCL (--comm nccl): a tiny model with 4 blocks, stage 3 in fp32 and bf16
-// (forward and backward), stages 1 and 2 (backward: their per-unit reduce-scatters).
+// (forward and backward), stages 1 and 2 (backward: their per-unit reduce-scatters), stage 0
+// with one bucket per unit (backward: the buckets' all-reduces).
 //
 // What a GPU may run at the same time follows from the ENQUEUE order alone: op a is ordered
 // before op b when a precedes b on one stream, or b's stream waits (cudaStreamWaitEvent) for an
@@ -257,7 +258,7 @@ void CheckForwardOverlap(const UnitTrace& t, const OrderOf& order, int units) {
 }
 
 // Backward order: F = units-1, blocks units-2 .. 1, E = 0.
-void CheckBackwardOverlap(const UnitTrace& t, const OrderOf& order, int units) {
+void CheckBackwardOverlap(const UnitTrace& t, const OrderOf& order, int units, const std::string& collective) {
   for (int u = units - 1; u >= 1; u--) {
     const int next = u - 1;
     SCOPED_TRACE("reduce-scatter of unit " + std::to_string(u));
@@ -266,8 +267,8 @@ void CheckBackwardOverlap(const UnitTrace& t, const OrderOf& order, int units) {
     ASSERT_FALSE(mine.empty());
     ASSERT_FALSE(theirs.empty());
     const std::vector<TraceOp> rs =
-        t.Collectives("ncclReduceScatter", Unit("backward", u, " ends"), Unit("post backward", u, " done"));
-    ASSERT_EQ(rs.size(), 1u) << "PostBackward(" << u << ") issues one reduce-scatter";
+        t.Collectives(collective, Unit("backward", u, " ends"), Unit("post backward", u, " done"));
+    ASSERT_EQ(rs.size(), 1u) << "PostBackward(" << u << ") issues one " << collective;
     EXPECT_TRUE(order.Before(mine.back(), rs[0])) << "the reduce-scatter does not wait for the unit's gradient";
     for (const TraceOp& k : theirs)
       EXPECT_TRUE(order.MayOverlap(rs[0], k))
@@ -309,6 +310,7 @@ void RunOverlap(DType dtype, int stage) {
   eo.zero_stage = stage;
   eo.dtype = dtype;
   eo.reduce_dtype = dtype;
+  eo.bucket_mb = 1e-6;  // stage 0: one bucket per unit (the first is whole units until 1 MiB: the final unit)
   auto engine = std::move(Engine::Create(layout, comm.value().get(), eo, device).value());
   std::vector<float> init(layout.total_numel());
   InitParameters(layout, 1, init.data());
@@ -348,7 +350,7 @@ void RunOverlap(DType dtype, int stage) {
   const int units = layout.num_units();
   ASSERT_EQ(units, kConfig.n_layer + 2);
   if (stage == 3) CheckForwardOverlap(t, order, units);  // only stage 3 gathers in forward
-  CheckBackwardOverlap(t, order, units);
+  CheckBackwardOverlap(t, order, units, stage == 0 ? "ncclAllReduce" : "ncclReduceScatter");
 }
 
 TEST(Overlap, Stage3NcclFp32) { RunOverlap(DType::kF32, 3); }
@@ -357,6 +359,8 @@ TEST(Overlap, Stage3NcclBf16) { RunOverlap(DType::kBF16, 3); }
 // micro-batch, here the only one): the same backward check.
 TEST(Overlap, Stage2NcclBf16) { RunOverlap(DType::kBF16, 2); }
 TEST(Overlap, Stage1NcclFp32) { RunOverlap(DType::kF32, 1); }
+// Stage 0 with one bucket per unit: each bucket's all-reduce, issued after its unit's backward.
+TEST(Overlap, Stage0NcclFp32) { RunOverlap(DType::kF32, 0); }
 
 }  // namespace
 }  // namespace shardgpt
