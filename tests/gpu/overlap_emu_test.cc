@@ -9,12 +9,16 @@
 // op ordered after a, or the host blocked until a had run (a host sync) before it enqueued b.
 // Two ops may overlap exactly when neither is ordered before the other. Vector clocks over the
 // streams compute that order (OrderOf below). The checks, for every unit l:
-//   (a) forward: the all-gather that unit l+1's first kernel depends on is issued before unit
-//       l's first kernel and may overlap every kernel of unit l (so the compute stream waits for
-//       it only after unit l's kernels, right before unit l+1's), with no host sync between;
-//   (b) backward: the reduce-scatter of unit l, issued after its backward, may overlap every
-//       kernel of the next unit's backward (backward order F, L..1, E), with no host sync
-//       between, and depends on unit l's last backward kernel (it reads its gradient).
+//   (a) forward: the all-gather of unit l+1 (each unit is gathered once per forward, in unit
+//       order) is issued before unit l's first kernel, may overlap every kernel of unit l, and
+//       unit l+1's first kernel is ordered after it: the compute stream waits for it only after
+//       unit l's kernels, right before unit l+1's;
+//   (b) backward: the reduce-scatter of unit l (stage 0: its bucket's all-reduce), issued after
+//       its backward, is ordered after unit l's last backward kernel (it reads its gradient)
+//       and may overlap every kernel of the next unit's backward (backward order F, L..1, E);
+//   (c) in both, no host sync between the collective's issue and those kernels waits for the
+//       collective. Host syncs there that wait only for earlier compute work (the embedding
+//       backward's token readback) do not stop the overlap; they are printed as a note.
 // The same analysis is first shown to tell an early wait from a late one on a hand-made stream
 // program (OrderOf.SeesWhatAWaitOrders), so it can fail.
 //
