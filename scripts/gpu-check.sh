@@ -51,6 +51,10 @@ mkdir -p "$(dirname "$REPORT")" || exit 2
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 DEADLINE=$(( $(date +%s) + BUDGET ))
 exec > >(tee "$REPORT") 2>&1
+TEE_PID=$! CLEAN=
+# at exit: the temporary folder, and the report complete on disk before the script returns
+on_exit() { [ -z "$CLEAN" ] || rm -rf "$CLEAN"; exec 1>&- 2>&-; wait "$TEE_PID" 2>/dev/null; }
+trap on_exit EXIT
 FAILED=0 OUT_OF_TIME=0 SUMMARY=
 
 # limited SECONDS CMD...: runs CMD under timeout, at most SECONDS and never past the deadline.
@@ -74,14 +78,14 @@ if [ $SKIP_BUILD -eq 0 ]; then
   # only this GPU's architecture (half the nvcc time of the default sm_80 + sm_90)
   ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
   configure() { cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" -DSHARDGPT_BENCH=ON \
-    ${ARCH:+-DCMAKE_CUDA_ARCHITECTURES=$ARCH} >"$BUILD.configure.log" 2>&1; }
+    ${ARCH:+-DCMAKE_CUDA_ARCHITECTURES=$ARCH} >"$BUILD/configure.log" 2>&1; }
   mkdir -p "$BUILD"
   if ! configure; then  # missing libraries: install them (needs Debian's apt), then again
-    echo "gpu-check: configure failed (see $BUILD.configure.log); running scripts/install-deps.sh"
-    scripts/install-deps.sh >/dev/null && configure || { tail -20 "$BUILD.configure.log"; echo "gpu-check: configure failed"; exit 1; }
+    echo "gpu-check: configure failed (see $BUILD/configure.log); running scripts/install-deps.sh"
+    scripts/install-deps.sh >/dev/null && configure || { tail -20 "$BUILD/configure.log"; echo "gpu-check: configure failed"; exit 1; }
   fi
   limited 240 cmake --build "$BUILD" -j "$(nproc)" --target shardgpt gpu_tests train_gpu_test nccl_gpu_test bench_train bench_comm \
-    >"$BUILD.build.log" 2>&1 || { grep -E "error" "$BUILD.build.log" | head -30; echo "gpu-check: build failed (log $BUILD.build.log)"; exit 1; }
+    >"$BUILD/build.log" 2>&1 || { grep -E "error" "$BUILD/build.log" | head -30; echo "gpu-check: build failed (log $BUILD/build.log)"; exit 1; }
   echo "== build: $(( $(date +%s) - t0 )) s"
 fi
 BENCH=$BUILD/bench/bench_train SHARDGPT=$BUILD/shardgpt
@@ -134,7 +138,7 @@ if ! grep -q -- '--attention' <<<"$help"; then
   echo "attention own vs cudnn: not available (shardgpt train --help lists no --attention)"
   SUMMARY+="attention own vs cudnn: not available"$'\n'
 else
-  T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+  T=$(mktemp -d); CLEAN=$T
   python3 -c "
 import random; random.seed(1)
 w = 'In the beginning God created the heaven and the earth . And the earth was without form and void'.split()
@@ -166,7 +170,8 @@ PY
   SUMMARY+="$cmp"$'\n'
 fi
 
-GPUS=$([ $DRY -eq 0 ] && nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 0)
+GPUS=0
+if [ $DRY -eq 0 ] && command -v nvidia-smi >/dev/null; then GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); fi
 if [ "$GPUS" -ge 2 ]; then  # more than the one GPU this script is sized for: NCCL scaling too
   echo "== multi-GPU: $GPUS GPUs, NCCL, d12 bf16 T=1024 B=16 per rank, stages 0-3 against $GPUS x one GPU"
   for stage in 0 1 2 3; do
