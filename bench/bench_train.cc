@@ -9,9 +9,16 @@
 //               [--threads N] [--grad-accum A] [--bucket-mb MiB] [--device cpu|cuda]
 //               [--micro-batch B] [--seq-len T] [--peak-tflops P] [--comm auto|mpi|nccl] [--profile 1]
 //               [--scaling 0|1] (1: with several ranks, also the single-rank references)
-// --profile 1 adds a per-kernel table: where the step's time goes (bench/kernel_profile.h).
+//               [--peak-gbs G] [--roofline 1] [--act-bytes 2|4] [--layers L --heads H --embd C --vocab V]
+// --profile 1 adds a per-kernel table: where the step's time goes (bench/kernel_profile.h),
+// with each kernel's FLOPs and bytes per step and its achieved TFLOP/s or GB/s against the
+// peaks (on CUDA: timed by CUDA events on the compute stream, bench/cuda_event_timer.h).
 // With --device cuda it also prints model TFLOP/s and MFU against the GPU's dense bf16 peak
-// (a table by GPU name below, or --peak-tflops).
+// (a table by GPU name below, or --peak-tflops), and peak memory against `plan`'s prediction.
+// --roofline 1 runs nothing: it counts one step's kernel calls (bench/roofline.h) and prints
+// per kernel FLOPs, bytes and the time at the peaks (default H200: 989 TFLOP/s dense bf16,
+// 4800 GB/s), then the predicted step time and tokens/s; --act-bytes is the activation element
+// size it counts (default 2 with --dtype bf16, the bf16-activation target; 4 with fp32).
 //   mpirun -np 2 bench_train --config tiny --zero-stage 0 --threads 1
 // Configs (the issue's): tiny L4 H4 C256 V256 T256 B8; small L6 H6 C384 V256 T256 B8;
 // gpt2 = GPT-2 124M shape L12 H12 C768 V50257 (max T 1024) run at T64 B4; d12 = the same model
@@ -28,6 +35,11 @@
 
 #include "base/passive_wait.h"
 #include "bench/kernel_profile.h"
+#include "bench/roofline.h"
+#ifdef SHARDGPT_HAVE_CUDA
+#include "bench/cuda_event_timer.h"
+#endif
+#include "parallel/memory_model.h"
 #include "model/compute_precision.h"
 #include "model/device_factory.h"
 #include "model/gpt.h"
@@ -49,6 +61,14 @@ double PeakBf16Tflops(const std::string& name) {
     if (name.find(r.key) != std::string::npos) return r.tflops;
   return 0;
 }
+// HBM bandwidth (GB/s) by GPU name, from the vendor data sheets.
+double PeakGBs(const std::string& name) {
+  struct Row { const char* key; double gbs; };
+  const Row table[] = {{"H200", 4800}, {"H100 PCIe", 2000}, {"H100", 3350}, {"A100", 2039}};
+  for (const Row& r : table)
+    if (name.find(r.key) != std::string::npos) return r.gbs;
+  return 0;
+}
 
 // Blocks until every rank arrives, without spinning a core (the idle ranks must not slow the
 // one measuring alone on a shared machine).
@@ -68,6 +88,7 @@ struct RunResult {
   int measured_steps = 0;
   double forward_wait_s = 0, backward_wait_s = 0, after_backward_wait_s = 0;  // medians
   double state_bytes = 0;
+  double peak_tracked_bytes = 0;  // the memory ledger's largest total over the steps
 };
 
 double Median(std::vector<double> v) {
@@ -104,6 +125,8 @@ class Runner {
     engine_->Step(1e-4f, 1.0f);
     device_.Synchronize();
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (profiler) profiler->profile().Collect();  // CUDA: read the step's event pairs
+    res_.peak_tracked_bytes = std::max(res_.peak_tracked_bytes, double(engine_->memory().PeakTotal()));
     dt = comm_.AllReduceScalar(dt, ReduceOp::kAvg);
     const StepReport& r = engine_->last_report();
     if (profiler && s == 1) profiler->profile().Reset();  // profile the measured steps only
@@ -142,8 +165,9 @@ int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   std::string config = "tiny", dtype = "fp32", device_kind = "cpu", comm_kind = "auto", compute_dtype,
               shard_layout = "flat";
-  int steps = 20, stage = 0, threads = 2, accum = 1, micro_batch = 0, seq_len = 0, profile = 0, scaling = 1;
-  double bucket_mb = 25.0, peak_tflops = 0;
+  int steps = 20, stage = 0, threads = 2, accum = 1, micro_batch = 0, seq_len = 0, profile = 0, scaling = 1,
+      roofline = 0, layers = 0, heads = 0, embd = 0, vocab = 0;
+  double bucket_mb = 25.0, peak_tflops = 0, peak_gbs = 0, act_bytes = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--config") config = v;
@@ -162,6 +186,14 @@ int main(int argc, char** argv) {
     else if (k == "--comm") comm_kind = v;
     else if (k == "--profile") profile = std::stoi(v);
     else if (k == "--scaling") scaling = std::stoi(v);
+    else if (k == "--roofline") roofline = std::stoi(v);
+    else if (k == "--peak-gbs") peak_gbs = std::stod(v);
+    else if (k == "--act-bytes") act_bytes = std::stod(v);
+    else if (k == "--layers") layers = std::stoi(v);
+    else if (k == "--heads") heads = std::stoi(v);
+    else if (k == "--embd") embd = std::stoi(v);
+    else if (k == "--vocab") vocab = std::stoi(v);
+    else { std::fprintf(stderr, "bench_train: unknown option %s\n", k.c_str()); return 1; }
   }
   GPTConfig c;
   int B = 8, T = 256;
@@ -172,6 +204,41 @@ int main(int argc, char** argv) {
   else { std::fprintf(stderr, "bench_train: unknown --config %s (tiny, small, gpt2, d12)\n", config.c_str()); return 1; }
   if (micro_batch > 0) B = micro_batch;
   if (seq_len > 0) T = seq_len;
+  // shape overrides (small shapes for scripts/gpu-check.sh --dry under the CUDA emulation)
+  if (layers > 0) c.n_layer = layers;
+  if (heads > 0) c.n_head = heads;
+  if (embd > 0) c.n_embd = embd;
+  if (vocab > 0) c.vocab_size = vocab;
+  c.max_seq_len = std::max(c.max_seq_len, T);
+  if (Status st = c.Validate(); !st.ok()) { std::fprintf(stderr, "bench_train: %s\n", st.message().c_str()); return 1; }
+
+  if (act_bytes <= 0) act_bytes = dtype == "bf16" ? 2 : 4;
+  if (roofline) {  // count one step on a device that runs nothing (bench/roofline.h)
+    const Peaks peaks{(peak_tflops > 0 ? peak_tflops : 989) * 1e12, (peak_gbs > 0 ? peak_gbs : 4800) * 1e9};
+    {
+      CountingDevice counting;
+      ProfilingDevice prof(counting);
+      prof.profile().set_peaks(peaks);
+      prof.profile().set_act_bytes(act_bytes);
+      auto self = MpiCommunicator::Create(MPI_COMM_SELF);
+      if (!self.ok()) { std::fprintf(stderr, "%s\n", self.status().message().c_str()); return 1; }
+      ParamLayout layout(c);
+      EngineOptions eo;
+      eo.zero_stage = 0;
+      eo.dtype = eo.reduce_dtype = dtype == "bf16" ? DType::kBF16 : DType::kF32;
+      Runner run(*self.value(), layout, eo, prof, B, T, accum);
+      prof.profile().Reset();
+      run.Step(0, nullptr);
+      const double tokens = double(B) * T * accum, N = double(layout.total_numel());
+      std::printf("roofline (nothing run): config=%s dtype=%s B=%d T=%d A=%d params=%.2fM, one rank, activations "
+                  "counted at %g bytes/element, peaks %.0f TFLOP/s dense and %.0f GB/s\n",
+                  config.c_str(), dtype.c_str(), B, T, accum, N / 1e6, act_bytes, peaks.flops / 1e12,
+                  peaks.bytes_per_s / 1e9);
+      PrintRoofline(prof.profile(), peaks, tokens, tokens * (6 * N + 6.0 * c.n_layer * c.n_embd * T));
+    }
+    MPI_Finalize();
+    return 0;
+  }
 
   SetComputeThreads(threads);
   int local_rank = 0, local_size = 1;
@@ -193,9 +260,21 @@ int main(int argc, char** argv) {
                                                        DetectComputeFacts(device.is_cuda()));
   device.kernels().set_matmul_precision(compute.precision);
   if (peak_tflops <= 0) peak_tflops = PeakBf16Tflops(device.name());
+  if (peak_gbs <= 0) peak_gbs = PeakGBs(device.name());
+#ifdef SHARDGPT_HAVE_CUDA
+  std::unique_ptr<CudaEventTimer> timer;  // CUDA: kernels timed by events on the compute stream
+  if (profiler && device.is_cuda()) {
+    timer = std::make_unique<CudaEventTimer>(*device_or.value());
+    profiler->profile().set_timer(timer.get());
+  }
+#endif
+  if (profiler) {
+    profiler->profile().set_peaks(Peaks{peak_tflops * 1e12, peak_gbs * 1e9});
+    profiler->profile().set_act_bytes(act_bytes);
+  }
   CommOptions comm_options;
   comm_options.kind = comm_kind;
-  auto comm_or = CreateCommunicator(comm_options, MPI_COMM_WORLD, device, local_size, VisibleGpuCount());
+  auto comm_or = CreateCommunicator(comm_options, MPI_COMM_WORLD, *device_or.value(), local_size, VisibleGpuCount());
   if (!comm_or.ok()) { std::fprintf(stderr, "%s\n", comm_or.status().message().c_str()); return 1; }
   {
   Communicator& comm = *comm_or.value();
@@ -218,7 +297,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<Communicator> self;
   std::unique_ptr<Runner> alone, concurrent;
   if (multi && scaling) {
-    auto self_or = CreateCommunicator(comm_options, MPI_COMM_SELF, device, 1, VisibleGpuCount());
+    auto self_or = CreateCommunicator(comm_options, MPI_COMM_SELF, *device_or.value(), 1, VisibleGpuCount());
     if (!self_or.ok()) { std::fprintf(stderr, "%s\n", self_or.status().message().c_str()); return 1; }
     self = std::move(self_or.value());
     if (lead) alone = std::make_unique<Runner>(*self, layout, eo, device, B, T, accum);
@@ -256,6 +335,15 @@ int main(int argc, char** argv) {
       if (peak_tflops > 0) std::printf(" | MFU %.1f%% of %.0f TFLOP/s bf16 peak", 100 * tflops / comm.world_size() / peak_tflops, peak_tflops);
       std::printf(" | model state %.3f GiB/rank (formula %.3f GiB)", run.state_bytes / 1073741824.0,
                   Formula::ModelStateBytes(N, comm.world_size(), eo) / 1073741824.0);
+      const MemoryPrediction pred = PredictPeakMemory(layout, ShardPlan(layout, comm.world_size()), eo, B, T, accum);
+      std::printf(" | peak memory %.3f GiB tracked (plan predicts %.3f GiB)", run.peak_tracked_bytes / 1073741824.0,
+                  pred.peak() / 1073741824.0);
+#ifdef SHARDGPT_HAVE_CUDA
+      size_t free_b = 0, total_b = 0;
+      if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+        std::printf(", %.3f GiB in use on the device (cudaMemGetInfo: CUDA context, cuBLAS workspace and the "
+                    "allocator's cache included)", (total_b - free_b) / 1073741824.0);
+#endif
     }
     std::printf("\n");
     if (concurrent) {
@@ -280,7 +368,10 @@ int main(int argc, char** argv) {
     if (profiler) {
       std::printf("per-kernel time (rank 0, mean of %d steps of %.1f ms):\n", run.measured_steps,
                   1e3 * run.measured_s / run.measured_steps);
-      PrintProfile(profiler->profile(), run.measured_steps, run.measured_s / run.measured_steps);
+      std::printf("peaks: %.0f TFLOP/s dense bf16, %.0f GB/s memory (0: unknown; --peak-tflops, --peak-gbs); "
+                  "%%peak: TFLOP/s for kernels with FLOPs, GB/s for the rest\n", peak_tflops, peak_gbs);
+      PrintProfile(profiler->profile(), run.measured_steps, run.measured_s / run.measured_steps,
+                   Peaks{peak_tflops * 1e12, peak_gbs * 1e9});
     }
   }
   }

@@ -1,10 +1,24 @@
 // Benchmark helper (bench only): a Device that forwards everything to another device and times
-// each kernel call of its kernel set, to show where a training step's time goes
-// (bench_train --profile). Time is host wall time around each call, which on the CPU device
-// (synchronous kernels) is the kernel's time. FLOPs are the model's counts (matmul 2*N*C*OC
-// forward, twice that backward, or once without dinp; attention 2*B*T*T*C forward counted as
-// in 6LCT per token, twice that backward), so GFLOP/s per kernel compares with bench_train's
-// model GFLOP/s.
+// each call of its kernel set, to show where a training step's time goes (bench_train
+// --profile), and counts each call's FLOPs and bytes (what a roofline predicts, bench_train
+// --roofline).
+//
+// Time. On the CPU device (synchronous kernels) host wall time around each call is the
+// kernel's time. On a CUDA device a KernelTimer (bench/cuda_event_timer.h) records a CUDA event
+// pair on the compute stream around each call, read back after the step (Collect): the GPU's
+// time between the two events, so a launch-bound kernel shows the host's launch gap too. A call
+// is one Kernels method: matmul_backward, for one, is several cuBLASLt calls.
+//
+// FLOPs: the model's counts: matmul 2*N*C*OC forward; backward 2*N*C*OC for each of dinp and
+// dw it computes (the tied LM head computes dinp at the start of backward and dw at its end);
+// causal attention 2*B*T*T*C forward (QK^T and PV over the lower triangle), twice that backward,
+// as in 6LCT per token. Everything else counts 0 FLOPs (element-wise: bound by bytes).
+// Bytes: the least traffic a kernel can have: each tensor it reads read once, each it writes
+// written once (an accumulated gradient read and written), at `act_bytes` per element for
+// activations, weights and their gradients (4 today: the Kernels interface is fp32; 2 is the
+// bf16-activation target), 4 for LayerNorm statistics, log-sum-exps, losses and token ids, the
+// dtype's size for the engine's kernels, fp32 for AdamW's state. No T x T tensor is counted
+// (flash-style attention keeps none).
 //
 // Thread contract: one training thread, as Device.
 #pragma once
@@ -21,93 +35,168 @@
 
 namespace shardgpt {
 
+// Times device work between two points of the compute stream (CUDA events); see the header.
+class KernelTimer {
+ public:
+  virtual ~KernelTimer() = default;
+  // Marks the compute stream now; returns a handle valid until Collect's next call.
+  virtual int Mark() = 0;
+  // Waits for the marks so far; returns the ms between each pair (a, b) of marks, in order,
+  // and forgets every mark.
+  virtual std::vector<double> Collect(const std::vector<std::pair<int, int>>& pairs) = 0;
+};
+
+// Peaks a roofline compares with: dense FLOP/s and memory bytes/s.
+struct Peaks {
+  double flops = 0, bytes_per_s = 0;
+  // The roofline's time for work of `flops` and `bytes`: the slower of the two limits.
+  double Seconds(double f, double b) const {
+    return std::max(flops > 0 ? f / flops : 0.0, bytes_per_s > 0 ? b / bytes_per_s : 0.0);
+  }
+};
+
 class ProfilingKernels final : public Kernels {
  public:
   struct Entry {
-    double seconds = 0, flops = 0;
+    double seconds = 0, flops = 0, bytes = 0;
+    double predicted_s = 0;  // the roofline's time at Peaks (per call: the slower limit)
     long calls = 0;
   };
   explicit ProfilingKernels(Kernels& inner) : k_(inner) {}
-  void Reset() { table_.clear(); }
+  void Reset() { table_.clear(), pending_.clear(); }
   const std::map<std::string, Entry>& table() const { return table_; }
+  // Times with device events instead of host wall time (a CUDA device); not owned.
+  void set_timer(KernelTimer* t) { timer_ = t; }
+  void set_act_bytes(double b) { a_ = b; }
+  void set_peaks(const Peaks& p) { peaks_ = p; }
+  // With a timer: reads the step's event pairs into the table (after the step's work was queued).
+  void Collect() {
+    if (!timer_ || pending_.empty()) return;
+    std::vector<std::pair<int, int>> pairs;
+    for (const Pending& p : pending_) pairs.emplace_back(p.start, p.end);
+    const std::vector<double> ms = timer_->Collect(pairs);
+    for (size_t i = 0; i < pending_.size(); i++) table_[pending_[i].name].seconds += ms[i] / 1e3;
+    pending_.clear();
+  }
 
+  // ---- model: out = wte[token] + wpe[t]; backward scatters dout into dwte rows, dwpe ----
   void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                        int C) const override {
-    Time("encoder_forward", 0, [&] { k_.encoder_forward(out, tokens, wte, wpe, B, T, C); });
+    const double btc = double(B) * T * C;
+    Time("encoder_forward", 0, 4.0 * B * T + a_ * (2 * btc + double(T) * C),
+         [&] { k_.encoder_forward(out, tokens, wte, wpe, B, T, C); });
   }
   void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                         int C) const override {
-    Time("encoder_backward", 0, [&] { k_.encoder_backward(dwte, dwpe, dout, tokens, B, T, C); });
+    const double btc = double(B) * T * C;
+    Time("encoder_backward", 0, 4.0 * B * T + a_ * (3 * btc + 3.0 * T * C),
+         [&] { k_.encoder_backward(dwte, dwpe, dout, tokens, B, T, C); });
   }
+  // ---- out = (inp - mean) * rstd * w + b; backward accumulates dinp, dw, db ----
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
                          int N, int C) const override {
-    Time("layernorm_forward", 0, [&] { k_.layernorm_forward(out, mean, rstd, inp, w, b, N, C); });
+    Time("layernorm_forward", 0, a_ * (2.0 * N * C + 2.0 * C) + 8.0 * N,
+         [&] { k_.layernorm_forward(out, mean, rstd, inp, w, b, N, C); });
   }
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                           const float* mean, const float* rstd, int N, int C) const override {
-    Time("layernorm_backward", 0, [&] { k_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C); });
+    Time("layernorm_backward", 0, a_ * (4.0 * N * C + 5.0 * C) + 8.0 * N,
+         [&] { k_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C); });
   }
+  // ---- out[N,OC] = inp[N,C] w[OC,C]^T + bias ----
   void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C,
                       int OC) const override {
-    Time("matmul_forward", 2.0 * N * C * OC, [&] { k_.matmul_forward(out, inp, w, bias, N, C, OC); });
+    Time("matmul_forward", 2.0 * N * C * OC, a_ * (double(N) * C + double(OC) * C + OC + double(N) * OC),
+         [&] { k_.matmul_forward(out, inp, w, bias, N, C, OC); });
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                        int N, int C, int OC) const override {
-    Time("matmul_backward", (dinp ? 4.0 : 2.0) * N * C * OC,
+    const double nc = double(N) * C, woc = double(OC) * C, noc = double(N) * OC;
+    double bytes = 0;
+    if (dinp) bytes += noc + woc + 2 * nc;  // read dout, w; dinp +=
+    if (dw) bytes += noc + nc + 2 * woc;    // read dout, inp; dw +=
+    if (dbias) bytes += noc + 2.0 * OC;
+    Time("matmul_backward", 2.0 * nc * OC * ((dinp ? 1 : 0) + (dw ? 1 : 0)), a_ * bytes,
          [&] { k_.matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC); });
   }
+  // ---- causal softmax(QK^T / sqrt(hs)) V per head; lse per row for the backward ----
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) const override {
-    Time("attention_forward", 2.0 * B * T * T * C, [&] { k_.attention_forward(out, lse, qkv, B, T, C, NH); });
+    const double btc = double(B) * T * C;
+    Time("attention_forward", 2.0 * B * T * double(T) * C, a_ * 4 * btc + 4.0 * B * NH * T,
+         [&] { k_.attention_forward(out, lse, qkv, B, T, C, NH); });
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                           int B, int T, int C, int NH) const override {
-    Time("attention_backward", 4.0 * B * T * T * C,
+    const double btc = double(B) * T * C;
+    Time("attention_backward", 4.0 * B * T * double(T) * C, a_ * 8 * btc + 4.0 * B * NH * T,
          [&] { k_.attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH); });
   }
+  // ---- element-wise ----
   void gelu_forward(float* out, const float* inp, size_t n) const override {
-    Time("gelu_forward", 0, [&] { k_.gelu_forward(out, inp, n); });
+    Time("gelu_forward", 0, a_ * 2.0 * n, [&] { k_.gelu_forward(out, inp, n); });
   }
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override {
-    Time("gelu_backward", 0, [&] { k_.gelu_backward(dinp, inp, dout, n); });
+    Time("gelu_backward", 0, a_ * 3.0 * n, [&] { k_.gelu_backward(dinp, inp, dout, n); });
   }
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
-    Time("residual_forward", 0, [&] { k_.residual_forward(out, a, b, n); });
+    Time("residual_forward", 0, a_ * 3.0 * n, [&] { k_.residual_forward(out, a, b, n); });
   }
+  // ---- softmax + cross-entropy over the logits, dlogits written in place ----
   double crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                               float dloss_scale) const override {
     double r = 0;
-    Time("crossentropy_softmax", 0, [&] { r = k_.crossentropy_softmax(logits, losses, targets, N, V, Vp, dloss_scale); });
+    Time("crossentropy_softmax", 0, a_ * 2.0 * N * Vp + 8.0 * N,
+         [&] { r = k_.crossentropy_softmax(logits, losses, targets, N, V, Vp, dloss_scale); });
     return r;
   }
+  // ---- engine ----
   void convert(const void* src, DType from, void* dst, DType to, size_t n) const override {
-    Time("convert (engine)", 0, [&] { k_.convert(src, from, dst, to, n); });
+    Time("convert (engine)", 0, double(n) * (DTypeSize(from) + DTypeSize(to)),
+         [&] { k_.convert(src, from, dst, to, n); });
   }
   void accumulate(void* dst, DType dtype, const void* src, DType src_dtype, size_t n) const override {
-    Time("accumulate (engine)", 0, [&] { k_.accumulate(dst, dtype, src, src_dtype, n); });
+    Time("accumulate (engine)", 0, double(n) * (2 * DTypeSize(dtype) + DTypeSize(src_dtype)),
+         [&] { k_.accumulate(dst, dtype, src, src_dtype, n); });
   }
   double sum_squares(const void* x, DType dtype, size_t n) const override {
     double r = 0;
-    Time("sum_squares (engine)", 0, [&] { r = k_.sum_squares(x, dtype, n); });
+    Time("sum_squares (engine)", 0, double(n) * DTypeSize(dtype), [&] { r = k_.sum_squares(x, dtype, n); });
     return r;
   }
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
              const AdamWConfig& cfg, int64_t t, float grad_scale) const override {
-    Time("adamw (engine)", 0, [&] { k_.adamw(param, grad, m, v, n, lr, weight_decay, cfg, t, grad_scale); });
+    Time("adamw (engine)", 0, 4.0 * 7 * n, [&] { k_.adamw(param, grad, m, v, n, lr, weight_decay, cfg, t, grad_scale); });
   }
 
  private:
+  struct Pending {
+    const char* name;
+    int start, end;
+  };
   template <class F>
-  void Time(const char* name, double flops, F f) const {
+  void Time(const char* name, double flops, double bytes, F f) const {
     k_.set_matmul_precision(matmul_precision());
+    Entry& e = table_[name];
+    e.flops += flops;
+    e.bytes += bytes;
+    e.predicted_s += peaks_.Seconds(flops, bytes);
+    e.calls++;
+    if (timer_) {
+      const int start = timer_->Mark();
+      f();
+      pending_.push_back(Pending{name, start, timer_->Mark()});
+      return;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     f();
-    Entry& e = table_[name];
     e.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    e.flops += flops;
-    e.calls++;
   }
   Kernels& k_;
+  KernelTimer* timer_ = nullptr;
+  double a_ = 4;  // bytes per activation element
+  Peaks peaks_;
   mutable std::map<std::string, Entry> table_;
+  mutable std::vector<Pending> pending_;
 };
 
 // Forwards every Device call to `inner`; kernels() is the profiling wrapper.
@@ -115,12 +204,14 @@ class ProfilingDevice final : public Device {
  public:
   explicit ProfilingDevice(Device& inner) : d_(inner), k_(inner.kernels()) {}
   ProfilingKernels& profile() { return k_; }
+  Device& inner() { return d_; }
   std::string name() const override { return d_.name(); }
   bool is_cuda() const override { return d_.is_cuda(); }
   bool host_accessible() const override { return d_.host_accessible(); }
   void* Allocate(size_t bytes, const std::string& what) override { return d_.Allocate(bytes, what); }
   void Free(void* p) override { d_.Free(p); }
   uint64_t free_bytes() const override { return d_.free_bytes(); }
+  DeviceCounters counters() const override { return d_.counters(); }
   void CopyToDevice(void* dst, const void* src, size_t bytes) override { d_.CopyToDevice(dst, src, bytes); }
   void CopyToHost(void* dst, const void* src, size_t bytes) override { d_.CopyToHost(dst, src, bytes); }
   void Copy(void* dst, const void* src, size_t bytes) override { d_.Copy(dst, src, bytes); }
@@ -138,21 +229,40 @@ class ProfilingDevice final : public Device {
   ProfilingKernels k_;
 };
 
-// Prints the table: per kernel, ms per step, share of the step, GFLOP/s where FLOPs are counted.
-inline void PrintProfile(const ProfilingKernels& p, int steps, double step_seconds) {
+// Prints the table: per kernel (slowest first), ms per step, share of the step, calls, GFLOP
+// and MB per step, achieved TFLOP/s (FLOP-counted kernels) or GB/s (the others) and that as a
+// share of the peak given (0: not printed), and the roofline's ms per step at those peaks.
+// The last row sums the columns; its FLOPs are what a test compares with 6 * tokens * (matmul
+// weights) + 6 * L * B * T^2 * C (tests/e2e_gpu/kernel_profile.sh).
+inline void PrintProfile(const ProfilingKernels& p, int steps, double step_seconds, const Peaks& peaks = Peaks()) {
   std::vector<std::pair<std::string, ProfilingKernels::Entry>> rows(p.table().begin(), p.table().end());
-  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
-  double total = 0;
-  for (const auto& r : rows) total += r.second.seconds;
-  std::printf("  %-22s %10s %8s %8s %10s\n", "kernel", "ms/step", "step %", "calls", "GFLOP/s");
-  for (const auto& [name, e] : rows) {
-    std::printf("  %-22s %10.2f %7.1f%% %8ld", name.c_str(), 1e3 * e.seconds / steps,
-                100 * e.seconds / steps / step_seconds, e.calls / steps);
-    if (e.flops > 0) std::printf(" %10.1f", e.flops / e.seconds / 1e9);
-    std::printf("\n");
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+    return a.second.seconds != b.second.seconds ? a.second.seconds > b.second.seconds
+                                                : a.second.predicted_s > b.second.predicted_s;
+  });
+  ProfilingKernels::Entry total;
+  for (const auto& r : rows) {
+    total.seconds += r.second.seconds, total.flops += r.second.flops, total.bytes += r.second.bytes;
+    total.predicted_s += r.second.predicted_s, total.calls += r.second.calls;
   }
-  std::printf("  %-22s %10.2f %7.1f%%  (the rest: engine bookkeeping, copies, communication)\n", "all kernels",
-              1e3 * total / steps, 100 * total / steps / step_seconds);
+  rows.emplace_back("all kernels", total);
+  std::printf("  %-22s %10s %7s %6s %12s %12s %10s %10s %7s %12s\n", "kernel", "ms/step", "step%", "calls",
+              "GFLOP/step", "MB/step", "TFLOP/s", "GB/s", "%peak", "roofline_ms");
+  for (const auto& [name, e] : rows) {
+    const double s = e.seconds / steps;
+    const double tf = s > 0 ? e.flops / steps / s / 1e12 : 0, gbs = s > 0 ? e.bytes / steps / s / 1e9 : 0;
+    // the share of the peak that binds this kernel: FLOPs where counted, else bytes
+    double share = -1;
+    if (s > 0 && e.flops > 0 && peaks.flops > 0) share = 100 * tf * 1e12 / peaks.flops;
+    else if (s > 0 && e.flops == 0 && peaks.bytes_per_s > 0) share = 100 * gbs * 1e9 / peaks.bytes_per_s;
+    std::printf("  %-22s %10.3f %6.1f%% %6ld %12.6g %12.6g %10.4g %10.4g", name.c_str(), 1e3 * s,
+                step_seconds > 0 ? 100 * s / step_seconds : 0.0, e.calls / steps, e.flops / steps / 1e9,
+                e.bytes / steps / 1e6, tf, gbs);
+    if (share >= 0) std::printf(" %6.1f%%", share);
+    else std::printf(" %7s", "-");
+    std::printf(" %12.3f\n", 1e3 * e.predicted_s / steps);
+  }
+  std::printf("  (the rest of the step: engine bookkeeping, copies, communication, host gaps)\n");
 }
 
 }  // namespace shardgpt

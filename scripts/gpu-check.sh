@@ -1,69 +1,190 @@
 #!/usr/bin/env bash
-# One command for a machine with an NVIDIA GPU: build with the CUDA backend, run the `gpu`
-# tests (every CUDA kernel, whole-model gradients, loss trajectories, engine stages, resume and
-# checkpoint round trips against the CPU backend), then benchmark GPT-2 124M (d12, T=1024,
-# bf16) at ZeRO stages 0-3 on one GPU: tokens/s, model TFLOP/s and MFU against the GPU's dense
-# bf16 peak; with >= 2 GPUs also every stage on all GPUs over NCCL with its scaling efficiency
-# (N ranks vs N x one GPU, measured side by side) and the all-reduce bus bandwidth.
-# Writes everything to a report file (default gpu-report.txt, or $OUT/gpu-report.txt).
-# Budget: about 8 minutes on one H200 (build ~3, tests ~2, benchmarks ~2).
-#   scripts/gpu-check.sh [--skip-build] [--steps N]
+# One command for a machine with one NVIDIA GPU (issue 19, part 6), under a global time budget
+# (default 450 s, so it ends inside 8 minutes on one H200):
+#   1. builds the nvcc build with the benchmarks (BUILD, default build-gpu/);
+#   2. runs the `gpu` tests (ctest -L gpu);
+#   3. benchmarks GPT-2 124M (d12, T=1024, B=16, bf16) at ZeRO stages 0-3 on the one GPU:
+#      tokens/s, model TFLOP/s, MFU against the GPU's dense bf16 peak (H100/H200 SXM: 989),
+#      peak memory (the tracked allocations and the device's use) against `plan`'s prediction.
+#      On one rank the stages shard over a world of 1: every rank's shard is the whole model and
+#      each collective is a copy on the GPU, so stages 1-3 measure their code paths' own cost
+#      (stage 3: gathering (copying) and freeing every unit, fp32 compute copies), not
+#      communication or its overlap;
+#   4. a per-kernel time table from CUDA events on the compute stream (bench_train --profile 1)
+#      with each kernel's FLOPs, bytes and achieved TFLOP/s or GB/s against the peaks, beside
+#      the roofline's prediction for the same shape (bench_train --roofline 1);
+#   5. --attention own vs --attention cudnn through `shardgpt train` (if its --help lists the
+#      flag; else "not available"): tokens/s of each and their losses side by side.
+# Writes one report file (default gpu-report.txt; --report PATH) and exits non-zero if the
+# build or any test fails (2: bad arguments, 3: the budget ran out before every section ran).
+#
+# --dry: the same sections, under the CUDA emulation (an existing build-emu/ configured with
+# -DSHARDGPT_CUDA_EMULATION=ON -DSHARDGPT_BENCH=ON; no build step) with tiny shapes and one
+# quick gpu-emu test: checks the script and the report's format (ctest gpu_check_dry), no
+# figure of it is a GPU figure.
+#   scripts/gpu-check.sh [--dry] [--skip-build] [--build DIR] [--report PATH] [--steps N] [--budget SECONDS]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build-gpu}
+BUILD=
 REPORT=${OUT:+$OUT/}gpu-report.txt
-STEPS=12
+STEPS=8
 SKIP_BUILD=0
+DRY=0
+BUDGET=450
 while [ $# -gt 0 ]; do
   case $1 in
+    --dry) DRY=1 ;;
     --skip-build) SKIP_BUILD=1 ;;
-    --steps) STEPS=$2; shift ;;
-    *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
+    --build) BUILD=${2:?--build needs a directory}; shift ;;
+    --report) REPORT=${2:?--report needs a path}; shift ;;
+    --steps) STEPS=${2:?--steps needs a number}; shift ;;
+    --budget) BUDGET=${2:?--budget needs seconds}; shift ;;
+    *) echo "gpu-check: unknown argument $1 (expected --dry, --skip-build, --build DIR, --report PATH, --steps N, --budget S)" >&2; exit 2 ;;
   esac
   shift
 done
+[[ $STEPS =~ ^[0-9]+$ ]] && [ "$STEPS" -ge 3 ] || { echo "gpu-check: --steps must be an integer >= 3 (2 are warm-up), not '$STEPS'" >&2; exit 2; }
+[[ $BUDGET =~ ^[0-9]+$ ]] || { echo "gpu-check: --budget must be whole seconds, not '$BUDGET'" >&2; exit 2; }
+[ -n "$BUILD" ] || { [ $DRY -eq 1 ] && BUILD=build-emu || BUILD=build-gpu; }
+[ $DRY -eq 1 ] && SKIP_BUILD=1
+mkdir -p "$(dirname "$REPORT")" || exit 2
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+DEADLINE=$(( $(date +%s) + BUDGET ))
 exec > >(tee "$REPORT") 2>&1
-echo "== shardgpt gpu-check $(date -u +%FT%TZ) on $(hostname)"
+TEE_PID=$! CLEAN=
+# at exit: the temporary folder, and the report complete on disk before the script returns
+on_exit() { [ -z "$CLEAN" ] || rm -rf "$CLEAN"; exec 1>&- 2>&-; wait "$TEE_PID" 2>/dev/null; }
+trap on_exit EXIT
+FAILED=0 OUT_OF_TIME=0 SUMMARY=
+
+# limited SECONDS CMD...: runs CMD under timeout, at most SECONDS and never past the deadline.
+limited() {
+  local want=$1; shift
+  local left=$(( DEADLINE - $(date +%s) ))
+  if [ "$left" -lt 5 ]; then echo "gpu-check: out of time budget (--budget $BUDGET s): skipped: $*"; OUT_OF_TIME=1; return 124; fi
+  [ "$want" -lt "$left" ] || want=$left
+  timeout --kill-after=5 "$want" "$@"
+  local rc=$?
+  [ $rc -eq 124 ] && echo "gpu-check: timed out after $want s: $*"
+  return $rc
+}
+
+echo "== shardgpt gpu-check $(date -u +%FT%TZ) on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$([ $DRY -eq 1 ] && echo ', DRY RUN under the CUDA emulation: no figure here is a GPU figure')"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,pci.bus_id,memory.total,driver_version --format=csv
-NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-[ -x "$NVCC" ] || { echo "gpu-check: no nvcc (CUDA toolkit) found"; exit 1; }
 if [ $SKIP_BUILD -eq 0 ]; then
-  scripts/install-deps.sh || exit 1
+  NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  [ -x "$NVCC" ] || { echo "gpu-check: no nvcc (CUDA toolkit) found"; exit 1; }
   t0=$(date +%s)
-  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" -DSHARDGPT_BENCH=ON >/dev/null || exit 1
-  cmake --build "$BUILD" -j "$(nproc)" --target shardgpt gpu_tests train_gpu_test nccl_gpu_test bench_train bench_comm 2>&1 | grep -E "error|warning: " ; \
-    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu-check: build failed"; exit 1; }
+  # only this GPU's architecture (half the nvcc time of the default sm_80 + sm_90)
+  ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+  configure() { cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" -DSHARDGPT_BENCH=ON \
+    ${ARCH:+-DCMAKE_CUDA_ARCHITECTURES=$ARCH} >"$BUILD/configure.log" 2>&1; }
+  mkdir -p "$BUILD"
+  if ! configure; then  # missing libraries: install them (needs Debian's apt), then again
+    echo "gpu-check: configure failed (see $BUILD/configure.log); running scripts/install-deps.sh"
+    scripts/install-deps.sh >/dev/null && configure || { tail -20 "$BUILD/configure.log"; echo "gpu-check: configure failed"; exit 1; }
+  fi
+  limited 240 cmake --build "$BUILD" -j "$(nproc)" --target shardgpt gpu_tests train_gpu_test nccl_gpu_test bench_train bench_comm \
+    >"$BUILD/build.log" 2>&1 || { grep -E "error" "$BUILD/build.log" | head -30; echo "gpu-check: build failed (log $BUILD/build.log)"; exit 1; }
   echo "== build: $(( $(date +%s) - t0 )) s"
 fi
-echo "== gpu tests (ctest -L gpu)"
+BENCH=$BUILD/bench/bench_train SHARDGPT=$BUILD/shardgpt
+for f in "$BENCH" "$SHARDGPT"; do [ -x "$f" ] || { echo "gpu-check: $f is not built (configure $BUILD with -DSHARDGPT_BENCH=ON)"; exit 1; }; done
+
+echo "== gpu tests"
 t0=$(date +%s)
-(cd "$BUILD" && timeout 300 ctest -L gpu --output-on-failure) ; TESTS_RC=$?
-echo "== gpu tests: rc=$TESTS_RC, $(( $(date +%s) - t0 )) s"
-echo "== benchmark: d12 (GPT-2 124M), T=1024, B=16, bf16, 1 GPU, $STEPS steps (median after 2 warm-up)"
-for stage in 0 1 2 3; do
-  timeout 120 "$BUILD/bench/bench_train" --device cuda --config d12 --dtype bf16 --zero-stage $stage --steps "$STEPS"
-done
-echo "== benchmark: the same in fp32 (TF32 off), stage 0"
-timeout 120 "$BUILD/bench/bench_train" --device cuda --config d12 --dtype fp32 --zero-stage 0 --steps "$STEPS"
-echo "== 2 ranks sharing the GPU (MPI staging through host memory), d12 B=4, bf16, stage 1"
-timeout 120 mpirun -np 2 "$BUILD/bench/bench_train" --device cuda --comm mpi --config d12 --micro-batch 4 --dtype bf16 --zero-stage 1 --steps 6
-GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 0)
-if [ "$GPUS" -ge 2 ]; then
-  echo "== multi-GPU: $GPUS GPUs, NCCL, d12 bf16 T=1024 B=16 per rank"
-  tps() { grep -o '| [0-9]* tokens/s' | grep -o '[0-9]*'; }
-  one=$(timeout 120 "$BUILD/bench/bench_train" --device cuda --config d12 --dtype bf16 --zero-stage 0 --steps "$STEPS" | tee /dev/stderr | tps)
-  for stage in 0 1 2 3; do
-    all=$(timeout 180 mpirun -np "$GPUS" "$BUILD/bench/bench_train" --device cuda --comm nccl --config d12 --dtype bf16 \
-          --zero-stage $stage --steps "$STEPS" | tee /dev/stderr | tps)
-    # scaling efficiency, side by side: N ranks vs N x the same per-rank work on one GPU
-    [ -n "$one" ] && [ -n "$all" ] && awk -v a="$all" -v o="$one" -v n="$GPUS" -v s="$stage" \
-      'BEGIN { printf "stage %d: %d GPUs %.0f tokens/s = %.1f%% of %d x one GPU (%.0f)\n", s, n, a, 100*a/(n*o), n, o }'
-  done
-  echo "== all-reduce bus bandwidth (nccl-tests' busbw), NCCL, fp32"
-  timeout 120 mpirun -np "$GPUS" "$BUILD/bench/bench_comm" --device cuda --comm nccl 64 256
+if [ $DRY -eq 1 ]; then
+  limited 120 ctest --test-dir "$BUILD" -L gpu-emu -R '^(overlap_emu_test_np2|gpu_tests_without_visible_gpu)$' --output-on-failure
+  TESTS_RC=$?
 else
-  echo "== multi-GPU section skipped: $GPUS GPU(s) visible (needs >= 2)"
+  limited 180 ctest --test-dir "$BUILD" -L gpu --output-on-failure; TESTS_RC=$?
 fi
+[ $TESTS_RC -eq 0 ] || FAILED=1
+echo "== gpu tests: rc=$TESTS_RC, $(( $(date +%s) - t0 )) s"
+
+# The shape: d12 at T=1024 B=16 on a GPU; a tiny one in the dry run (the emulation is slow).
+if [ $DRY -eq 1 ]; then
+  SHAPE="--config d12 --layers 2 --heads 2 --embd 32 --vocab 64 --seq-len 16 --micro-batch 2"
+  TRAIN_SHAPE="--n-layer 2 --n-head 2 --n-embd 32 --vocab-size 256 --seq-len 16 --micro-batch 2"
+  PEAKS="--peak-tflops 989 --peak-gbs 4800"  # the emulation has no peak; columns exercised
+else
+  SHAPE="--config d12"
+  TRAIN_SHAPE="--model d12 --seq-len 1024 --micro-batch 16"
+  PEAKS=
+fi
+echo "== benchmark: $SHAPE (d12: GPT-2 124M, T=1024, B=16), bf16, one rank on one GPU, $STEPS steps (median after 2 warm-up)"
+echo "   (stages 1-3 on one rank: a world of 1, every shard the whole model, collectives are copies on the GPU)"
+for stage in 0 1 2 3; do
+  line=$(limited 90 "$BENCH" --device cuda $SHAPE $PEAKS --dtype bf16 --zero-stage $stage --steps "$STEPS" 2>&1)
+  rc=$?
+  echo "$line"
+  [ $rc -eq 0 ] || { echo "gpu-check: stage $stage benchmark failed (rc $rc)"; FAILED=1; }
+  tps=$(grep -o '[0-9.]* tokens/s' <<<"$line" | head -1)
+  tf=$(grep -o '| [0-9.]* TFLOP/s' <<<"$line" | head -1 | sed 's/^| //')
+  mfu=$(grep -o 'MFU [0-9.]*%' <<<"$line" | head -1)
+  mem=$(grep -o 'peak memory [0-9.]* GiB tracked (plan predicts [0-9.]* GiB)' <<<"$line" | head -1)
+  SUMMARY+="stage $stage: ${tps:-?} | ${tf:-?} | ${mfu:-MFU ?} | ${mem:-peak memory ?}"$'\n'
+done
+
+echo "== per-kernel time from CUDA events on the compute stream, stage 0 (bench_train --profile 1)"
+limited 90 "$BENCH" --device cuda $SHAPE $PEAKS --dtype bf16 --zero-stage 0 --steps "$STEPS" --profile 1 ||
+  { echo "gpu-check: the profiled run failed"; FAILED=1; }
+echo "== the roofline's prediction for the same shape (bench_train --roofline 1: nothing run)"
+limited 60 "$BENCH" --roofline 1 $SHAPE --dtype bf16 $PEAKS || { echo "gpu-check: --roofline failed"; FAILED=1; }
+
+echo "== attention: --attention own vs --attention cudnn (shardgpt train, bf16, stage 0, $STEPS steps)"
+help=$("$SHARDGPT" train --help 2>&1)
+if ! grep -q -- '--attention' <<<"$help"; then
+  echo "attention own vs cudnn: not available (shardgpt train --help lists no --attention)"
+  SUMMARY+="attention own vs cudnn: not available"$'\n'
+else
+  T=$(mktemp -d); CLEAN=$T
+  python3 -c "
+import random; random.seed(1)
+w = 'In the beginning God created the heaven and the earth . And the earth was without form and void'.split()
+print(' '.join(random.choice(w) for _ in range(400000)))" > "$T/text.txt"
+  limited 60 "$SHARDGPT" prepare --input "$T/text.txt" --output "$T/data" >/dev/null || { echo "gpu-check: prepare failed"; FAILED=1; }
+  for a in own cudnn; do
+    limited 120 "$SHARDGPT" train --data "$T/data/train.bin" $TRAIN_SHAPE --dtype bf16 --device cuda \
+      --steps "$STEPS" --seed 3 --quiet --attention $a --log "$T/$a.jsonl" >"$T/$a.out" 2>&1 ||
+      { tail -5 "$T/$a.out"; echo "gpu-check: shardgpt train --attention $a failed"; FAILED=1; }
+  done
+  cmp=$(python3 - "$T/own.jsonl" "$T/cudnn.jsonl" <<'PY'
+import json, sys, statistics
+runs = {}
+for name, path in zip(("own", "cudnn"), sys.argv[1:]):
+    try:
+        runs[name] = [json.loads(l) for l in open(path)]
+    except OSError:
+        runs[name] = []
+for name, rows in runs.items():
+    later = [r["tokens_per_s"] for r in rows if r["step"] > 2]
+    print("attention %-5s: %s tokens/s (median of steps > 2), losses %s" % (
+        name, "%.0f" % statistics.median(later) if later else "?", " ".join("%.4f" % r["loss"] for r in rows)))
+if runs["own"] and runs["cudnn"]:
+    print("attention own vs cudnn: max |loss difference| %.3g over %d steps" % (
+        max(abs(a["loss"] - b["loss"]) for a, b in zip(runs["own"], runs["cudnn"])), min(len(runs["own"]), len(runs["cudnn"]))))
+PY
+)
+  echo "$cmp"
+  SUMMARY+="$cmp"$'\n'
+fi
+
+GPUS=0
+if [ $DRY -eq 0 ] && command -v nvidia-smi >/dev/null; then GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); fi
+if [ "$GPUS" -ge 2 ]; then  # more than the one GPU this script is sized for: NCCL scaling too
+  echo "== multi-GPU: $GPUS GPUs, NCCL, d12 bf16 T=1024 B=16 per rank, stages 0-3 against $GPUS x one GPU"
+  for stage in 0 1 2 3; do
+    limited 120 mpirun -np "$GPUS" "$BENCH" --device cuda --comm nccl --config d12 --dtype bf16 --zero-stage $stage \
+      --steps "$STEPS" || echo "gpu-check: $GPUS-GPU stage $stage benchmark failed"
+  done
+  [ -x "$BUILD/bench/bench_comm" ] && limited 60 mpirun -np "$GPUS" "$BUILD/bench/bench_comm" --device cuda --comm nccl 64 256
+fi
+
+echo "== summary"
+printf '%s' "$SUMMARY"
+echo "tests: rc=$TESTS_RC"
 echo "== report: $REPORT"
-exit $TESTS_RC
+[ $FAILED -eq 0 ] || exit 1
+[ $OUT_OF_TIME -eq 0 ] || exit 3
+exit 0

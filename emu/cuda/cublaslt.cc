@@ -846,8 +846,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
   if (s != CUBLAS_STATUS_SUCCESS) return s;
   CheckRegions(job, workspace, workspaceSizeInBytes, StreamDevice(stream));
   if (algo != nullptr) CheckAlignments(job, *algo);
-  Enqueue(stream, [job] {
-    for (int b = 0; b < job.p.batch; b++) RunBatch(job, b);
-  });
+  Enqueue(
+      stream, [job] {
+        for (int b = 0; b < job.p.batch; b++) RunBatch(job, b);
+      },
+      TraceKind::kLibrary, "cublasLtMatmul");
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -449,10 +449,13 @@ void QueueGrid(const GridLaunch& launch, cudaStream_t stream, const void* const*
     }
   }
   const GridLaunch copy = launch;
-  Enqueue(stream, [copy] {
-    RunGrid(copy);
-    copy.destroy(copy.closure);
-  });
+  Enqueue(
+      stream,
+      [copy] {
+        RunGrid(copy);
+        copy.destroy(copy.closure);
+      },
+      TraceKind::kKernel, launch.name);
 }
 
 }  // namespace cuda_emu

@@ -411,10 +411,13 @@ void Queue(const CommPtr& c, cudaStream_t s, const char* call, Body body) {
   long index = 0;
   const long fail_index = InjectFailure(&index) ? index : 0;
   auto ticket = std::make_shared<Ticket>(c, s);
-  cuda_emu::Enqueue(s, [c, ticket, call, fail_index, body = std::move(body)] {
-    Run(*c, call, fail_index, body);
-    ticket->Done();
-  });
+  cuda_emu::Enqueue(
+      s,
+      [c, ticket, call, fail_index, body = std::move(body)] {
+        Run(*c, call, fail_index, body);
+        ticket->Done();
+      },
+      cuda_emu::TraceKind::kCollective, call);
 }
 
 // Runs every closure of c still queued: waits (host) on each stream that holds one, as the

@@ -17,6 +17,9 @@
 // memory to the device the source is captured at the call; from the device to pageable memory
 // the call returns when the copy is done; pinned memory is read and written when the copy runs.
 //
+// Trace (cuda_emu::TraceStart/TraceStop): when on, every queued op, host synchronisation and
+// mark is appended under TraceMu() in enqueue order, and every op again when it has run.
+//
 // Counters (cuda_emu::GetCounters): allocations, frees and host synchronisations the program
 // asked for. The runtime's own waits (cudaFree's device synchronisation, cudaMemcpy's wait
 // after its copy) go through uncounted internal helpers, so each call counts once.
@@ -41,6 +44,7 @@
 #include "cuda_runtime.h"
 
 struct CUstream_st {
+  int id = 0;  // position in Emulator::streams: what the trace calls the stream
   int device = 0;
   bool non_blocking = false;
   bool legacy = false;
@@ -106,6 +110,7 @@ struct Emulator {
     }
     for (int d = 0; d < physical; d++) {
       streams.push_back(std::make_unique<CUstream_st>());
+      streams.back()->id = d;
       streams.back()->device = d;
       streams.back()->legacy = true;
       legacy.push_back(streams.back().get());
@@ -127,6 +132,38 @@ thread_local cudaError_t tls_last_error = cudaSuccess;
 
 // GetCounters' figures; constant-initialised, so usable from static constructors too.
 std::atomic<uint64_t> g_device_allocations{0}, g_device_frees{0}, g_host_syncs{0};
+
+// The trace; g_tracing is read without the lock (a stale read loses or adds an entry at the
+// edges of TraceStart/TraceStop only).
+std::atomic<bool> g_tracing{false};
+std::mutex& TraceMu() {
+  static std::mutex* m = new std::mutex();
+  return *m;
+}
+Trace& TheTrace() {
+  static Trace* t = new Trace();
+  return *t;
+}
+void TraceAdd(TraceKind kind, int stream, uint64_t index, const CUstream_st* ref, uint64_t ref_index,
+              const char* name) {
+  std::lock_guard<std::mutex> l(TraceMu());
+  Trace& t = TheTrace();
+  TraceOp op;
+  op.seq = t.enqueued.size();
+  op.kind = kind, op.stream = stream, op.index = index;
+  op.ref_stream = ref ? ref->id : -1, op.ref_index = ref_index;
+  if (name) op.name = name;
+  t.enqueued.push_back(std::move(op));
+}
+// The host blocks until op `target` of s has run.
+void TraceHostSync(const CUstream_st* s, uint64_t target, const char* call) {
+  if (g_tracing.load(std::memory_order_relaxed)) TraceAdd(TraceKind::kHostSync, -1, 0, s, target, call);
+}
+void TraceExecuted(const CUstream_st* s, uint64_t index) {
+  if (!g_tracing.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> l(TraceMu());
+  TheTrace().executed.emplace_back(s->id, index);
+}
 
 cudaError_t Record(cudaError_t e) {
   if (e != cudaSuccess) tls_last_error = e;
@@ -181,6 +218,7 @@ bool RunUntil(CUstream_st* s, uint64_t target, bool blocking) {
     }
     op.second();
     s->executed = op.first;
+    TraceExecuted(s, op.first);
     NotifyProgress(s);
   }
   s->runner = std::thread::id();
@@ -194,10 +232,14 @@ uint64_t Enqueued(CUstream_st* s) {
   return s->enqueued;
 }
 
-uint64_t Push(CUstream_st* s, std::function<void()> op) {
+// Queues op on s; kind, name and (for waits) the op waited for are what the trace records.
+uint64_t Push(CUstream_st* s, std::function<void()> op, TraceKind kind = TraceKind::kHostFunc,
+              const char* name = nullptr, const CUstream_st* ref = nullptr, uint64_t ref_index = 0) {
   std::lock_guard<std::mutex> q(s->queue_mu);
   if (s->destroyed) Fail("work queued on a destroyed stream");
   s->ops.emplace_back(++s->enqueued, std::move(op));
+  // under queue_mu, so that the trace's order of one stream's ops is their FIFO order
+  if (g_tracing.load(std::memory_order_relaxed)) TraceAdd(kind, s->id, s->enqueued, ref, ref_index, name);
   return s->enqueued;
 }
 
@@ -217,7 +259,8 @@ void OrderWithLegacy(CUstream_st* s) {
     }
   }
   for (auto& w : waits)
-    if (w.second > 0) Push(s, [w] { RunUntil(w.first, w.second, true); });
+    if (w.second > 0)
+      Push(s, [w] { RunUntil(w.first, w.second, true); }, TraceKind::kWait, "legacy stream order", w.first, w.second);
 }
 
 std::string Hex(const void* p) {
@@ -267,11 +310,44 @@ void Fail(const std::string& what) {
   std::abort();
 }
 
-void Enqueue(cudaStream_t s, std::function<void()> op) {
+void Enqueue(cudaStream_t s, std::function<void()> op, TraceKind kind, const char* name) {
   CUstream_st* st = Resolve(s);
   OrderWithLegacy(st);
-  Push(st, std::move(op));
+  Push(st, std::move(op), kind, name);
 }
+
+const char* TraceKindName(TraceKind k) {
+  switch (k) {
+    case TraceKind::kKernel: return "kernel";
+    case TraceKind::kLibrary: return "library";
+    case TraceKind::kCollective: return "collective";
+    case TraceKind::kCopy: return "copy";
+    case TraceKind::kMemset: return "memset";
+    case TraceKind::kEventRecord: return "event_record";
+    case TraceKind::kWait: return "wait";
+    case TraceKind::kHostFunc: return "host_func";
+    case TraceKind::kHostSync: return "host_sync";
+    case TraceKind::kMark: return "mark";
+  }
+  return "?";
+}
+
+void TraceStart() {
+  std::lock_guard<std::mutex> l(TraceMu());
+  TheTrace() = Trace();
+  g_tracing = true;
+}
+Trace TraceStop() {
+  std::lock_guard<std::mutex> l(TraceMu());
+  g_tracing = false;
+  Trace t = std::move(TheTrace());
+  TheTrace() = Trace();
+  return t;
+}
+void TraceMark(const std::string& name) {
+  if (g_tracing.load(std::memory_order_relaxed)) TraceAdd(TraceKind::kMark, -1, 0, nullptr, 0, name.c_str());
+}
+int StreamId(cudaStream_t s) { return Resolve(s)->id; }
 
 int DeviceOf(const void* p, size_t bytes) {
   std::lock_guard<std::mutex> lock(Emu().mu);
@@ -304,7 +380,10 @@ void SynchronizeAll() {
     std::lock_guard<std::mutex> lock(Emu().mu);
     for (auto& s : Emu().streams) all.emplace_back(s.get(), Enqueued(s.get()));
   }
-  for (auto& s : all) RunUntil(s.first, s.second, true);
+  for (auto& s : all) {
+    TraceHostSync(s.first, s.second, "synchronize all devices");
+    RunUntil(s.first, s.second, true);
+  }
 }
 
 cudaError_t FuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
@@ -443,14 +522,17 @@ cudaError_t cudaDeviceGetPCIBusId(char* bus, int len, int device) {
 }
 namespace {
 // Runs everything queued so far on the streams of physical device d (not counted: cudaFree's).
-void SynchronizeDevice(int d) {
+void SynchronizeDevice(int d, const char* call) {
   std::vector<std::pair<CUstream_st*, uint64_t>> mine;
   {
     std::lock_guard<std::mutex> lock(Emu().mu);
     for (auto& s : Emu().streams)
       if (s->device == d) mine.emplace_back(s.get(), cuda_emu::Enqueued(s.get()));
   }
-  for (auto& s : mine) cuda_emu::RunUntil(s.first, s.second, true);
+  for (auto& s : mine) {
+    cuda_emu::TraceHostSync(s.first, s.second, call);
+    cuda_emu::RunUntil(s.first, s.second, true);
+  }
 }
 }  // namespace
 
@@ -458,7 +540,7 @@ cudaError_t cudaDeviceSynchronize() {
   const int d = cuda_emu::Physical(cuda_emu::tls_device);
   if (d < 0) return Record(cudaErrorNoDevice);
   cuda_emu::g_host_syncs++;
-  SynchronizeDevice(d);
+  SynchronizeDevice(d, "cudaDeviceSynchronize");
   return cudaSuccess;
 }
 cudaError_t cudaRuntimeGetVersion(int* v) {
@@ -518,7 +600,7 @@ cudaError_t Release(void* p, bool pinned) {
   if (pinned) {
     cuda_emu::SynchronizeAll();
   } else {
-    SynchronizeDevice(device);
+    SynchronizeDevice(device, "cudaFree");
   }
   std::lock_guard<std::mutex> lock(em.mu);
   auto it = em.allocations.find(reinterpret_cast<uintptr_t>(p));
@@ -549,6 +631,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
   st->device = d;
   st->non_blocking = (flags & cudaStreamNonBlocking) != 0;
   std::lock_guard<std::mutex> lock(Emu().mu);
+  st->id = (int)Emu().streams.size();
   *s = st.get();
   Emu().streams.push_back(std::move(st));
   return cudaSuccess;
@@ -556,7 +639,9 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   if (s == nullptr || s->legacy) return Record(cudaErrorInvalidResourceHandle);
   // Work already queued still completes (as CUDA documents); then the stream is gone.
-  cuda_emu::RunUntil(s, cuda_emu::Enqueued(s), true);
+  const uint64_t target = cuda_emu::Enqueued(s);
+  cuda_emu::TraceHostSync(s, target, "cudaStreamDestroy");
+  cuda_emu::RunUntil(s, target, true);
   std::lock_guard<std::mutex> q(s->queue_mu);
   if (s->destroyed) return Record(cudaErrorInvalidResourceHandle);
   s->destroyed = true;
@@ -565,7 +650,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   CUstream_st* st = cuda_emu::Resolve(s);
   cuda_emu::g_host_syncs++;
-  cuda_emu::RunUntil(st, cuda_emu::Enqueued(st), true);
+  const uint64_t target = cuda_emu::Enqueued(st);
+  cuda_emu::TraceHostSync(st, target, "cudaStreamSynchronize");
+  cuda_emu::RunUntil(st, target, true);
   return cudaSuccess;
 }
 cudaError_t cudaStreamQuery(cudaStream_t s) {
@@ -577,7 +664,10 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
   if (e->stream == nullptr) return cudaSuccess;  // never recorded: nothing to wait for
   CUstream_st* src = e->stream;
   const uint64_t target = e->target;  // the event as recorded now, as CUDA
-  cuda_emu::Enqueue(s, [src, target] { cuda_emu::RunUntil(src, target, true); });
+  CUstream_st* st = cuda_emu::Resolve(s);
+  cuda_emu::OrderWithLegacy(st);
+  cuda_emu::Push(st, [src, target] { cuda_emu::RunUntil(src, target, true); }, cuda_emu::TraceKind::kWait,
+                 "cudaStreamWaitEvent", src, target);
   return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
@@ -598,9 +688,12 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   CUstream_st* st = cuda_emu::Resolve(s);
   cuda_emu::OrderWithLegacy(st);
   if (e->timing) {
-    e->target = cuda_emu::Push(st, [e] { e->when = std::chrono::steady_clock::now(); });
+    e->target = cuda_emu::Push(st, [e] { e->when = std::chrono::steady_clock::now(); },
+                               cuda_emu::TraceKind::kEventRecord, "cudaEventRecord");
   } else {
     e->target = cuda_emu::Enqueued(st);
+    if (cuda_emu::g_tracing.load(std::memory_order_relaxed))
+      cuda_emu::TraceAdd(cuda_emu::TraceKind::kEventRecord, st->id, 0, st, e->target, "cudaEventRecord");
   }
   e->stream = st;
   return cudaSuccess;
@@ -608,6 +701,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (e == nullptr) return Record(cudaErrorInvalidResourceHandle);
   cuda_emu::g_host_syncs++;
+  if (e->stream) cuda_emu::TraceHostSync(e->stream, e->target, "cudaEventSynchronize");
   if (e->stream) cuda_emu::RunUntil(e->stream, e->target, true);
   return cudaSuccess;
 }
@@ -657,20 +751,26 @@ cudaError_t MemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind
     // Pageable source: staged at the call, so the caller may reuse it at once.
     auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                       static_cast<const char*>(src) + bytes);
-    cuda_emu::Enqueue(st, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+    cuda_emu::Enqueue(st, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); },
+                      cuda_emu::TraceKind::kCopy, "cudaMemcpyAsync");
   } else {
-    cuda_emu::Enqueue(st, [dst, src, bytes] { std::memmove(dst, src, bytes); });
+    cuda_emu::Enqueue(st, [dst, src, bytes] { std::memmove(dst, src, bytes); }, cuda_emu::TraceKind::kCopy,
+                      "cudaMemcpyAsync");
   }
   // Pageable destination: the call returns once the bytes are there.
   if (dw == cuda_emu::Where::kPageable) {
     *blocked = true;
-    cuda_emu::RunUntil(st, cuda_emu::Enqueued(st), true);
+    const uint64_t target = cuda_emu::Enqueued(st);
+    cuda_emu::TraceHostSync(st, target, "cudaMemcpyAsync to pageable memory");
+    cuda_emu::RunUntil(st, target, true);
   }
   return cudaSuccess;
 }
-void RunAll(cudaStream_t s) {
+void RunAll(cudaStream_t s, const char* call) {
   CUstream_st* st = cuda_emu::Resolve(s);
-  cuda_emu::RunUntil(st, cuda_emu::Enqueued(st), true);
+  const uint64_t target = cuda_emu::Enqueued(st);
+  cuda_emu::TraceHostSync(st, target, call);
+  cuda_emu::RunUntil(st, target, true);
 }
 }  // namespace
 
@@ -685,25 +785,26 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   const cudaError_t e = MemcpyAsync(dst, src, bytes, kind, nullptr, &blocked);
   if (e != cudaSuccess) return e;
   cuda_emu::g_host_syncs++;  // one blocking call, whether or not the copy itself waited
-  RunAll(nullptr);
+  RunAll(nullptr, "cudaMemcpy");
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
   if (bytes == 0) return cudaSuccess;
   int d = -1;
   if (cuda_emu::Classify(p, bytes, &d) != cuda_emu::Where::kDevice) return Record(cudaErrorInvalidValue);
-  cuda_emu::Enqueue(s, [p, value, bytes] { std::memset(p, value, bytes); });
+  cuda_emu::Enqueue(s, [p, value, bytes] { std::memset(p, value, bytes); }, cuda_emu::TraceKind::kMemset,
+                    "cudaMemsetAsync");
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   const cudaError_t e = cudaMemsetAsync(p, value, bytes, nullptr);
   if (e != cudaSuccess) return e;
   cuda_emu::g_host_syncs++;
-  RunAll(nullptr);
+  RunAll(nullptr, "cudaMemset");
   return cudaSuccess;
 }
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* user_data) {
   if (fn == nullptr) return Record(cudaErrorInvalidValue);
-  cuda_emu::Enqueue(s, [fn, user_data] { fn(user_data); });
+  cuda_emu::Enqueue(s, [fn, user_data] { fn(user_data); }, cuda_emu::TraceKind::kHostFunc, "cudaLaunchHostFunc");
   return cudaSuccess;
 }

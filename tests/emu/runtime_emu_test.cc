@@ -309,4 +309,63 @@ TEST(CudaEmulation, DevicesHaveTheirOwnBusIdsAndMemory) {
   CHECK_CUDA(cudaSetDevice(0));
 }
 
+// The trace (cuda_emu::TraceStart): each operation with its stream, FIFO index, kind and name,
+// a wait with the op it waits for, a host sync with what it blocks on, marks in enqueue order,
+// and every op again once it ran; nothing is recorded while it is off.
+TEST(CudaEmulation, TraceRecordsOpsWaitsAndHostSyncsInEnqueueOrder) {
+  CHECK_CUDA(cudaSetDevice(0));
+  float* x = nullptr;
+  CHECK_CUDA(cudaMalloc(&x, 64 * sizeof(float)));
+  cudaStream_t a = nullptr, b = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+  cudaEvent_t e = nullptr;
+  CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  SHARDGPT_LAUNCH(add_one_kernel, 1, 32, 0, a)(x, 64);  // not traced: before TraceStart
+  cuda_emu::TraceStart();
+  cuda_emu::TraceMark("begin");
+  SHARDGPT_LAUNCH(add_one_kernel, 1, 32, 0, a)(x, 64);
+  CHECK_CUDA(cudaEventRecord(e, a));
+  CHECK_CUDA(cudaStreamWaitEvent(b, e, 0));
+  CHECK_CUDA(cudaMemsetAsync(x, 0, 16, b));
+  CHECK_CUDA(cudaStreamSynchronize(b));
+  const cuda_emu::Trace t = cuda_emu::TraceStop();
+  cuda_emu::TraceMark("after the stop");  // not recorded
+  const int sa = cuda_emu::StreamId(a), sb = cuda_emu::StreamId(b);
+  ASSERT_NE(sa, sb);
+  using K = cuda_emu::TraceKind;
+  std::vector<K> kinds;
+  for (const cuda_emu::TraceOp& op : t.enqueued) kinds.push_back(op.kind);
+  ASSERT_EQ(kinds, (std::vector<K>{K::kMark, K::kKernel, K::kEventRecord, K::kWait, K::kMemset, K::kHostSync}));
+  for (size_t i = 0; i < t.enqueued.size(); i++) EXPECT_EQ(t.enqueued[i].seq, i);
+  const auto& k = t.enqueued[1];
+  EXPECT_EQ(k.name, "add_one_kernel");
+  EXPECT_EQ(k.stream, sa);
+  EXPECT_EQ(k.index, 2u);  // the untraced launch was op 1 of stream a
+  EXPECT_EQ(t.enqueued[0].name, "begin");
+  EXPECT_EQ(t.enqueued[0].stream, -1);
+  const auto& rec = t.enqueued[2];  // non-timing: no op of its own, marks the kernel
+  EXPECT_EQ(rec.index, 0u);
+  EXPECT_EQ(rec.ref_stream, sa);
+  EXPECT_EQ(rec.ref_index, k.index);
+  const auto& w = t.enqueued[3];
+  EXPECT_EQ(w.stream, sb);
+  EXPECT_EQ(w.ref_stream, sa);
+  EXPECT_EQ(w.ref_index, k.index);
+  const auto& m = t.enqueued[4];
+  EXPECT_EQ(m.stream, sb);
+  EXPECT_EQ(m.index, w.index + 1);
+  const auto& sync = t.enqueued[5];
+  EXPECT_EQ(sync.name, "cudaStreamSynchronize");
+  EXPECT_EQ(sync.ref_stream, sb);
+  EXPECT_EQ(sync.ref_index, m.index);
+  // executed: the untraced kernel and the traced one on a (run by b's wait), then b's wait and memset
+  std::vector<std::pair<int, uint64_t>> want = {{sa, 1}, {sa, 2}, {sb, w.index}, {sb, m.index}};
+  EXPECT_EQ(t.executed, want);
+  CHECK_CUDA(cudaEventDestroy(e));
+  CHECK_CUDA(cudaStreamDestroy(a));
+  CHECK_CUDA(cudaStreamDestroy(b));
+  CHECK_CUDA(cudaFree(x));
+}
+
 }  // namespace

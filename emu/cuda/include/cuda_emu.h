@@ -12,15 +12,67 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cuda_runtime.h"
 
 namespace cuda_emu {
 
+// What a stream operation (or a host-side trace entry) is, for the trace below.
+enum class TraceKind {
+  kKernel,       // a kernel launch (name: the kernel)
+  kLibrary,      // a library call's work (name: e.g. cublasLtMatmul)
+  kCollective,   // an emulated NCCL operation (name: e.g. ncclAllGather)
+  kCopy,         // cudaMemcpy(Async)
+  kMemset,       // cudaMemset(Async)
+  kEventRecord,  // cudaEventRecord; a timing event is a stream op, a non-timing one only marks
+                 // the stream's last op (stream-side entry with index 0, ref = the marked op)
+  kWait,         // the stream waits for op ref of stream ref_stream (cudaStreamWaitEvent, and the
+                 // legacy default stream's implicit ordering)
+  kHostFunc,     // cudaLaunchHostFunc or any other closure
+  kHostSync,     // host-side: the host blocks until op ref of ref_stream has run (the calls that
+                 // GetCounters counts as host_syncs, and cudaFree's device synchronisation)
+  kMark,         // host-side: TraceMark(name), a label in the host's enqueue order
+};
+const char* TraceKindName(TraceKind k);
+
 // Appends `op` to stream s (nullptr: the current device's default stream). It runs, in stream
 // order, on whichever host thread next waits on the stream; it may itself wait on other streams
-// and may block (an emulated NCCL collective blocks in MPI).
-void Enqueue(cudaStream_t s, std::function<void()> op);
+// and may block (an emulated NCCL collective blocks in MPI). kind/name: what the trace calls it.
+void Enqueue(cudaStream_t s, std::function<void()> op, TraceKind kind = TraceKind::kHostFunc,
+             const char* name = nullptr);
+
+// Opt-in trace of stream operations, for tests of the ORDER of device work (which waits precede
+// which kernels, what a collective depends on). Off by default; while off it costs one atomic
+// load per operation. TraceStart clears and starts it; TraceStop stops it and returns it.
+//   enqueued: every entry in the host's enqueue order (all threads, all streams, one sequence),
+//             host-side entries (kHostSync, kMark, non-timing kEventRecord) included;
+//   executed: the stream ops in the order their closures FINISHED running (stream, index).
+// The emulation runs a stream only when a host thread waits on it, so `executed` is one valid
+// execution; what a GPU may overlap follows from `enqueued` alone: two ops may run at the same
+// time exactly when neither is ordered before the other by stream order, the waits and the
+// host syncs (tests/gpu/overlap_emu_test.cc computes this).
+struct TraceOp {
+  uint64_t seq = 0;  // position in `enqueued`
+  TraceKind kind = TraceKind::kHostFunc;
+  int stream = -1;      // StreamId of its stream; -1 for kHostSync and kMark
+  uint64_t index = 0;   // 1-based position in its stream's FIFO; 0 when it is not a stream op
+  int ref_stream = -1;  // kWait, kHostSync, non-timing kEventRecord: the op it refers to ...
+  uint64_t ref_index = 0;  // ... (0: nothing, the stream was empty)
+  std::string name;
+};
+struct Trace {
+  std::vector<TraceOp> enqueued;
+  std::vector<std::pair<int, uint64_t>> executed;  // (stream id, index)
+};
+void TraceStart();
+Trace TraceStop();
+// A host-side label in the enqueue order (e.g. "forward 3 begins"); no-op while not tracing.
+void TraceMark(const std::string& name);
+// A stable small id of stream s (nullptr: the current device's legacy default stream), as the
+// trace names streams.
+int StreamId(cudaStream_t s);
 
 // The emulated device (0-based physical index) whose cudaMalloc allocation contains the
 // bytes [p, p + bytes), or -1 when they are not inside one device allocation. A pointer to

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh --dry under the CUDA emulation (ctest gpu_check_dry, label gpu-emu), so
+# that the script a GPU session runs once cannot rot: it must exit 0 and write a report with
+#   - the test section passed (rc=0);
+#   - a summary line per ZeRO stage 0-3 with tokens/s, TFLOP/s, MFU and peak memory against
+#     plan's prediction;
+#   - a per-kernel table (CUDA events) naming every kernel a training step calls, with
+#     non-negative figures, whose FLOPs sum to 6*B*T*(12*L*C^2 + Vp*C) + 6*L*B*T^2*C, the matmul
+#     and attention FLOPs of a step counted from the shape alone (not from the table's per-call
+#     formulas), and the roofline table for the same shape with the same sum;
+#   - the attention section: "not available" or both backends' tokens/s.
+# No figure of it is a GPU figure (the emulation runs on the CPU).
+#   gpu_check_dry.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+BUILD=$1 SRC=$2
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+rc=0
+bash "$SRC/scripts/gpu-check.sh" --dry --build "$BUILD" --report "$T/report.txt" --steps 3 >"$T/out.txt" 2>&1 || rc=$?
+if [ $rc -ne 0 ]; then cat "$T/out.txt"; echo "FAIL: gpu-check.sh --dry exited $rc"; exit 1; fi
+[ -s "$T/report.txt" ] || { echo "FAIL: no report written"; exit 1; }
+# the dry run's shape (scripts/gpu-check.sh): L=2, C=32, V=64 (Vp=128), B=2, T=16
+python3 - "$T/report.txt" <<'PY'
+import re, sys
+rep = open(sys.argv[1]).read()
+lines = rep.splitlines()
+fail = []
+def need(cond, what):
+    if not cond: fail.append(what)
+need("DRY RUN" in lines[0], "the first line says it is a dry run")
+need("== gpu tests: rc=0," in rep, "the gpu tests section passed")
+num = r"[0-9]+(?:\.[0-9]+)?"
+for s in range(4):
+    pat = r"^stage %d: %s tokens/s \| %s TFLOP/s \| MFU %s%% \| peak memory %s GiB tracked \(plan predicts %s GiB\)$" % (
+        s, num, num, num, num, num)
+    need(any(re.match(pat, l) for l in lines), "a summary line for stage %d (%s)" % (s, pat))
+# the two tables: rows "  name  numbers..." after their header lines
+def table(header_start):
+    i = next((k for k, l in enumerate(lines) if l.strip().startswith("kernel") and header_start in l), None)
+    if i is None:
+        return {}
+    cols = lines[i].split()
+    rows = {}
+    for l in lines[i + 1:]:
+        m = re.match(r"^  (\S.*?\S)\s{2,}(-?[0-9].*)$", l)
+        if not m:
+            break
+        rows[m.group(1)] = m.group(2).split()
+    return cols, rows
+prof = table("ms/step")
+roof = table("FLOP/byte")
+need(prof and roof, "a per-kernel table and a roofline table")
+L, C, Vp, B, T = 2, 32, 128, 2, 16
+want = 6 * B * T * (12 * L * C * C + Vp * C) + 6 * L * B * T * T * C
+kernels = ["encoder_forward", "encoder_backward", "layernorm_forward", "layernorm_backward", "matmul_forward",
+           "matmul_backward", "attention_forward", "attention_backward", "gelu_forward", "gelu_backward",
+           "residual_forward", "crossentropy_softmax", "adamw (engine)"]
+for name, (cols, rows) in (("per-kernel", prof), ("roofline", roof)):
+    for k in kernels:
+        need(k in rows, "%s table row %s" % (name, k))
+    gcol = cols.index("GFLOP/step" if name == "per-kernel" else "GFLOP") - 1  # rows lack the name column
+    for k, v in rows.items():
+        nums = [float(x.rstrip("%")) for x in v if x not in ("-", "compute", "memory")]
+        need(all(x >= 0 for x in nums), "%s row %s non-negative: %s" % (name, k, v))
+    got = float(rows.get("all kernels", ["nan"] * 12)[gcol]) * 1e9
+    need(abs(got - want) <= 1e-4 * want, "%s FLOPs sum %.6g == 6BT(12LC^2 + VpC) + 6LBT^2C = %d" % (name, got, want))
+    calls = [int(v[cols.index("calls") - 1]) for k, v in rows.items() if k != "all kernels"]
+    need(all(c > 0 for c in calls), "%s: every row has calls" % name)
+att = [l for l in lines if l.startswith("attention own vs cudnn: not available") or re.match(r"^attention (own|cudnn)\s*: " + num + " tokens/s", l)]
+need(att, "the attention section: not available, or both backends' tokens/s")
+if fail:
+    print("FAIL: the dry report lacks:\n  " + "\n  ".join(fail))
+    print(rep)
+    sys.exit(1)
+print("gpu-check --dry report: tests, 4 stages, %d kernels per table, FLOPs sum %d, attention section: ok" % (len(prof[1]) - 1, want))
+PY
