@@ -93,12 +93,17 @@ namespace {
 // fits, its peak, and the step's traffic (which no micro-batch or recompute mode changes).
 void PrintWhatFits(const PlanOptions& o, const ParamLayout& layout, const ShardPlan& plan_all,
                    const ShardPlan& plan_group) {
-  const double GiB = 1024.0 * 1024 * 1024;
-  std::printf("what fits in %.3f GiB per rank at T=%d, grad-accum %d: the largest micro-batch (sequences per rank) "
+  // GiB, or MiB for a budget below one GiB
+  const bool mib = o.memory_bytes < 1024.0 * 1024 * 1024;
+  const double GiB = mib ? 1024.0 * 1024 : 1024.0 * 1024 * 1024;
+  const char* U = mib ? "MiB" : "GiB";
+  std::printf("what fits in %.3f %s per rank at T=%d, grad-accum %d: the largest micro-batch (sequences per rank) "
               "by the peak predictor\n",
-              o.memory_bytes / GiB, o.seq_len, o.grad_accum);
-  std::printf("%-6s %-9s %11s %13s %13s %13s %13s %14s\n", "stage", "recompute", "micro-batch", "peak GiB",
-              "activations", "left GiB", "traffic/step", "recompute cost");
+              o.memory_bytes / GiB, U, o.seq_len, o.grad_accum);
+  const std::string peak_h = std::string("peak ") + U, act_h = std::string("activations ") + U,
+                    left_h = std::string("left ") + U;
+  std::printf("%-6s %-9s %11s %13s %15s %13s %13s %14s\n", "stage", "recompute", "micro-batch", peak_h.c_str(),
+              act_h.c_str(), left_h.c_str(), "traffic/step", "recompute cost");
   for (int stage = 0; stage <= 3; stage++) {
     EngineOptions e = o.engine;
     e.zero_stage = stage;
@@ -110,13 +115,13 @@ void PrintWhatFits(const PlanOptions& o, const ParamLayout& layout, const ShardP
       const double cost = GPT::RecomputeFlops(o.model, 1, o.seq_len, r) / (3 * GPT::ForwardFlops(o.model, 1, o.seq_len));
       if (b == 0) {
         const double need = PredictPeakMemory(layout, plan, e, 1, o.seq_len, o.grad_accum, r).peak();
-        std::printf("%-6d %-9s %11s %13.3f %13s %13s %11.3f G %13.1f%%  (B=1 needs this peak)\n", stage,
-                    RecomputeName(r), "none fits", need / GiB, "-", "-", traffic / GiB, 100 * cost);
+        std::printf("%-6d %-9s %11s %13.3f %15s %13s %9.3f %s %13.2f%%  (B=1 needs this peak)\n", stage,
+                    RecomputeName(r), "none fits", need / GiB, "-", "-", traffic / GiB, U, 100 * cost);
         continue;
       }
       const MemoryPrediction m = PredictPeakMemory(layout, plan, e, b, o.seq_len, o.grad_accum, r);
-      std::printf("%-6d %-9s %11d %13.3f %13.3f %13.3f %11.3f G %13.1f%%\n", stage, RecomputeName(r), b, m.peak() / GiB,
-                  m.activations / GiB, (o.memory_bytes - m.peak()) / GiB, traffic / GiB, 100 * cost);
+      std::printf("%-6d %-9s %11d %13.3f %15.3f %13.3f %9.3f %s %13.2f%%\n", stage, RecomputeName(r), b, m.peak() / GiB,
+                  m.activations / GiB, (o.memory_bytes - m.peak()) / GiB, traffic / GiB, U, 100 * cost);
     }
   }
   std::printf("(peak: per rank, parallel/memory_model.h; traffic: bytes sent per rank per step, ring model; "
