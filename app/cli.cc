@@ -402,7 +402,7 @@ int Main(int argc, char** argv) {
         t.micro_batch_auto = micro_batch_text == "auto";
         if (!t.micro_batch_auto) t.micro_batch = std::stoi(micro_batch_text);
         t.ranks_per_node = local_size;
-        if (t.memory_bytes > 0 && !t.micro_batch_auto)
+        if (st.ok() && t.memory_bytes > 0 && !t.micro_batch_auto)
           st = Status::InvalidArgument("--memory is the budget of --micro-batch auto: give --micro-batch auto too");
         t.shuffle = !no_shuffle;
         t.schedule.kind = LrSchedule::ParseKind(schedule).value();

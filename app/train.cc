@@ -466,16 +466,17 @@ class Trainer {
     return Status::OK();
   }
 
-  // What --recompute saves and costs: the activations against none's, and the recomputed
+  // What --recompute saves and costs: the activations against each mode's, and the recomputed
   // forward FLOPs as a share of the step (forward + backward = 3 x forward).
   void PrintRecomputeLine() const {
     const int B = o_.micro_batch, T = o_.seq_len;
-    const double none = static_cast<double>(GPT::ActivationBytes(o_.model, B, T, Recompute::kNone));
-    const double mine = static_cast<double>(model_->activation_bytes());
+    auto mib = [&](Recompute r) { return GPT::ActivationBytes(o_.model, B, T, r) / 1048576.0; };
     const double fwd = GPT::ForwardFlops(o_.model, B, T), extra = GPT::RecomputeFlops(o_.model, B, T, o_.recompute);
-    std::printf("recompute %s: activations %.1f MiB per rank (none: %.1f MiB, %.0f%% less); recomputation adds %.3f "
-                "GFLOP per micro-batch = %.1f%% of the step's %.3f GFLOP\n",
-                RecomputeName(o_.recompute), mine / 1048576.0, none / 1048576.0, 100 * (1 - mine / none), extra / 1e9,
+    std::printf("recompute %s: activations %.1f MiB per rank (none %.1f, gelu %.1f, block %.1f MiB: %.0f%% less than "
+                "none); recomputation adds %.3f GFLOP per micro-batch = %.1f%% of the step's %.3f GFLOP\n",
+                RecomputeName(o_.recompute), model_->activation_bytes() / 1048576.0, mib(Recompute::kNone),
+                mib(Recompute::kGelu), mib(Recompute::kBlock),
+                100 * (1 - model_->activation_bytes() / 1048576.0 / mib(Recompute::kNone)), extra / 1e9,
                 100 * extra / (3 * fwd), 3 * fwd / 1e9);
   }
 

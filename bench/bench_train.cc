@@ -12,7 +12,8 @@
 //               [--recompute none,gelu,block] (any comma list: those modes side by side, see below)
 // --recompute LIST trains one engine with one model per mode (model/gpt.h), alternating the
 // modes step by step so that the machine's load weighs on each alike, and prints each mode's
-// median step time, its activations and the step's peak, and its time against the first mode's.
+// median step time (wall, and the process's CPU seconds: less sensitive to other processes on a
+// shared machine), its activations and the step's peak, each against the first mode's.
 // --profile 1 adds a per-kernel table: where the step's time goes (bench/kernel_profile.h).
 // With --device cuda it also prints model TFLOP/s and MFU against the GPU's dense bf16 peak
 // (a table by GPU name below, or --peak-tflops).
@@ -26,6 +27,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <thread>
 #include <vector>
@@ -151,6 +153,14 @@ std::string LoadAverage() {
   return buf;
 }
 
+// CPU seconds this process has used (all its threads): less sensitive than wall time to other
+// processes on a shared machine.
+double ProcessCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
 // --recompute: one engine, one model per mode, steps alternating between the modes. The
 // models are not given the engine's ledger (it would count every mode's activations at once):
 // a mode's peak is the ledger's step peak without activations plus that model's activations,
@@ -176,7 +186,7 @@ int CompareRecompute(Communicator& comm, const ParamLayout& layout, const Engine
   const std::string load0 = LoadAverage();
   Rng rng(42, comm.rank());
   std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
-  std::vector<std::vector<double>> times(modes.size());
+  std::vector<std::vector<double>> times(modes.size()), cpu(modes.size());
   std::vector<uint64_t> peak(modes.size(), 0);
   for (int s = 0; s < steps; s++)
     for (size_t k = 0; k < modes.size(); k++) {
@@ -184,6 +194,7 @@ int CompareRecompute(Communicator& comm, const ParamLayout& layout, const Engine
       for (auto& t : y) t = static_cast<int32_t>(rng.Next() % layout.config().vocab_size);
       comm.Barrier();
       const auto t0 = std::chrono::steady_clock::now();
+      const double c0 = ProcessCpuSeconds();
       engine.BeginStep();
       for (int m = 0; m < accum; m++) {
         engine.BeginMicroBatch(m, accum);
@@ -194,22 +205,25 @@ int CompareRecompute(Communicator& comm, const ParamLayout& layout, const Engine
       device.Synchronize();
       const double dt = comm.AllReduceScalar(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), ReduceOp::kAvg);
-      if (s >= 1) times[k].push_back(dt);  // the first round warms up
+      const double dc = comm.AllReduceScalar(ProcessCpuSeconds() - c0, ReduceOp::kAvg);
+      if (s >= 1) times[k].push_back(dt), cpu[k].push_back(dc);  // the first round warms up
       peak[k] = std::max<uint64_t>(peak[k], engine.last_report().peak_bytes + models[k]->activation_bytes());
     }
   if (lead) {
     std::printf("%s | recompute side by side, alternating step by step, %d measured step(s) each | load average "
                 "%s at the start, %s at the end (/proc/loadavg)\n",
                 what.c_str(), steps - 1, load0.c_str(), LoadAverage().c_str());
-    std::printf("%-9s %14s %11s %16s %14s %14s %14s\n", "recompute", "median step ms", "vs first", "activations MiB",
-                "vs first", "peak MiB", "extra FLOPs");
-    const double t_first = Median(times[0]), a_first = static_cast<double>(models[0]->activation_bytes());
+    std::printf("%-9s %14s %9s %13s %9s %16s %9s %11s %12s\n", "recompute", "median step ms", "vs first",
+                "CPU s/step", "vs first", "activations MiB", "vs first", "peak MiB", "extra FLOPs");
+    const double t_first = Median(times[0]), c_first = Median(cpu[0]);
+    const double a_first = static_cast<double>(models[0]->activation_bytes());
     for (size_t k = 0; k < modes.size(); k++) {
-      const double t = Median(times[k]), a = static_cast<double>(models[k]->activation_bytes());
+      const double t = Median(times[k]), c = Median(cpu[k]), a = static_cast<double>(models[k]->activation_bytes());
       const double extra = GPT::RecomputeFlops(layout.config(), B, T, modes[k]) /
                            (3 * GPT::ForwardFlops(layout.config(), B, T));
-      std::printf("%-9s %14.1f %+10.1f%% %16.1f %+13.1f%% %14.1f %13.1f%%\n", RecomputeName(modes[k]), t * 1e3,
-                  100 * (t / t_first - 1), a / 1048576.0, 100 * (a / a_first - 1), peak[k] / 1048576.0, 100 * extra);
+      std::printf("%-9s %14.1f %+8.1f%% %13.2f %+8.1f%% %16.1f %+8.1f%% %11.1f %11.1f%%\n", RecomputeName(modes[k]),
+                  t * 1e3, 100 * (t / t_first - 1), c, 100 * (c / c_first - 1), a / 1048576.0, 100 * (a / a_first - 1),
+                  peak[k] / 1048576.0, 100 * extra);
     }
   }
   return 0;

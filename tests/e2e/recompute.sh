@@ -31,7 +31,7 @@ out=$(mpirun -np 2 --oversubscribe "$BIN" train --model tiny --data "$T/data/tra
   || { echo "$out" | tail -5; fail "train failed"; }
 echo "$out" | grep -E '^(--micro-batch auto|recompute )'
 grep -q "^--micro-batch auto: B=$row " <<<"$out" || fail "train picked another B than plan's $row"
-grep -q '^recompute block: activations .* less); recomputation adds .* of the step' <<<"$out" || fail "no recompute line"
+grep -q '^recompute block: activations .* less than none); recomputation adds .* of the step' <<<"$out" || fail "no recompute line"
 rows=$(wc -l < "$T/l.jsonl")
 [ "$rows" -eq 3 ] || fail "$rows JSONL rows"
 python3 - "$T/l.jsonl" "$BYTES" <<'PY' || fail "JSONL check"
