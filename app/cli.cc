@@ -139,6 +139,25 @@ struct EngineFlags {
   }
 };
 
+// Flags of activation memory (issue 22), shared by train and plan: --recompute and --memory.
+struct RecomputeFlags {
+  std::string recompute = "none", memory;
+  void Add(CLI::App* app, const char* memory_help) {
+    app->add_option("--recompute", recompute,
+                    "activations kept for backward: none (all), gelu (recompute the MLP's GELU in backward), block "
+                    "(keep each block's input, re-run its forward before its backward)")
+        ->check(CLI::IsMember({"none", "gelu", "block"}))->capture_default_str();
+    app->add_option("--memory", memory, memory_help)->check(CLI::Validator(
+        [](std::string& v) -> std::string {
+          return ParseMemorySize(v).ok() ? "" : "expected a positive size such as 80GiB, 512MiB or 4096 (B, KiB, MiB, "
+                                                "GiB, TiB, KB, MB, GB, TB), got " + v;
+        },
+        "SIZE"));
+  }
+  Recompute mode() const { return ParseRecompute(recompute).value(); }
+  double memory_bytes() const { return memory.empty() ? 0 : ParseMemorySize(memory).value(); }
+};
+
 // This rank's index among the ranks of its node, and how many there are (MPI's shared-memory
 // split, which is what Open MPI and Slurm use to place ranks on a node).
 void NodeLocalRank(int* local_rank, int* local_size) {
@@ -218,7 +237,20 @@ int Main(int argc, char** argv) {
   train->add_option("--init", t.init_file, "start from an llm.c model .bin (version 3 fp32 or 5 bf16)");
   train->add_option("--data", t.data, "glob of training token shards")->capture_default_str();
   train->add_option("--val-data", t.val_data, "glob of validation token shards");
-  train->add_option("-b,--micro-batch", t.micro_batch, "sequences per rank per micro-batch")->capture_default_str();
+  std::string micro_batch_text = std::to_string(t.micro_batch);  // a number, or auto (see RecomputeFlags)
+  train->add_option("-b,--micro-batch", micro_batch_text,
+                    "sequences per rank per micro-batch, or auto: the largest whose predicted peak fits in --memory "
+                    "(default: the device's free memory)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "auto") return "";
+            std::string why = StrictNumber("INT", &v);
+            if (why.empty() && (std::stoll(v) < 1 || std::stoll(v) > 1000000))
+              why = "expected a micro-batch in [1, 1000000] or auto, got " + v;
+            return why;
+          },
+          "B|auto"))
+      ->capture_default_str();
   train->add_option("-t,--seq-len", t.seq_len, "tokens per sequence")->capture_default_str();
   train->add_option("--grad-accum", t.grad_accum, "micro-batches per step")->capture_default_str();
   train->add_option("--batch-tokens", t.batch_tokens, "global tokens per step (derives --grad-accum)")->check(Finite(0, false));
@@ -265,6 +297,9 @@ int Main(int argc, char** argv) {
   train->add_option("--save-model", t.save_model, "write the final model as an llm.c .bin (version 3)");
   train->add_option("--sample-tokens", t.sample_tokens, "print a sample of N tokens after training")->capture_default_str();
   train->add_option("--sample-prompt", t.sample_prompt, "prompt of that sample");
+  RecomputeFlags recompute_flags;
+  recompute_flags.Add(train, "per-rank memory for --micro-batch auto, e.g. 80GiB (default: the device's free memory; "
+                             "on the CPU the memory available to the process, shared by the node's ranks)");
 
   // ---- prepare ----
   std::vector<std::string> prep_inputs;
@@ -300,6 +335,9 @@ int Main(int argc, char** argv) {
   plan->add_option("-t,--seq-len", p.seq_len, "tokens per sequence")->capture_default_str();
   plan->add_option("--grad-accum", p.grad_accum, "micro-batches per step")->capture_default_str();
   plan->add_option("--mem-gib", p.mem_gib, "memory per rank in GiB: mark which stages fit");
+  RecomputeFlags plan_recompute;
+  plan_recompute.Add(plan, "memory per rank, e.g. 80GiB: print the largest micro-batch that fits for each ZeRO stage "
+                           "x --recompute mode");
 
   // ---- ckpt verify / inspect, export ----
   std::string ckpt_path, export_out, export_llmc;
@@ -359,6 +397,13 @@ int Main(int argc, char** argv) {
           if (g.ok()) t.engine.shard_group_size = g.value();
           else st = g.status();
         }
+        t.recompute = recompute_flags.mode();
+        t.memory_bytes = recompute_flags.memory_bytes();
+        t.micro_batch_auto = micro_batch_text == "auto";
+        if (!t.micro_batch_auto) t.micro_batch = std::stoi(micro_batch_text);
+        t.ranks_per_node = local_size;
+        if (st.ok() && t.memory_bytes > 0 && !t.micro_batch_auto)
+          st = Status::InvalidArgument("--memory is the budget of --micro-batch auto: give --micro-batch auto too");
         t.shuffle = !no_shuffle;
         t.schedule.kind = LrSchedule::ParseKind(schedule).value();
         if (t.threads <= 0) t.threads = default_threads;
@@ -394,6 +439,8 @@ int Main(int argc, char** argv) {
     else {
       p.model = cfg.value();
       p.engine = plan_engine.Resolve();
+      p.recompute = plan_recompute.mode();
+      p.memory_bytes = plan_recompute.memory_bytes();
       if (p.engine.shard_group_size == kAutoGroup)
         st = Status::InvalidArgument("plan --shard-group-size auto: plan runs on no nodes; give the ranks per node as a number");
       else if (rank == 0) st = RunPlan(p);

@@ -1,7 +1,9 @@
 #include "app/commands.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "io/checkpoint.h"
 #include "io/llmc_model.h"
@@ -68,6 +70,66 @@ Status RunSample(const SampleOptions& o, int threads) {
   return Status::OK();
 }
 
+StatusOr<double> ParseMemorySize(const std::string& text) {
+  const char* s = text.c_str();
+  char* end = nullptr;
+  const double v = std::strtod(s, &end);
+  const std::string unit = end ? std::string(end) : "";
+  static const std::pair<const char*, double> kUnits[] = {
+      {"", 1},         {"B", 1},          {"KiB", 1024.0},   {"MiB", 1048576.0}, {"GiB", 1073741824.0},
+      {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6},   {"GB", 1e9},        {"TB", 1e12}};
+  const bool number = end != s && (std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '.') &&
+                      text.find_first_of("xXpP") == std::string::npos;  // no hex floats
+  for (const auto& u : kUnits)
+    if (number && unit == u.first && std::isfinite(v) && v > 0) return v * u.second;
+  return Status::InvalidArgument("--memory " + text +
+                                 ": expected a positive size such as 80GiB, 512MiB or 4096 (units B, KiB, MiB, GiB, "
+                                 "TiB, KB, MB, GB, TB)");
+}
+
+namespace {
+
+// --memory: for each ZeRO stage x recompute mode, the largest micro-batch whose predicted peak
+// fits, its peak, and the step's traffic (which no micro-batch or recompute mode changes).
+void PrintWhatFits(const PlanOptions& o, const ParamLayout& layout, const ShardPlan& plan_all,
+                   const ShardPlan& plan_group) {
+  // GiB, or MiB for a budget below one GiB
+  const bool mib = o.memory_bytes < 1024.0 * 1024 * 1024;
+  const double GiB = mib ? 1024.0 * 1024 : 1024.0 * 1024 * 1024;
+  const char* U = mib ? "MiB" : "GiB";
+  std::printf("what fits in %.3f %s per rank at T=%d, grad-accum %d: the largest micro-batch (sequences per rank) "
+              "by the peak predictor\n",
+              o.memory_bytes / GiB, U, o.seq_len, o.grad_accum);
+  const std::string peak_h = std::string("peak ") + U, act_h = std::string("activations ") + U,
+                    left_h = std::string("left ") + U;
+  std::printf("%-6s %-9s %11s %13s %15s %13s %13s %14s\n", "stage", "recompute", "micro-batch", peak_h.c_str(),
+              act_h.c_str(), left_h.c_str(), "traffic/step", "recompute cost");
+  for (int stage = 0; stage <= 3; stage++) {
+    EngineOptions e = o.engine;
+    e.zero_stage = stage;
+    if (stage < 2) e.reduce_every_micro = true;
+    const ShardPlan& plan = stage == 0 ? plan_all : plan_group;
+    const double traffic = ExpectedStepTraffic(layout, plan, e, o.grad_accum).Total().bytes_sent;
+    for (Recompute r : {Recompute::kNone, Recompute::kGelu, Recompute::kBlock}) {
+      const int b = LargestFittingMicroBatch(layout, plan, e, o.seq_len, o.grad_accum, r, o.memory_bytes);
+      const double cost = GPT::RecomputeFlops(o.model, 1, o.seq_len, r) / (3 * GPT::ForwardFlops(o.model, 1, o.seq_len));
+      if (b == 0) {
+        const double need = PredictPeakMemory(layout, plan, e, 1, o.seq_len, o.grad_accum, r).peak();
+        std::printf("%-6d %-9s %11s %13.3f %15s %13s %9.3f %s %13.2f%%  (B=1 needs this peak)\n", stage,
+                    RecomputeName(r), "none fits", need / GiB, "-", "-", traffic / GiB, U, 100 * cost);
+        continue;
+      }
+      const MemoryPrediction m = PredictPeakMemory(layout, plan, e, b, o.seq_len, o.grad_accum, r);
+      std::printf("%-6d %-9s %11d %13.3f %15.3f %13.3f %9.3f %s %13.2f%%\n", stage, RecomputeName(r), b, m.peak() / GiB,
+                  m.activations / GiB, (o.memory_bytes - m.peak()) / GiB, traffic / GiB, U, 100 * cost);
+    }
+  }
+  std::printf("(peak: per rank, parallel/memory_model.h; traffic: bytes sent per rank per step, ring model; "
+              "recompute cost: the re-computed forward FLOPs as a share of the step's 3x forward, model/gpt.h)\n");
+}
+
+}  // namespace
+
 Status RunPlan(const PlanOptions& o) {
   SHARDGPT_RETURN_IF_ERROR(o.engine.Validate());
   if (o.ranks < 1) return Status::InvalidArgument("--ranks must be >= 1");
@@ -81,13 +143,13 @@ Status RunPlan(const PlanOptions& o) {
   ShardPlan plan_all(layout, o.ranks, o.engine.shard_layout), plan_group(layout, G, o.engine.shard_layout);
   auto plan_for = [&](int stage) -> const ShardPlan& { return stage == 0 ? plan_all : plan_group; };
   const double psi = static_cast<double>(layout.total_numel());
-  const double act = static_cast<double>(GPT::ActivationBytes(o.model, o.micro_batch, o.seq_len));
+  const double act = static_cast<double>(GPT::ActivationBytes(o.model, o.micro_batch, o.seq_len, o.recompute));
   // GiB, or MiB when every figure is below one GiB ("G" / "M" after each figure)
   double largest = 0;
   for (int stage = 0; stage <= 3; stage++) {
     EngineOptions e = o.engine;
     e.zero_stage = stage;
-    largest = std::max(largest, PredictPeakMemory(layout, plan_for(stage), e, o.micro_batch, o.seq_len, o.grad_accum).peak());
+    largest = std::max(largest, PredictPeakMemory(layout, plan_for(stage), e, o.micro_batch, o.seq_len, o.grad_accum, o.recompute).peak());
   }
   const bool mib = largest < 1024.0 * 1024 * 1024;
   const double GiB = mib ? 1024.0 * 1024 : 1024.0 * 1024 * 1024;
@@ -98,7 +160,8 @@ Status RunPlan(const PlanOptions& o) {
   if (R > 1)
     std::printf("HSDP: stages 1-3 shard within %d group(s) of G=%d ranks and replicate across them (memory formulas "
                 "with G for N); stage 0 all-reduces over all %d\n", R, G, o.ranks);
-  std::printf("activations (fp32, all layers saved, attention O(T)): %.3f %siB per rank\n", act / GiB, U);
+  std::printf("activations (fp32, --recompute %s, attention O(T)): %.3f %siB per rank\n", RecomputeName(o.recompute),
+              act / GiB, U);
   double psi_muon = 0;
   if (o.engine.optimizer == OptimizerKind::kMuon) {
     const MuonPlan mp(layout, plan_group, false, o.engine.muon.ns_steps);
@@ -122,7 +185,7 @@ Status RunPlan(const PlanOptions& o) {
     const StateSizes s = PersistentStateSizes(plan, e, &layout, 0);
     const CommLedger traffic = ExpectedStepTraffic(layout, plan, e, o.grad_accum);
     const CommLedger across = ExpectedCrossGroupTraffic(plan, e, groups);
-    const MemoryPrediction m = PredictPeakMemory(layout, plan, e, o.micro_batch, o.seq_len, o.grad_accum);
+    const MemoryPrediction m = PredictPeakMemory(layout, plan, e, o.micro_batch, o.seq_len, o.grad_accum, o.recompute);
     if (stage == o.engine.zero_stage) chosen = m;
     std::printf("%s%-5d %9.3f %s %9.3f %s %9.3f %s %9.3f %s %10.3f %s %11.3f %s %11.3f %s",
                 stage == o.engine.zero_stage ? "*" : " ", stage, s.params / GiB, U, s.grads / GiB, U, s.optimizer / GiB,
@@ -170,6 +233,7 @@ Status RunPlan(const PlanOptions& o) {
                 DTypeName(o.engine.dtype));
   }
   std::printf("(* = --shard-layout; flat pads each unit to a multiple of N, per-param each tensor's rows)\n");
+  if (o.memory_bytes > 0) PrintWhatFits(o, layout, plan_all, plan_group);
   return Status::OK();
 }
 

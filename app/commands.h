@@ -7,6 +7,7 @@
 
 #include "base/status.h"
 #include "model/config.h"
+#include "model/gpt.h"
 #include "parallel/engine.h"
 
 namespace shardgpt {
@@ -34,7 +35,13 @@ struct PlanOptions {
   int seq_len = 128;
   int grad_accum = 1;
   double mem_gib = 0;  // > 0: say which stages fit in this much memory per rank
+  Recompute recompute = Recompute::kNone;  // --recompute: the activations of the main table
+  double memory_bytes = 0;  // --memory: > 0 prints the largest micro-batch per stage x recompute mode
 };
+
+// "80GiB", "512MiB", "1.5TiB", "4096" (bytes); units B, KiB, MiB, GiB, TiB (powers of 1024) and
+// KB, MB, GB, TB (powers of 1000). For --memory of `plan` and `train`.
+StatusOr<double> ParseMemorySize(const std::string& text);
 Status RunPlan(const PlanOptions& options);
 
 }  // namespace shardgpt

@@ -4,9 +4,11 @@
 
 #include <csignal>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -23,6 +25,7 @@
 #include "model/gpt.h"
 #include "model/kernels_cpu.h"
 #include "model/sampler.h"
+#include "parallel/memory_model.h"
 
 namespace shardgpt {
 
@@ -78,6 +81,38 @@ Status KeepLogRowsUpTo(const std::string& path, int64_t last_step) {
   std::printf("log %s: kept %lld row(s) up to step %lld, dropped %lld written after that checkpoint; appending\n",
               path.c_str(), static_cast<long long>(kept), static_cast<long long>(last_step), static_cast<long long>(dropped));
   return Status::OK();
+}
+
+// Bytes this process may still allocate on the CPU: MemAvailable of /proc/meminfo, bounded by
+// the cgroup's limit less its usage where one is set (v2 memory.max, v1 memory.limit_in_bytes);
+// 0 when none can be read. *where says which bound it is.
+double CpuAvailableBytes(std::string* where) {
+  double best = 0;
+  std::ifstream mi("/proc/meminfo");
+  for (std::string key; mi >> key;) {
+    double kib = 0;
+    mi >> kib;
+    if (key == "MemAvailable:") best = kib * 1024, *where = "MemAvailable in /proc/meminfo";
+    mi.ignore(256, '\n');
+  }
+  auto read = [](const char* path, double* v) {
+    std::ifstream f(path);
+    std::string t;
+    if (!(f >> t) || t == "max") return false;
+    char* end = nullptr;
+    *v = std::strtod(t.c_str(), &end);
+    return end != t.c_str() && *end == '\0';
+  };
+  const char* pairs[][2] = {{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+                            {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
+  for (const auto& pc : pairs) {
+    double limit = 0, used = 0;
+    if (!read(pc[0], &limit) || limit >= 1e18) continue;  // v1 writes "no limit" as ~2^63
+    if (!read(pc[1], &used)) used = 0;
+    const double left = std::max(0.0, limit - used);
+    if (best <= 0 || left < best) best = left, *where = std::string("the cgroup limit ") + pc[0] + " less its usage";
+  }
+  return best;
 }
 
 std::string ProgressBar(int step, int total) {
@@ -283,6 +318,7 @@ class Trainer {
     SetComputeThreads(o_.threads);
     std::unique_ptr<LlmcModelReader> init;
     SHARDGPT_RETURN_IF_ERROR(ResolveModelAndResume(o_, comm_, &init, &resume_path_, &candidates_));
+    if (o_.micro_batch_auto) SHARDGPT_RETURN_IF_ERROR(Agree(comm_, ResolveAutoMicroBatch()));
     SHARDGPT_RETURN_IF_ERROR(ValidateLoopOptions(o_, comm_.world_size()));
     // bf16 runs round matmul inputs to bf16 where the device has fast bf16 matmuls (tensor cores,
     // AVX512-BF16/AMX), or where --compute-dtype asks for it
@@ -306,13 +342,65 @@ class Trainer {
     return Status::OK();
   }
 
+  // --micro-batch auto: the largest B whose predicted peak (parallel/memory_model.h, what `plan
+  // --memory` prints) fits in --memory or the device's free memory, the smallest over ranks.
+  // With --batch-tokens the accumulation is not known yet: the peak of A >= 2 (the larger) is used.
+  // Collective (every rank computes, then all agree on the minimum).
+  Status ResolveAutoMicroBatch() {
+    if (o_.seq_len < 1 || o_.seq_len > o_.model.max_seq_len) return Status::OK();  // ValidateLoopOptions says why
+    std::string where = "--memory";
+    double budget = o_.memory_bytes;
+    if (budget <= 0 && device_.is_cuda()) budget = static_cast<double>(device_.free_bytes()), where = "the GPU's free memory";
+    if (budget <= 0 && !device_.is_cuda()) {
+      budget = CpuAvailableBytes(&where) / std::max(1, o_.ranks_per_node);
+      if (o_.ranks_per_node > 1) where += " / " + std::to_string(o_.ranks_per_node) + " ranks on the node";
+    }
+    Status st;
+    if (budget <= 0) st = Status::InvalidArgument("--micro-batch auto: cannot tell this device's free memory; give --memory SIZE");
+    const ParamLayout layout(o_.model);
+    auto G = o_.engine.ShardGroupSize(comm_.world_size());
+    if (st.ok() && !G.ok()) st = G.status();
+    int B = 0;
+    const int accum = o_.batch_tokens > 0 ? 2 : std::max(1, o_.grad_accum);
+    if (st.ok()) {
+      const ShardPlan plan(layout, G.value(), o_.engine.shard_layout);
+      B = LargestFittingMicroBatch(layout, plan, o_.engine, o_.seq_len, accum, o_.recompute, budget);
+      if (B == 0) {
+        const double need = PredictPeakMemory(layout, plan, o_.engine, 1, o_.seq_len, accum, o_.recompute).peak();
+        char buf[400];
+        std::snprintf(buf, sizeof(buf),
+                      "--micro-batch auto: not even one sequence of %d tokens fits in %.3f GiB (%s) on rank %d: B=1 "
+                      "needs a peak of %.3f GiB at zero stage %d with --recompute %s (try --recompute block, a higher "
+                      "--zero-stage or a shorter --seq-len)",
+                      o_.seq_len, budget / 1073741824.0, where.c_str(), comm_.rank(), need / 1073741824.0,
+                      o_.engine.zero_stage, RecomputeName(o_.recompute));
+        st = Status::InvalidArgument(buf);
+      }
+    }
+    SHARDGPT_RETURN_IF_ERROR(Agree(comm_, st));
+    const std::vector<uint64_t> all = GatherPerRank(comm_, static_cast<uint64_t>(B));
+    o_.micro_batch = static_cast<int>(*std::min_element(all.begin(), all.end()));
+    if (lead_) {
+      const ShardPlan plan(layout, G.value(), o_.engine.shard_layout);
+      const double peak = PredictPeakMemory(layout, plan, o_.engine, o_.micro_batch, o_.seq_len, accum, o_.recompute).peak();
+      std::printf("--micro-batch auto: B=%d (predicted peak %.3f GiB of %.3f GiB per rank from %s; B=%d would need "
+                  "%.3f GiB), zero stage %d, --recompute %s\n",
+                  o_.micro_batch, peak / 1073741824.0, budget / 1073741824.0, where.c_str(), o_.micro_batch + 1,
+                  PredictPeakMemory(layout, plan, o_.engine, o_.micro_batch + 1, o_.seq_len, accum, o_.recompute).peak() /
+                      1073741824.0,
+                  o_.engine.zero_stage, RecomputeName(o_.recompute));
+      std::fflush(stdout);
+    }
+    return Status::OK();
+  }
+
   // The engine's persistent state and the activations; out of memory is one agreed error.
   Status AllocateOnDevice() {
     try {
       auto engine_or = Engine::Create(*layout_, &comm_, o_.engine, device_);
       if (!engine_or.ok()) return engine_or.status();
       engine_ = std::move(engine_or.value());
-      model_ = std::make_unique<GPT>(o_.model, o_.micro_batch, o_.seq_len, device_, &engine_->memory());
+      model_ = std::make_unique<GPT>(o_.model, o_.micro_batch, o_.seq_len, device_, &engine_->memory(), o_.recompute);
     } catch (const DeviceOutOfMemory& e) {
       return Status::Internal(std::string(e.what()));
     }
@@ -484,9 +572,24 @@ class Trainer {
                   device_.name().c_str(), ComputeThreads());
       if (!compute_line_.empty()) std::printf("%s\n", compute_line_.c_str());
       PrintStartupReport(*engine_, *layout_, o_.grad_accum, state_per_rank);
+      PrintRecomputeLine();
       std::fflush(stdout);  // a batch job's output file shows the start before the first step
     }
     return Status::OK();
+  }
+
+  // What --recompute saves and costs: the activations against each mode's, and the recomputed
+  // forward FLOPs as a share of the step (forward + backward = 3 x forward).
+  void PrintRecomputeLine() const {
+    const int B = o_.micro_batch, T = o_.seq_len;
+    auto mib = [&](Recompute r) { return GPT::ActivationBytes(o_.model, B, T, r) / 1048576.0; };
+    const double fwd = GPT::ForwardFlops(o_.model, B, T), extra = GPT::RecomputeFlops(o_.model, B, T, o_.recompute);
+    std::printf("recompute %s: activations %.1f MiB per rank (none %.1f, gelu %.1f, block %.1f MiB: %.0f%% less than "
+                "none); recomputation adds %.3f GFLOP per micro-batch = %.1f%% of the step's %.3f GFLOP\n",
+                RecomputeName(o_.recompute), model_->activation_bytes() / 1048576.0, mib(Recompute::kNone),
+                mib(Recompute::kGelu), mib(Recompute::kBlock),
+                100 * (1 - model_->activation_bytes() / 1048576.0 / mib(Recompute::kNone)), extra / 1e9,
+                100 * extra / (3 * fwd), 3 * fwd / 1e9);
   }
 
   Status Loop(int* exit_code) {
@@ -686,6 +789,7 @@ class Trainer {
     j["tokens"] = state_.tokens;
     j["tokens_per_s"] = tps;
     j["ms"] = r.seconds * 1e3;
+    j["recompute"] = RecomputeName(o_.recompute);
     std::vector<uint64_t> comm_bytes, state_bytes, across_bytes, allocs, frees, syncs;
     for (size_t i = 0; i + kPerRank <= per_rank.size(); i += kPerRank) {
       comm_bytes.push_back(per_rank[i]), state_bytes.push_back(per_rank[i + 1]), across_bytes.push_back(per_rank[i + 2]);

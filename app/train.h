@@ -7,6 +7,7 @@
 #include "base/status.h"
 #include "model/config.h"
 #include "model/device.h"
+#include "model/gpt.h"
 #include "model/optimizer.h"
 #include "parallel/communicator.h"
 #include "parallel/engine.h"
@@ -49,6 +50,11 @@ struct TrainOptions {
   int stop_at_step = 0;    // > 0: checkpoint and stop after this step, as if preempted
   bool async_ckpt = false;  // --async-ckpt: periodic checkpoints written in the background (io/async_checkpoint.h)
   bool allow_config_change = false;  // resume although the data order cannot continue (seq len, seed, data, shuffle)
+  // activation memory (issue 22)
+  Recompute recompute = Recompute::kNone;  // --recompute (model/gpt.h)
+  bool micro_batch_auto = false;  // --micro-batch auto: the largest B whose predicted peak fits (parallel/memory_model.h)
+  double memory_bytes = 0;        // --memory: that budget per rank (0: the device's free memory)
+  int ranks_per_node = 1;         // on the CPU the node's ranks share its available memory
 };
 
 // Exit status after SIGUSR1/SIGTERM: all ranks saved a checkpoint at the next step boundary

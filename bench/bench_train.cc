@@ -10,6 +10,11 @@
 //               [--micro-batch B] [--seq-len T] [--peak-tflops P] [--comm auto|mpi|nccl] [--profile 1]
 //               [--scaling 0|1] (1: with several ranks, also the single-rank references)
 //               [--peak-gbs G] [--roofline 1] [--act-bytes 2|4] [--layers L --heads H --embd C --vocab V]
+//               [--recompute none,gelu,block] (any comma list: those modes side by side, see below)
+// --recompute LIST trains one engine with one model per mode (model/gpt.h), alternating the
+// modes step by step so that the machine's load weighs on each alike, and prints each mode's
+// median step time (wall, and the process's CPU seconds: less sensitive to other processes on a
+// shared machine), its activations and the step's peak, each against the first mode's.
 // --profile 1 adds a per-kernel table: where the step's time goes (bench/kernel_profile.h),
 // with each kernel's FLOPs and bytes per step and its achieved TFLOP/s or GB/s against the
 // peaks (on CUDA: timed by CUDA events on the compute stream, bench/cuda_event_timer.h).
@@ -29,6 +34,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <thread>
 #include <vector>
@@ -157,6 +163,94 @@ class Runner {
   std::vector<double> times_, fwd_, bwd_, after_;
   RunResult res_;
 };
+// /proc/loadavg's first three fields ("" where unreadable): the machine's load during a run.
+std::string LoadAverage() {
+  std::FILE* f = std::fopen("/proc/loadavg", "r");
+  if (!f) return "";
+  double a = 0, b = 0, c = 0;
+  const int n = std::fscanf(f, "%lf %lf %lf", &a, &b, &c);
+  std::fclose(f);
+  if (n != 3) return "";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.2f %.2f %.2f", a, b, c);
+  return buf;
+}
+
+// CPU seconds this process has used (all its threads): less sensitive than wall time to other
+// processes on a shared machine.
+double ProcessCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+// --recompute: one engine, one model per mode, steps alternating between the modes. The
+// models are not given the engine's ledger (it would count every mode's activations at once):
+// a mode's peak is the ledger's step peak without activations plus that model's activations,
+// which is what the ledger measures when that model alone is given it (activations are one
+// persistent allocation).
+int CompareRecompute(Communicator& comm, const ParamLayout& layout, const EngineOptions& eo, Device& device, int B,
+                     int T, int accum, int steps, const std::string& list, const std::string& what) {
+  std::vector<Recompute> modes;
+  for (size_t at = 0; at <= list.size();) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    auto m = ParseRecompute(list.substr(at, comma - at));
+    if (!m.ok()) { std::fprintf(stderr, "bench_train: %s\n", m.status().message().c_str()); return 1; }
+    modes.push_back(m.value());
+    at = comma + 1;
+  }
+  auto engine_or = Engine::Create(layout, &comm, eo, device);
+  if (!engine_or.ok()) { std::fprintf(stderr, "%s\n", engine_or.status().message().c_str()); return 1; }
+  Engine& engine = *engine_or.value();
+  engine.InitOwned(1);
+  std::vector<std::unique_ptr<GPT>> models;
+  for (Recompute m : modes) models.push_back(std::make_unique<GPT>(layout.config(), B, T, device, nullptr, m));
+  const bool lead = comm.rank() == 0;
+  const std::string load0 = LoadAverage();
+  Rng rng(42, comm.rank());
+  std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
+  std::vector<std::vector<double>> times(modes.size()), cpu(modes.size());
+  std::vector<uint64_t> peak(modes.size(), 0);
+  for (int s = 0; s < steps; s++)
+    for (size_t k = 0; k < modes.size(); k++) {
+      for (auto& t : x) t = static_cast<int32_t>(rng.Next() % layout.config().vocab_size);
+      for (auto& t : y) t = static_cast<int32_t>(rng.Next() % layout.config().vocab_size);
+      comm.Barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      const double c0 = ProcessCpuSeconds();
+      engine.BeginStep();
+      for (int m = 0; m < accum; m++) {
+        engine.BeginMicroBatch(m, accum);
+        models[k]->Forward(engine, x.data(), y.data(), B, T, 1.0f / accum);
+        models[k]->Backward(engine);
+      }
+      engine.Step(1e-4f, 1.0f);
+      device.Synchronize();
+      const double dt = comm.AllReduceScalar(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), ReduceOp::kAvg);
+      const double dc = comm.AllReduceScalar(ProcessCpuSeconds() - c0, ReduceOp::kAvg);
+      if (s >= 1) times[k].push_back(dt), cpu[k].push_back(dc);  // the first round warms up
+      peak[k] = std::max<uint64_t>(peak[k], engine.last_report().peak_bytes + models[k]->activation_bytes());
+    }
+  if (lead) {
+    std::printf("%s | recompute side by side, alternating step by step, %d measured step(s) each | load average "
+                "%s at the start, %s at the end (/proc/loadavg)\n",
+                what.c_str(), steps - 1, load0.c_str(), LoadAverage().c_str());
+    std::printf("%-9s %14s %9s %13s %9s %16s %9s %11s %12s\n", "recompute", "median step ms", "vs first",
+                "CPU s/step", "vs first", "activations MiB", "vs first", "peak MiB", "extra FLOPs");
+    const double t_first = Median(times[0]), c_first = Median(cpu[0]);
+    const double a_first = static_cast<double>(models[0]->activation_bytes());
+    for (size_t k = 0; k < modes.size(); k++) {
+      const double t = Median(times[k]), c = Median(cpu[k]), a = static_cast<double>(models[k]->activation_bytes());
+      const double extra = GPT::RecomputeFlops(layout.config(), B, T, modes[k]) /
+                           (3 * GPT::ForwardFlops(layout.config(), B, T));
+      std::printf("%-9s %14.1f %+8.1f%% %13.2f %+8.1f%% %16.1f %+8.1f%% %11.1f %11.1f%%\n", RecomputeName(modes[k]),
+                  t * 1e3, 100 * (t / t_first - 1), c, 100 * (c / c_first - 1), a / 1048576.0, 100 * (a / a_first - 1),
+                  peak[k] / 1048576.0, 100 * extra);
+    }
+  }
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -164,7 +258,7 @@ int main(int argc, char** argv) {
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   std::string config = "tiny", dtype = "fp32", device_kind = "cpu", comm_kind = "auto", compute_dtype,
-              shard_layout = "flat";
+              shard_layout = "flat", recompute;
   int steps = 20, stage = 0, threads = 2, accum = 1, micro_batch = 0, seq_len = 0, profile = 0, scaling = 1,
       roofline = 0, layers = 0, heads = 0, embd = 0, vocab = 0;
   double bucket_mb = 25.0, peak_tflops = 0, peak_gbs = 0, act_bytes = 0;
@@ -193,6 +287,7 @@ int main(int argc, char** argv) {
     else if (k == "--heads") heads = std::stoi(v);
     else if (k == "--embd") embd = std::stoi(v);
     else if (k == "--vocab") vocab = std::stoi(v);
+    else if (k == "--recompute") recompute = v;
     else { std::fprintf(stderr, "bench_train: unknown option %s\n", k.c_str()); return 1; }
   }
   GPTConfig c;
@@ -286,6 +381,16 @@ int main(int argc, char** argv) {
   if (!layout_or.ok()) { std::fprintf(stderr, "%s\n", layout_or.status().message().c_str()); return 1; }
   eo.shard_layout = layout_or.value();
   eo.dtype = eo.reduce_dtype = dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  if (!recompute.empty()) {
+    char what[256];
+    std::snprintf(what, sizeof(what), "config=%s device=%s ranks=%d stage=%d dtype=%s threads/rank=%d B=%d T=%d A=%d",
+                  config.c_str(), device.name().c_str(), comm.world_size(), stage, dtype.c_str(), threads, B, T, accum);
+    const int rc = CompareRecompute(comm, layout, eo, device, B, T, accum, steps, recompute, what);
+    comm_or.value().reset();
+    device_or.value().reset();
+    MPI_Finalize();
+    return rc;
+  }
   const bool lead = comm.rank() == 0, multi = comm.world_size() > 1;
   // Scaling efficiency, measured side by side in this run: the same per-rank work (B, T, A,
   // threads) on one rank alone (rank 0; the others wait without spinning), with every rank

@@ -12,8 +12,20 @@
 
 namespace shardgpt {
 
-GPT::GPT(const GPTConfig& config, int B, int T, Device& device, MemoryLedger* ledger)
-    : config_(config), layout_(config), device_(device), k_(device.kernels()), maxB_(B), maxT_(T) {
+StatusOr<Recompute> ParseRecompute(const std::string& name) {
+  if (name == "none") return Recompute::kNone;
+  if (name == "gelu") return Recompute::kGelu;
+  if (name == "block") return Recompute::kBlock;
+  return Status::InvalidArgument("--recompute " + name + ": expected none, gelu or block");
+}
+
+const char* RecomputeName(Recompute r) {
+  return r == Recompute::kGelu ? "gelu" : r == Recompute::kBlock ? "block" : "none";
+}
+
+GPT::GPT(const GPTConfig& config, int B, int T, Device& device, MemoryLedger* ledger, Recompute recompute)
+    : config_(config), layout_(config), device_(device), k_(device.kernels()), maxB_(B), maxT_(T),
+      recompute_(recompute) {
   assert(T <= config.max_seq_len);
   const size_t N = static_cast<size_t>(B) * T, C = config.n_embd, NH = config.n_head;
   const size_t Vp = config.padded_vocab();
@@ -23,12 +35,21 @@ GPT::GPT(const GPTConfig& config, int B, int T, Device& device, MemoryLedger* le
   auto take = [&](float** p, size_t n) { slots.push_back(p), sizes.push_back(n); };
   take(&encoded_, N * C), take(&lnf_, N * C), take(&lnf_mean_, N), take(&lnf_rstd_, N), take(&logits_, N * Vp);
   take(&losses_, N), take(&scratch_, N * C);
-  layers_.resize(config.n_layer);
-  for (LayerActs& a : layers_) {
+  // A layer's activations; `output` and `gelu`: whether this set holds its own res3, fch_gelu.
+  auto take_layer = [&](LayerActs& a, bool output, bool gelu) {
     take(&a.ln1, N * C), take(&a.ln1_mean, N), take(&a.ln1_rstd, N), take(&a.qkv, N * 3 * C);
     take(&a.atty, N * C), take(&a.lse, N * NH), take(&a.res2, N * C), take(&a.ln2, N * C);
-    take(&a.ln2_mean, N), take(&a.ln2_rstd, N), take(&a.fch, N * 4 * C), take(&a.fch_gelu, N * 4 * C);
-    take(&a.res3, N * C);
+    take(&a.ln2_mean, N), take(&a.ln2_rstd, N), take(&a.fch, N * 4 * C);
+    if (gelu) take(&a.fch_gelu, N * 4 * C);
+    if (output) take(&a.res3, N * C);
+  };
+  layers_.resize(config.n_layer);
+  LayerActs shared{};  // kBlock: the working set; kGelu: its fch_gelu is the shared scratch
+  if (recompute_ == Recompute::kBlock) take_layer(shared, false, true);
+  if (recompute_ == Recompute::kGelu) take(&shared.fch_gelu, N * 4 * C);
+  for (LayerActs& a : layers_) {
+    if (recompute_ == Recompute::kBlock) take(&a.res3, N * C);
+    else take_layer(a, true, recompute_ == Recompute::kNone);
   }
   take(&dres_, N * C), take(&dln_, N * C), take(&dqkv_, N * 3 * C), take(&datty_, N * C);
   take(&dfch_, N * 4 * C), take(&dfch_gelu_, N * 4 * C);
@@ -39,6 +60,13 @@ GPT::GPT(const GPTConfig& config, int B, int T, Device& device, MemoryLedger* le
   for (size_t i = 0, off = 0; i < slots.size(); off += sizes[i], i++) *slots[i] = base + off;
   inputs_ = reinterpret_cast<int32_t*>(base + act_floats_);
   targets_ = inputs_ + N;
+  for (LayerActs& a : layers_) {  // the shared slots, now that they have addresses
+    if (recompute_ == Recompute::kBlock) {
+      float* res3 = a.res3;
+      a = shared, a.res3 = res3;
+    }
+    if (recompute_ == Recompute::kGelu) a.fch_gelu = shared.fch_gelu;
+  }
 }
 
 size_t GPT::activation_bytes() const { return acts_.bytes(); }
@@ -50,18 +78,48 @@ std::vector<float> GPT::LogitsRow(int n) const {
   return row;
 }
 
-size_t GPT::ActivationBytes(const GPTConfig& c, int B, int T) {
-  const size_t N = static_cast<size_t>(B) * T, C = c.n_embd, NH = c.n_head, Vp = c.padded_vocab();
-  // encoded, lnf, scratch, dres, dln, datty: NC each; dqkv 3NC; dfch, dfch_gelu 4NC each
-  const size_t top = N * C * 6 + N * 2 + N * Vp + N + N * 3 * C + N * 8 * C;
-  // per layer: ln1, atty, res2, ln2, res3: NC; qkv 3NC; fch, fch_gelu 4NC; 4 stats of N; lse N*NH
-  const size_t layer = N * C * 5 + N * 3 * C + N * 8 * C + N * 4 + N * NH;
-  return (top + layer * c.n_layer) * sizeof(float) + 2 * N * sizeof(int32_t);  // + inputs, targets
+// Activation floats for N = B*T tokens (C channels, NH heads, L layers, Vp padded vocabulary):
+//   always:  encoded, lnf, scratch, dres, dln, datty NC each; dqkv 3NC; dfch, dfch_gelu 4NC each;
+//            logits N*Vp; lnf stats, losses 3N                              = 17NC + N*Vp + 3N
+//   a layer: ln1, atty, res2, ln2, res3 NC each; qkv 3NC; fch, fch_gelu 4NC each; 4 stats of N;
+//            lse N*NH                                                       = 16NC + 4N + N*NH
+//   none:  L layers
+//   gelu:  L layers without fch_gelu (12NC + 4N + N*NH each) + one shared fch_gelu (4NC)
+//   block: L outputs res3 (NC each) + one working layer without res3 (15NC + 4N + N*NH)
+// plus the int32 inputs and targets (2N). GPT-2 124M (C 768, L 12, Vp 50304), one sequence of
+// T 1024: none 824.3 MiB, gelu 692.3 MiB (-16%), block 328.6 MiB (-60%). The logits (N*Vp,
+// 196.5 MiB) are in every mode: without them block keeps 21% of none's (-79%), and they are
+// then 60% of what is left (only a chunked LM head and loss would cut them).
+size_t GPT::ActivationBytes(const GPTConfig& c, int B, int T, Recompute recompute) {
+  const size_t N = static_cast<size_t>(B) * T, C = c.n_embd, NH = c.n_head, Vp = c.padded_vocab(), L = c.n_layer;
+  const size_t top = N * C * 17 + N * Vp + N * 3;
+  const size_t layer = N * C * 16 + N * 4 + N * NH;
+  size_t layers = layer * L;
+  if (recompute == Recompute::kGelu) layers = (layer - 4 * N * C) * L + 4 * N * C;
+  if (recompute == Recompute::kBlock) layers = N * C * L + (layer - N * C);
+  return (top + layers) * sizeof(float) + 2 * N * sizeof(int32_t);  // + inputs, targets
+}
+
+// Per token: qkv 3C^2, attention projection C^2, fc 4C^2, fc projection 4C^2 multiply-adds per
+// layer; the causal attention's scores and weighted sum T/2 x C each on average (bench_train's
+// 6LCT per token for a whole step); the LM head C x Vp. Two FLOPs per multiply-add.
+double GPT::ForwardFlops(const GPTConfig& c, int B, int T) {
+  const double N = static_cast<double>(B) * T, C = c.n_embd;
+  const double block = 2 * (12 * C * C + 1.0 * T * C);
+  return N * (c.n_layer * block + 2 * C * c.padded_vocab());
+}
+
+double GPT::RecomputeFlops(const GPTConfig& c, int B, int T, Recompute recompute) {
+  const double N = static_cast<double>(B) * T, C = c.n_embd;
+  if (recompute == Recompute::kGelu) return N * 4 * C * c.n_layer;
+  if (recompute != Recompute::kBlock || c.n_layer < 1) return 0;
+  // the last block's working set is still the forward's; no block re-runs its fc projection
+  return N * (c.n_layer - 1) * 2 * (8 * C * C + 1.0 * T * C);
 }
 
 // One transformer block, pre-LayerNorm:
 //   res2 = x + attn_proj(attention(qkv(ln_1(x))));  res3 = res2 + mlp_proj(gelu(fc(ln_2(res2))))
-void GPT::BlockForward(const float* p, const float* x, LayerActs& a, int B, int T) {
+void GPT::BlockForward(const float* p, const float* x, LayerActs& a, int B, int T, bool output) {
   const BlockOffsets& o = layout_.block();
   const int C = config_.n_embd, N = B * T;
   k_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + o.ln1_w, p + o.ln1_b, N, C);
@@ -72,6 +130,7 @@ void GPT::BlockForward(const float* p, const float* x, LayerActs& a, int B, int 
   k_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + o.ln2_w, p + o.ln2_b, N, C);
   k_.matmul_forward(a.fch, a.ln2, p + o.fc_w, p + o.fc_b, N, C, 4 * C);
   k_.gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C);
+  if (!output) return;  // a re-forward (kBlock): the backward needs nothing past the GELU
   k_.matmul_forward(scratch_, a.fch_gelu, p + o.fcproj_w, p + o.fcproj_b, N, 4 * C, C);
   k_.residual_forward(a.res3, a.res2, scratch_, static_cast<size_t>(N) * C);
 }
@@ -84,6 +143,7 @@ void GPT::BlockBackward(const float* p, float* g, float* dres, const float* x, c
   const int C = config_.n_embd, N = B * T;
   const size_t NC = static_cast<size_t>(N) * C;
   // res3 = res2 + fcproj(fch_gelu): the MLP branch
+  if (recompute_ == Recompute::kGelu) k_.gelu_forward(a.fch_gelu, a.fch, NC * 4);  // into the shared scratch
   Zero(dfch_gelu_, NC * 4);
   k_.matmul_backward(dfch_gelu_, g + o.fcproj_w, g + o.fcproj_b, dres, a.fch_gelu, p + o.fcproj_w, N, 4 * C, C);
   Zero(dfch_, NC * 4);
@@ -171,6 +231,8 @@ void GPT::Backward(UnitHooks& hooks) {
     const int u = layout_.block_unit(l);
     UnitBuffers b = hooks.PreBackward(u);
     const float* x = l > 0 ? layers_[l - 1].res3 : encoded_;
+    // kBlock: re-run the block's forward into the working set (the last block's is still there)
+    if (recompute_ == Recompute::kBlock && l < L - 1) BlockForward(b.params, x, layers_[l], B, T, /*output=*/false);
     BlockBackward(b.params, b.grads, dres_, x, layers_[l], B, T);
     hooks.PostBackward(u);
   }

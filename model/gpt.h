@@ -21,8 +21,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "base/status.h"
 #include "model/config.h"
 #include "model/device.h"
 #include "model/param_layout.h"
@@ -49,12 +51,26 @@ class UnitHooks {
   virtual void PostBackward(int unit) = 0;
 };
 
+// --recompute: which activations the forward keeps for backward, and which the backward
+// recomputes (same kernels, same inputs, so the losses and gradients are bitwise those of kNone).
+//   kNone:  every layer keeps all its activations.
+//   kGelu:  the MLP's GELU output is not kept per layer: the forward writes it into one shared
+//           scratch, the backward recomputes it from the kept pre-activation (llm.c's -r 1).
+//   kBlock: each layer keeps only its output (the next block's input); the backward re-runs a
+//           block's forward into ONE working set just before that block's backward, with the
+//           parameters PreBackward returned (full activation checkpointing, one block at a time).
+enum class Recompute { kNone, kGelu, kBlock };
+StatusOr<Recompute> ParseRecompute(const std::string& name);  // "none", "gelu", "block"
+const char* RecomputeName(Recompute r);
+
 class GPT {
  public:
   // Allocates activations on `device` for micro-batches of up to B sequences of up to T
-  // tokens, counted in `ledger` (the engine's, for the peak `plan` predicts) when given. The
-  // device and the ledger must outlive the model. Throws DeviceOutOfMemory.
-  GPT(const GPTConfig& config, int B, int T, Device& device = CpuDevice(), MemoryLedger* ledger = nullptr);
+  // tokens, counted in `ledger` (the engine's, for the peak `plan` predicts) when given, kept
+  // for backward as `recompute` says. The device and the ledger must outlive the model. Throws
+  // DeviceOutOfMemory.
+  GPT(const GPTConfig& config, int B, int T, Device& device = CpuDevice(), MemoryLedger* ledger = nullptr,
+      Recompute recompute = Recompute::kNone);
   GPT(const GPT&) = delete;
   GPT& operator=(const GPT&) = delete;
 
@@ -76,16 +92,25 @@ class GPT {
   // Row n = b*T + t of the logits [B,T,Vp] of the last Forward without grad_scale, copied to
   // the host (Vp values; the padded columns are garbage).
   std::vector<float> LogitsRow(int n) const;
+  Recompute recompute() const { return recompute_; }
   // Bytes of activation memory allocated for (B, T).
   size_t activation_bytes() const;
-  // The same figure without allocating (for `shardgpt plan`).
-  static size_t ActivationBytes(const GPTConfig& config, int B, int T);
+  // The same figure without allocating (for `shardgpt plan`); the sizes per mode are listed
+  // beside its definition (gpt.cc).
+  static size_t ActivationBytes(const GPTConfig& config, int B, int T, Recompute recompute = Recompute::kNone);
+  // FLOPs of one micro-batch of B x T: the forward (matmuls and attention, 2 per multiply-add),
+  // and what `recompute` adds to the backward (kBlock: the re-forward of every block but the
+  // last, without its output projection; kGelu: one GELU per MLP element, counted as 1 FLOP).
+  // The step is forward + backward = 3 x the forward, plus the recomputation.
+  static double ForwardFlops(const GPTConfig& config, int B, int T);
+  static double RecomputeFlops(const GPTConfig& config, int B, int T, Recompute recompute);
 
  private:
   struct LayerActs {  // saved for backward, per layer (pointers into acts_)
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *res3;
   };
-  void BlockForward(const float* p, const float* x, LayerActs& a, int B, int T);
+  // output = false: stop after the GELU (a re-forward for backward, which needs no res3).
+  void BlockForward(const float* p, const float* x, LayerActs& a, int B, int T, bool output = true);
   void BlockBackward(const float* p, float* g, float* dres, const float* x, const LayerActs& a, int B, int T);
   void Zero(float* p, size_t n) { device_.Zero(p, n * sizeof(float)); }
 
@@ -94,6 +119,7 @@ class GPT {
   Device& device_;
   Kernels& k_;
   int maxB_, maxT_;
+  Recompute recompute_;
   int B_ = 0, T_ = 0;
   bool have_grad_ = false;
   const float* head_w_ = nullptr;  // wte as PreForward(E) returned it (the LM head's weight)
@@ -101,6 +127,8 @@ class GPT {
   size_t act_floats_ = 0;
   int32_t *inputs_ = nullptr, *targets_ = nullptr;
   float *encoded_, *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_, *scratch_;
+  // Per layer; with kBlock every layer's pointers but res3 name the one working set, with
+  // kGelu every layer's fch_gelu names one shared scratch.
   std::vector<LayerActs> layers_;
   // backward scratch
   float *dres_, *dln_, *dqkv_, *datty_, *dfch_, *dfch_gelu_;

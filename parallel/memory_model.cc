@@ -68,12 +68,12 @@ double OptimizerWorkspaceBytes(const ShardPlan& plan, const EngineOptions& o) {
 // allocations). Keys: g<u> gathered unit, c<u> fp32 compute copy, s<u> fp32 gradient scratch,
 // send<u> a gradient in its reduce-scatter, red<u> a reduce-dtype conversion buffer.
 MemoryPrediction PredictPeakMemory(const ParamLayout& layout, const ShardPlan& plan, const EngineOptions& o, int B,
-                                   int T, int accum) {
+                                   int T, int accum, Recompute recompute) {
   MemoryPrediction p;
   const StateSizes s = PersistentStateSizes(plan, o, &layout);  // rank 0: Muon packs second moments per rank
   p.params = s.params, p.grads = s.grads, p.optimizer = s.optimizer;
   p.workspace = OptimizerWorkspaceBytes(plan, o);
-  p.activations = static_cast<double>(GPT::ActivationBytes(layout.config(), B, T));
+  p.activations = static_cast<double>(GPT::ActivationBytes(layout.config(), B, T, recompute));
 
   const int U = plan.num_units(), E = ParamLayout::kEmbedUnit, F = layout.final_unit();
   const bool bf16 = o.dtype == DType::kBF16, stage3 = o.shards_params();
@@ -168,6 +168,23 @@ MemoryPrediction PredictPeakMemory(const ParamLayout& layout, const ShardPlan& p
   p.gathered = pk.gathered, p.grad_scratch = pk.scratch, p.comm = pk.comm;
   p.where = pk.total > 0 ? pk.where : "between steps (no transient buffers)";
   return p;
+}
+
+int LargestFittingMicroBatch(const ParamLayout& layout, const ShardPlan& plan, const EngineOptions& o, int T,
+                             int accum, Recompute recompute, double budget_bytes, int max_b) {
+  auto fits = [&](int b) { return PredictPeakMemory(layout, plan, o, b, T, accum, recompute).peak() <= budget_bytes; };
+  if (max_b < 1 || !fits(1)) return 0;
+  int lo = 1, hi = 2;  // fits(lo); grow hi until it does not fit, then bisect
+  while (hi <= max_b && fits(hi)) lo = hi, hi *= 2;
+  if (hi > max_b) {
+    if (fits(max_b)) return max_b;
+    hi = max_b;
+  }
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
 }
 
 }  // namespace shardgpt

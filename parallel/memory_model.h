@@ -26,6 +26,7 @@
 
 #include <string>
 
+#include "model/gpt.h"
 #include "model/param_layout.h"
 #include "parallel/shard_plan.h"
 #include "parallel/zero_math.h"
@@ -52,8 +53,16 @@ struct MemoryPrediction {
 // copy of the largest gradient slice it updates at once). The engine allocates exactly this.
 double OptimizerWorkspaceBytes(const ShardPlan& plan, const EngineOptions& o);
 
-// The peak for micro-batches of B x T tokens and `accum` micro-batches per step.
+// The peak for micro-batches of B x T tokens and `accum` micro-batches per step, activations
+// kept as `recompute` says (they are one persistent allocation: recomputation changes only
+// that term; the stage-3 re-forward uses the units gathered for backward, nothing more).
 MemoryPrediction PredictPeakMemory(const ParamLayout& layout, const ShardPlan& plan, const EngineOptions& o, int B,
-                                   int T, int accum = 1);
+                                   int T, int accum = 1, Recompute recompute = Recompute::kNone);
+
+// The largest micro-batch B whose predicted peak is at most `budget_bytes` (0 when even B = 1
+// does not fit), searched up to `max_b`; the answer `plan` prints and `train --micro-batch
+// auto` trains with. The peak grows with B (activations are linear in B, the rest constant).
+int LargestFittingMicroBatch(const ParamLayout& layout, const ShardPlan& plan, const EngineOptions& o, int T,
+                             int accum, Recompute recompute, double budget_bytes, int max_b = 1 << 16);
 
 }  // namespace shardgpt
