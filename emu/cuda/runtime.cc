@@ -20,6 +20,7 @@
 // Counters (cuda_emu::GetCounters): allocations, frees and host synchronisations the program
 // asked for. The runtime's own waits (cudaFree's device synchronisation, cudaMemcpy's wait
 // after its copy) go through uncounted internal helpers, so each call counts once.
+#include <execinfo.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -127,6 +128,23 @@ thread_local cudaError_t tls_last_error = cudaSuccess;
 
 // GetCounters' figures; constant-initialised, so usable from static constructors too.
 std::atomic<uint64_t> g_device_allocations{0}, g_device_frees{0}, g_host_syncs{0};
+
+// One counted host synchronisation by the CUDA call `what`. With SHARDGPT_CUDA_EMU_TRACE_SYNCS
+// set (non-empty, not "0"), each one is also written to stderr with the call stack, so that a
+// step's syncs can be traced to their callers (addr2line / c++filt on the frames).
+void CountHostSync(const char* what) {
+  g_host_syncs++;
+  static const bool trace = [] {
+    const char* v = std::getenv("SHARDGPT_CUDA_EMU_TRACE_SYNCS");
+    return v && *v && std::string(v) != "0";
+  }();
+  if (!trace) return;
+  void* frames[24];
+  const int n = backtrace(frames, 24);
+  std::fprintf(stderr, "cuda_emu: host sync #%llu: %s (pid %d)\n", (unsigned long long)g_host_syncs.load(), what,
+               (int)getpid());
+  backtrace_symbols_fd(frames + 1, n - 1, 2);
+}
 
 cudaError_t Record(cudaError_t e) {
   if (e != cudaSuccess) tls_last_error = e;
@@ -457,7 +475,7 @@ void SynchronizeDevice(int d) {
 cudaError_t cudaDeviceSynchronize() {
   const int d = cuda_emu::Physical(cuda_emu::tls_device);
   if (d < 0) return Record(cudaErrorNoDevice);
-  cuda_emu::g_host_syncs++;
+  cuda_emu::CountHostSync("cudaDeviceSynchronize");
   SynchronizeDevice(d);
   return cudaSuccess;
 }
@@ -564,7 +582,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   CUstream_st* st = cuda_emu::Resolve(s);
-  cuda_emu::g_host_syncs++;
+  cuda_emu::CountHostSync("cudaStreamSynchronize");
   cuda_emu::RunUntil(st, cuda_emu::Enqueued(st), true);
   return cudaSuccess;
 }
@@ -607,7 +625,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (e == nullptr) return Record(cudaErrorInvalidResourceHandle);
-  cuda_emu::g_host_syncs++;
+  cuda_emu::CountHostSync("cudaEventSynchronize");
   if (e->stream) cuda_emu::RunUntil(e->stream, e->target, true);
   return cudaSuccess;
 }
@@ -677,14 +695,14 @@ void RunAll(cudaStream_t s) {
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
   bool blocked = false;
   const cudaError_t e = MemcpyAsync(dst, src, bytes, kind, s, &blocked);
-  if (blocked) cuda_emu::g_host_syncs++;
+  if (blocked) cuda_emu::CountHostSync("cudaMemcpyAsync");
   return e;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   bool blocked = false;
   const cudaError_t e = MemcpyAsync(dst, src, bytes, kind, nullptr, &blocked);
   if (e != cudaSuccess) return e;
-  cuda_emu::g_host_syncs++;  // one blocking call, whether or not the copy itself waited
+  cuda_emu::CountHostSync("cudaMemcpy");  // one blocking call, whether or not the copy itself waited
   RunAll(nullptr);
   return cudaSuccess;
 }
@@ -698,7 +716,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   const cudaError_t e = cudaMemsetAsync(p, value, bytes, nullptr);
   if (e != cudaSuccess) return e;
-  cuda_emu::g_host_syncs++;
+  cuda_emu::CountHostSync("cudaMemset");
   RunAll(nullptr);
   return cudaSuccess;
 }
