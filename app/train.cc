@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -401,6 +402,8 @@ class Trainer {
       if (!engine_or.ok()) return engine_or.status();
       engine_ = std::move(engine_or.value());
       model_ = std::make_unique<GPT>(o_.model, o_.micro_batch, o_.seq_len, device_, &engine_->memory(), o_.recompute);
+      if (device_.is_cuda())
+        step_scalars_ = DeviceBuffer(&device_, nullptr, MemKind::kWorkspace, 3 * sizeof(double), "step scalars");
     } catch (const DeviceOutOfMemory& e) {
       return Status::Internal(std::string(e.what()));
     }
@@ -660,11 +663,19 @@ class Trainer {
     StepResult r;
     r.lr = o_.schedule.At(step);
     engine_->BeginStep();
+    // On a GPU the step's loss is summed on the device and read once, with the norm, at the
+    // end: the step's one host wait. The CPU keeps the host path (bitwise as before).
+    const bool on_device = device_.is_cuda();
+    double* dev = on_device ? step_scalars_.as<double>() : nullptr;  // [loss sum, loss, norm]
+    if (on_device) device_.Zero(dev, sizeof(double));
     double loss_sum = 0;
     for (int m = 0; m < A; m++) {
       train_->NextBatch(x_.data(), y_.data());
       engine_->BeginMicroBatch(m, A);
-      loss_sum += model_->Forward(*engine_, x_.data(), y_.data(), B, T, 1.0f / A);
+      if (on_device)
+        model_->ForwardAcc(*engine_, x_.data(), y_.data(), B, T, 1.0f / A, dev);
+      else
+        loss_sum += model_->Forward(*engine_, x_.data(), y_.data(), B, T, 1.0f / A);
       model_->Backward(*engine_);
     }
     if (async_) {  // a background checkpoint's copy of the owned state must be complete before the step writes it
@@ -672,9 +683,21 @@ class Trainer {
       async_->WaitStaged();
       ckpt_stall_ms_ += (Now() - w0) * 1e3;
     }
-    r.norm = engine_->Step(r.lr, o_.grad_clip);
-    device_.Synchronize();  // the step's time includes the device's queued work
-    r.loss = static_cast<float>(comm_.AllReduceScalar(loss_sum / A, ReduceOp::kAvg));
+    if (on_device) {
+      engine_->StepDeferred(r.lr, o_.grad_clip);
+      device_.kernels().sum_f64(dev + 1, dev, 1, A);  // this rank's mean over micro-batches
+      engine_->SumOverRanks(comm_, dev + 1, comm_.world_size());  // the mean over ranks
+      device_.Copy(dev + 2, engine_->device_norm(), sizeof(float));
+      // The one read: it waits for the step's queued work, so the step's time includes it.
+      double host[3];
+      device_.CopyToHost(host, dev, sizeof(host));
+      r.loss = static_cast<float>(host[1]);
+      std::memcpy(&r.norm, &host[2], sizeof(float));
+    } else {
+      r.norm = engine_->Step(r.lr, o_.grad_clip);
+      device_.Synchronize();  // the step's time includes the device's queued work
+      r.loss = static_cast<float>(comm_.AllReduceScalar(loss_sum / A, ReduceOp::kAvg));
+    }
     r.seconds = Now() - t0;
     const DeviceCounters c1 = device_.counters();
     r.device = c1;
@@ -873,6 +896,9 @@ class Trainer {
   std::unique_ptr<ParamLayout> layout_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<GPT> model_;
+  // GPU only: the step's [loss sum over micro-batches, mean loss over ranks, norm (a float)],
+  // kept on the device through the step and read back once (TrainStep).
+  DeviceBuffer step_scalars_;
   std::unique_ptr<DataLoader> train_, val_;
   std::ofstream log_;
   std::unique_ptr<CheckpointDirLock> ckpt_lock_;  // rank 0, while training with --ckpt-dir

@@ -66,6 +66,11 @@ class CpuKernels final : public Kernels {
                               float dloss_scale) const override {
     return shardgpt::crossentropy_softmax(logits, losses, targets, N, V, Vp, dloss_scale);
   }
+  void crossentropy_softmax_acc(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+                                float dloss_scale, double* loss_acc) const override {
+    shardgpt::crossentropy_softmax(logits, losses, targets, N, V, Vp, dloss_scale);
+    shardgpt::add_mean_loss(loss_acc, losses, N);
+  }
   void convert(const void* src, DType from, void* dst, DType to, size_t n) const override {
     shardgpt::convert(src, from, dst, to, n);
   }
@@ -78,6 +83,19 @@ class CpuKernels final : public Kernels {
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
              const AdamWConfig& cfg, int64_t t, float grad_scale) const override {
     adamw_update(param, grad, m, v, n, lr, weight_decay, cfg, t, grad_scale);
+  }
+  void sum_squares_to(double* dst, const void* x, DType dtype, size_t n) const override {
+    *dst = shardgpt::sum_squares(x, dtype, n);
+  }
+  void sum_f64(double* dst, const double* src, size_t n, double divisor) const override {
+    shardgpt::sum_f64(dst, src, n, divisor);
+  }
+  void clip_factor(float* out, const double* ss, float grad_clip) const override {
+    shardgpt::clip_factor(out, ss, grad_clip);
+  }
+  void adamw_dev(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
+                 const AdamWConfig& cfg, int64_t t, const float* grad_scale) const override {
+    adamw_update(param, grad, m, v, n, lr, weight_decay, cfg, t, *grad_scale);
   }
 
  private:

@@ -9,7 +9,8 @@
 //
 // Ordering: kernels, Copy and Zero run in order on the compute stream. CopyToDevice and
 // CopyToHost are synchronous for the host (they return when the host buffer may be reused /
-// read). Stage* copies run on a side stream and may be called from another thread (the MPI
+// read); CopyToDeviceAsync returns at once. Stage* copies run on a side stream and may be
+// called from another thread (the MPI
 // communicator's), after WaitFor(event) has made that thread wait for the producer.
 //
 // Thread contract: one training thread drives the compute stream; RecordEvent/Stage*/
@@ -75,6 +76,10 @@ class Device {
   virtual DeviceCounters counters() const { return {}; }
 
   virtual void CopyToDevice(void* dst, const void* host_src, size_t bytes) = 0;
+  // CopyToDevice without the host waiting: host_src may be reused as soon as this returns, and
+  // the copy lands in compute-stream order (CUDA: through a ring of pinned staging slots, a slot
+  // reused once an event says its last copy ran; the training inputs' path). CPU: CopyToDevice.
+  virtual void CopyToDeviceAsync(void* dst, const void* host_src, size_t bytes) { CopyToDevice(dst, host_src, bytes); }
   virtual void CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void Copy(void* dst, const void* src, size_t bytes) = 0;  // device to device
   virtual void Zero(void* p, size_t bytes) = 0;

@@ -173,13 +173,16 @@ void CheckTokenIds(const int32_t* ids, int n, int vocab, const char* what) {
 }
 }  // namespace
 
-float GPT::Forward(UnitHooks& hooks, const int32_t* inputs, const int32_t* targets, int B, int T, float grad_scale) {
+// Everything of Forward up to the logits; the targets (if any) are on the device after it.
+void GPT::ForwardToLogits(UnitHooks& hooks, const int32_t* inputs, const int32_t* targets, int B, int T) {
   assert(B <= maxB_ && T <= maxT_);
   B_ = B, T_ = T;
   const int C = config_.n_embd, N = B * T, L = config_.n_layer;
   CheckTokenIds(inputs, N, config_.vocab_size, "input");
   if (targets) CheckTokenIds(targets, N, config_.vocab_size, "target");
-  device_.CopyToDevice(inputs_, inputs, static_cast<size_t>(N) * sizeof(int32_t));
+  // Asynchronous (pinned staging on CUDA): the host does not wait for the upload.
+  device_.CopyToDeviceAsync(inputs_, inputs, static_cast<size_t>(N) * sizeof(int32_t));
+  if (targets) device_.CopyToDeviceAsync(targets_, targets, static_cast<size_t>(N) * sizeof(int32_t));
 
   const int E = ParamLayout::kEmbedUnit, F = layout_.final_unit();
   const float* pe = hooks.PreForward(E);
@@ -198,15 +201,29 @@ float GPT::Forward(UnitHooks& hooks, const int32_t* inputs, const int32_t* targe
   head_w_ = pe + layout_.wte_offset();  // the hooks keep E's parameters until PostBackward(E)
   hooks.PostForward(F);
   hooks.PostForward(E);
+}
 
+float GPT::Forward(UnitHooks& hooks, const int32_t* inputs, const int32_t* targets, int B, int T, float grad_scale) {
+  ForwardToLogits(hooks, inputs, targets, B, T);
+  const int N = B * T;
   have_grad_ = targets != nullptr && grad_scale != 0.0f;
   if (targets == nullptr) return 0.0f;
-  device_.CopyToDevice(targets_, targets, static_cast<size_t>(N) * sizeof(int32_t));
   // mean loss over positions; its gradient is scaled by grad_scale / N
   const float dloss = have_grad_ ? grad_scale / static_cast<float>(N) : 0.0f;
   double sum = k_.crossentropy_softmax(logits_, losses_, targets_, N, config_.vocab_size,
                                     config_.padded_vocab(), dloss);
   return static_cast<float>(sum / N);
+}
+
+void GPT::ForwardAcc(UnitHooks& hooks, const int32_t* inputs, const int32_t* targets, int B, int T, float grad_scale,
+                     double* loss_acc) {
+  assert(targets != nullptr);
+  ForwardToLogits(hooks, inputs, targets, B, T);
+  const int N = B * T;
+  have_grad_ = grad_scale != 0.0f;
+  const float dloss = have_grad_ ? grad_scale / static_cast<float>(N) : 0.0f;
+  k_.crossentropy_softmax_acc(logits_, losses_, targets_, N, config_.vocab_size, config_.padded_vocab(), dloss,
+                              loss_acc);
 }
 
 void GPT::Backward(UnitHooks& hooks) {

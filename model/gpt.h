@@ -86,6 +86,12 @@ class GPT {
   // grad_scale * mean loss, ready for Backward() (fused softmax + cross-entropy backward).
   float Forward(UnitHooks& hooks, const int32_t* inputs, const int32_t* targets, int B, int T,
                 float grad_scale);
+  // Forward with targets for a training step on a GPU: the mean loss (as Forward returns it) is
+  // ADDED to *loss_acc, one double in device memory, and the host does not wait for the
+  // device anywhere in it (token ids go up through pinned staging, the loss stays there). The
+  // caller reads the step's sum once. Same logits / gradient seed as Forward.
+  void ForwardAcc(UnitHooks& hooks, const int32_t* inputs, const int32_t* targets, int B, int T, float grad_scale,
+                  double* loss_acc);
   // Backward of the last Forward (which must have had targets and grad_scale != 0).
   void Backward(UnitHooks& hooks);
 
@@ -109,6 +115,7 @@ class GPT {
   struct LayerActs {  // saved for backward, per layer (pointers into acts_)
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *res3;
   };
+  void ForwardToLogits(UnitHooks& hooks, const int32_t* inputs, const int32_t* targets, int B, int T);
   // output = false: stop after the GELU (a re-forward for backward, which needs no res3).
   void BlockForward(const float* p, const float* x, LayerActs& a, int B, int T, bool output = true);
   void BlockBackward(const float* p, float* g, float* dres, const float* x, const LayerActs& a, int B, int T);

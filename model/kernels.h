@@ -4,7 +4,8 @@
 //
 // Every pointer is a pointer into the device's memory (Device::Allocate); sizes and scalars are
 // host values. Kernels run in order on the device's compute stream; a kernel returning a host
-// value (crossentropy_softmax, sum_squares) waits for its result. The maths and shapes of each
+// value (crossentropy_softmax, sum_squares) waits for its result; their *_acc / *_to variants
+// keep the result in device memory and do not wait. The maths and shapes of each
 // kernel are documented once, at its CPU twin in model/kernels_cpu.h (same name, same argument
 // order); the CUDA twins are in model/cuda/. Backward kernels ACCUMULATE (+=) into their
 // gradients exactly as the CPU twins do.
@@ -55,6 +56,11 @@ class Kernels {
   // Returns sum_n losses[n] (a host value: waits for the device).
   virtual double crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                                       float dloss_scale) const = 0;
+  // The same fused pass, but the loss stays on the device: *loss_acc (one double in device
+  // memory) += float(sum_n losses[n] / N), the mean loss as GPT::Forward returns it, so a step's
+  // micro-batches add up there and the host reads the sum once (no wait here).
+  virtual void crossentropy_softmax_acc(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+                                        float dloss_scale, double* loss_acc) const = 0;
 
   // ---- engine: dtype conversion, gradient accumulation, norm, optimizer ----
   // dst (to) = src (from), n elements; bf16 narrowing rounds to nearest even. src != dst.
@@ -66,6 +72,19 @@ class Kernels {
   // adamw_update (model/optimizer.h) over n elements of fp32 param, grad, m, v.
   virtual void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
                      const AdamWConfig& cfg, int64_t t, float grad_scale) const = 0;
+
+  // ---- device scalars: the step's loss, gradient norm and clip factor without host waits ----
+  // Every pointer below is device memory; nothing here waits for the device.
+  // *dst = sum_i x[i]^2 in double (what sum_squares returns).
+  virtual void sum_squares_to(double* dst, const void* x, DType dtype, size_t n) const = 0;
+  // *dst = (sum_i src[i]) / divisor, the sum in index order (dst may be one of src).
+  virtual void sum_f64(double* dst, const double* src, size_t n, double divisor) const = 0;
+  // From a sum of squares *ss: out[0] = norm = float(sqrt(*ss)), out[1] = the clip factor,
+  // grad_clip / (norm + 1e-6) if grad_clip > 0 and norm > grad_clip, else 1 (Engine::Step's).
+  virtual void clip_factor(float* out, const double* ss, float grad_clip) const = 0;
+  // adamw with grad_scale read from device memory (*grad_scale, e.g. clip_factor's out + 1).
+  virtual void adamw_dev(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
+                         const AdamWConfig& cfg, int64_t t, const float* grad_scale) const = 0;
 
   void set_matmul_precision(MatmulPrecision p) { precision_ = p; }
   MatmulPrecision matmul_precision() const { return precision_; }

@@ -347,6 +347,12 @@ double crossentropy_softmax(float* logits, float* losses, const int32_t* targets
   return total;
 }
 
+void add_mean_loss(double* loss_acc, const float* losses, int N) {
+  double total = 0.0;  // serial, fixed order (crossentropy_softmax's)
+  for (int n = 0; n < N; n++) total += losses[n];
+  *loss_acc += static_cast<float>(total / N);
+}
+
 // ---- element-wise kernels of the engine ----
 
 void convert(const void* src, DType from, void* dst, DType to, size_t n) {
@@ -389,6 +395,19 @@ double sum_squares(const void* x, DType dtype, size_t n) {
     ss += v * v;
   }
   return ss;
+}
+
+void sum_f64(double* dst, const double* src, size_t n, double divisor) {
+  double total = 0.0;
+  for (size_t i = 0; i < n; i++) total += src[i];
+  *dst = total / divisor;
+}
+
+// The expressions of Engine::Step's host path, so both give the same factor.
+void clip_factor(float* out, const double* ss, float grad_clip) {
+  const float norm = static_cast<float>(std::sqrt(*ss));
+  out[0] = norm;
+  out[1] = (grad_clip > 0 && norm > grad_clip) ? grad_clip / (norm + 1e-6f) : 1.0f;
 }
 
 }  // namespace shardgpt

@@ -73,6 +73,10 @@ void residual_backward(float* da, float* db, const float* dout, size_t n);
 double crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                             float dloss_scale);
 
+// *loss_acc += float(sum_n losses[n] / N), the sum in double in row order: the mean loss of a
+// micro-batch added to a step's total (the twin of the device-side loss).
+void add_mean_loss(double* loss_acc, const float* losses, int N);
+
 // ---- element-wise kernels of the engine (gradients, dtype conversion, norm) ----
 
 // dst (to) = src (from), n elements; bf16 narrowing rounds to nearest even (base/bf16.h).
@@ -82,5 +86,10 @@ void convert(const void* src, DType from, void* dst, DType to, size_t n);
 void accumulate(void* dst, DType dtype, const void* src, DType src_dtype, size_t n);
 // sum_i x[i]^2, accumulated in double.
 double sum_squares(const void* x, DType dtype, size_t n);
+// *dst = (sum_i src[i]) / divisor, added in index order.
+void sum_f64(double* dst, const double* src, size_t n, double divisor);
+// out[0] = norm = float(sqrt(*ss)); out[1] = grad_clip / (norm + 1e-6f) if grad_clip > 0 and
+// norm > grad_clip, else 1.
+void clip_factor(float* out, const double* ss, float grad_clip);
 
 }  // namespace shardgpt

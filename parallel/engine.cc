@@ -1,5 +1,6 @@
 #include "parallel/engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +37,14 @@ Engine::Engine(const ParamLayout& layout, Communicator* world, std::unique_ptr<C
       grads_(GradReducer::Create(&ctx_)),
       adamw_(&ctx_) {
   if (options.optimizer == OptimizerKind::kMuon) muon_ = std::make_unique<ShardedMuon>(&ctx_);
+  size_t pieces = 0;
+  for (int u = 0; u < ctx_.plan.num_units(); u++) pieces += ctx_.Pieces(u).size();
+  ss_pieces_ = DeviceBuffer(&device, nullptr, MemKind::kWorkspace, std::max<size_t>(1, pieces) * sizeof(double),
+                            "gradient sum-of-squares partials");
+  ss_ = DeviceBuffer(&device, nullptr, MemKind::kWorkspace, sizeof(double), "gradient sum of squares");
+  gathered_ = DeviceBuffer(&device, nullptr, MemKind::kWorkspace, world->world_size() * sizeof(double),
+                           "per-rank step scalars");
+  clip_ = DeviceBuffer(&device, nullptr, MemKind::kWorkspace, 2 * sizeof(float), "gradient norm and clip factor");
 }
 
 Engine::~Engine() { ctx_.queue.WaitAll(); }
@@ -96,18 +105,68 @@ void Engine::BeginMicroBatch(int micro, int num_micro) {
   grads_->BeginMicroBatch(sync_micro_);
 }
 
-float Engine::Step(float lr, float grad_clip) {
-  const double at_step = ctx_.queue.exposed_seconds();
-  ctx_.queue.WaitAll();
-  // Global gradient norm: every element counted once. Stage 0 holds the whole averaged
-  // gradient on every rank; stages >= 1 sum their owned slices' squares over ranks.
+// Global gradient norm: every element counted once. Stage 0 holds the whole averaged gradient
+// on every rank; stages >= 1 sum their owned slices' squares over ranks.
+float Engine::HostNormAndScale(float grad_clip, float* scale) {
   double ss = 0;
   for (int u = 0; u < ctx_.plan.num_units(); u++)
     for (const OwnedPiece& p : ctx_.Pieces(u))
       ss += ctx_.kernels().sum_squares(grads_->OwnedAt(u, p), ctx_.opt.dtype, p.end - p.begin);
   if (ctx_.opt.shards_optimizer()) ss = ctx_.comm->AllReduceScalar(ss, ReduceOp::kSum);
   const float norm = static_cast<float>(std::sqrt(ss));
-  const float scale = (grad_clip > 0 && norm > grad_clip) ? grad_clip / (norm + 1e-6f) : 1.0f;
+  *scale = (grad_clip > 0 && norm > grad_clip) ? grad_clip / (norm + 1e-6f) : 1.0f;
+  return norm;
+}
+
+void Engine::SumOverRanks(Communicator& comm, double* value, double divisor) {
+  const int W = comm.world_size();
+  if (W > 1) {
+    double* all = gathered_.as<double>();
+    CommLedger& ledger = comm.ledger();
+    const CommLedger::Counter before = ledger[CollKind::kAllGather];
+    std::shared_ptr<Work> work = comm.AllGather(value, all, sizeof(double) / sizeof(float), DType::kF32);
+    ledger.kinds[static_cast<size_t>(CollKind::kAllGather)] = before;  // control traffic, not the model's
+    ledger.AddControl(sizeof(double));
+    ctx_.queue.WaitStream(*work);  // the sum below runs after the gather (a host wait on host backends)
+    ctx_.kernels().sum_f64(value, all, W, divisor);
+  } else if (divisor != 1.0) {
+    ctx_.kernels().sum_f64(value, value, 1, divisor);
+  }
+}
+
+float Engine::Step(float lr, float grad_clip) {
+  StepDeferred(lr, grad_clip);
+  float norm = 0;
+  ctx_.device->CopyToHost(&norm, device_norm(), sizeof(float));
+  return norm;
+}
+
+void Engine::StepDeferred(float lr, float grad_clip) {
+  const double at_step = ctx_.queue.exposed_seconds();
+  ctx_.queue.WaitAll();
+  // A GPU keeps the norm and the clip factor on the device (no host wait); the CPU computes
+  // them on the host, as it always has (its results must not change by a bit).
+  const bool on_device = ctx_.device->is_cuda();
+  float scale = 1.0f;
+  const float* scale_dev = nullptr;
+  if (on_device) {
+    double* slots = ss_pieces_.as<double>();
+    size_t i = 0;
+    for (int u = 0; u < ctx_.plan.num_units(); u++)
+      for (const OwnedPiece& p : ctx_.Pieces(u))
+        ctx_.kernels().sum_squares_to(slots + i++, grads_->OwnedAt(u, p), ctx_.opt.dtype, p.end - p.begin);
+    ctx_.kernels().sum_f64(ss_.as<double>(), slots, i, 1.0);
+    if (ctx_.opt.shards_optimizer()) SumOverRanks(*ctx_.comm, ss_.as<double>(), 1.0);
+    ctx_.kernels().clip_factor(clip_.as<float>(), ss_.as<double>(), grad_clip);
+    scale_dev = clip_.as<float>() + 1;
+    // Muon's step takes the factor as a host value: one wait, with --optimizer muon only.
+    if (muon_) ctx_.device->CopyToHost(&scale, scale_dev, sizeof(float));
+  } else {
+    float host[2];
+    host[0] = HostNormAndScale(grad_clip, &host[1]);
+    scale = host[1];
+    ctx_.device->CopyToDevice(clip_.data(), host, sizeof(host));
+  }
 
   t_++;
   if (muon_) {  // the Muon matrices' master weights first; the loop below stores and publishes them
@@ -116,7 +175,8 @@ float Engine::Step(float lr, float grad_clip) {
     report_.muon_ns_cpu_s = muon_->last_ns_cpu_seconds();
   }
   for (int u = 0; u < ctx_.plan.num_units(); u++) {
-    for (const OwnedPiece& p : ctx_.Pieces(u)) adamw_.Update(u, p, grads_->OwnedAt(u, p), params_->OwnedAt(u, p), lr, scale, t_);
+    for (const OwnedPiece& p : ctx_.Pieces(u))
+      adamw_.Update(u, p, grads_->OwnedAt(u, p), params_->OwnedAt(u, p), lr, scale, t_, scale_dev);
     params_->Publish(u);
   }
   ctx_.queue.WaitAll();
@@ -135,7 +195,6 @@ float Engine::Step(float lr, float grad_clip) {
   report_.exposed_comm_s = ctx_.queue.exposed_seconds();
   report_.after_backward_wait_s = report_.exposed_comm_s - at_step;
   report_.comm_busy_s = CommBusySeconds() - busy_at_step_begin_;
-  return norm;
 }
 
 double Engine::CommBusySeconds() const {

@@ -126,6 +126,18 @@ class Engine : public UnitHooks {
   // clips to grad_clip (0 = off), runs AdamW on the owned slices and (stages 1, 2) gathers
   // the parameters. Returns the global norm before clipping.
   float Step(float lr, float grad_clip);
+  // Step without the host waiting for the device (on a GPU: the norm, the clip factor and the
+  // norm's sum over ranks stay in device memory; the collectives are waited for in stream
+  // order). The norm is then at device_norm() (a float in device memory, valid until the next
+  // step), for the caller to read with the step's other results in one copy. On a host device
+  // (CPU) this is Step, bitwise, and device_norm() points at its result. Collective.
+  void StepDeferred(float lr, float grad_clip);
+  const float* device_norm() const { return clip_.as<float>(); }
+  // *value (one double in device memory, this rank's) becomes the sum over comm's ranks, added
+  // in rank order, divided by divisor, without a host wait on a GPU: the doubles are gathered
+  // (a copy of their bytes, counted as control traffic in comm's ledger) and summed on the
+  // device. comm is this engine's world or shard communicator. Collective over comm.
+  void SumOverRanks(Communicator& comm, double* value, double divisor);
   const StepReport& last_report() const { return report_; }
   int64_t step_count() const { return t_; }
 
@@ -158,6 +170,8 @@ class Engine : public UnitHooks {
   ShardedMuon::Where LocateForMuon(int u, size_t at);
 
   double CommBusySeconds() const;
+  // The host path of the global gradient norm and clip factor (the CPU: bitwise as before).
+  float HostNormAndScale(float grad_clip, float* scale);
 
   Communicator* world_;
   std::unique_ptr<Communicator> own_shard_, own_replica_;  // HSDP only; outlive ctx_
@@ -166,6 +180,10 @@ class Engine : public UnitHooks {
   std::unique_ptr<GradReducer> grads_;
   ShardedAdamW adamw_;
   std::unique_ptr<ShardedMuon> muon_;  // --optimizer muon only
+  // Device scalars of Step (persistent, so a step allocates nothing): one sum of squares per
+  // owned piece, their total, the gathered per-rank doubles of SumOverRanks, and (norm, clip
+  // factor) as two floats. Not in the memory ledger (bytes, not model state).
+  DeviceBuffer ss_pieces_, ss_, gathered_, clip_;
   bool sync_micro_ = true;  // this micro-batch reduces gradients
   int64_t t_ = 0;
   StepReport report_;

@@ -43,9 +43,17 @@ class CollectiveQueue {
       if (p.on_done) p.on_done();
     }
   }
-  // Blocks on the oldest collective, then retires whatever has completed.
+  // Retires the oldest collective, then whatever has completed. Host backends: the host blocks
+  // on it. Stream-ordered backends (NCCL): the compute stream is ordered after it and the host
+  // goes on (no host wait inside a step); its completion step then queues its device work
+  // (accumulate, copy-out) after the collective, and the buffers it drops are reused in compute
+  // order, which now follows the collective (CudaDevice's allocator contract).
   void WaitOldest() {
-    Wait(*pending_.front().work);
+    Pending p = std::move(pending_.front());
+    pending_.pop_front();
+    WaitStream(*p.work);
+    retired_++;
+    if (p.on_done) p.on_done();
     RetireCompleted();
   }
   void WaitAll() {

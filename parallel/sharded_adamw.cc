@@ -90,7 +90,7 @@ void ShardedAdamW::CommitV() {
 }
 
 void ShardedAdamW::Update(int u, const OwnedPiece& p, const void* grads, void* stored, float lr, float grad_scale,
-                          int64_t t) {
+                          int64_t t, const float* grad_scale_dev) {
   v_view_.Free();  // an unpacked copy goes stale now
   const Slice sl = Owned(u, p, stored);
   const size_t n = sl.end - sl.begin;
@@ -102,8 +102,13 @@ void ShardedAdamW::Update(int u, const OwnedPiece& p, const void* grads, void* s
   for (const Run& r : runs_[u]) {
     if (r.begin < p.begin || r.begin >= p.end) continue;  // another piece's run
     const size_t i = r.begin - p.begin;
-    ctx_.kernels().adamw(sl.master + i, g + i, sl.m + i, v_.as<float>() + r.vpos, r.end - r.begin, lr,
-                         r.decay ? ctx_.opt.adamw.weight_decay : 0.0f, ctx_.opt.adamw, t, grad_scale);
+    const float wd = r.decay ? ctx_.opt.adamw.weight_decay : 0.0f;
+    if (grad_scale_dev)
+      ctx_.kernels().adamw_dev(sl.master + i, g + i, sl.m + i, v_.as<float>() + r.vpos, r.end - r.begin, lr, wd,
+                               ctx_.opt.adamw, t, grad_scale_dev);
+    else
+      ctx_.kernels().adamw(sl.master + i, g + i, sl.m + i, v_.as<float>() + r.vpos, r.end - r.begin, lr, wd,
+                           ctx_.opt.adamw, t, grad_scale);
   }
   StoreFromMaster(u, p, stored);
 }

@@ -37,7 +37,10 @@ class ShardedAdamW {
   Slice Owned(int u, const OwnedPiece& p, void* stored, bool with_v = false);
   // One AdamW step on piece p of unit u (t >= 1; grad_scale carries the clipping), then its
   // stored parameters (dtype) are refreshed from the master.
-  void Update(int u, const OwnedPiece& p, const void* grads, void* stored, float lr, float grad_scale, int64_t t);
+  // grad_scale_dev: where not null, the scale is read from device memory there instead (the
+  // clip factor computed on the GPU; grad_scale is then ignored).
+  void Update(int u, const OwnedPiece& p, const void* grads, void* stored, float lr, float grad_scale, int64_t t,
+              const float* grad_scale_dev = nullptr);
   // Stored parameters (dtype) of piece p from the master after the master was written
   // (checkpoint load).
   void StoreFromMaster(int u, const OwnedPiece& p, void* stored);

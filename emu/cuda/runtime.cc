@@ -23,6 +23,7 @@
 // Counters (cuda_emu::GetCounters): allocations, frees and host synchronisations the program
 // asked for. The runtime's own waits (cudaFree's device synchronisation, cudaMemcpy's wait
 // after its copy) go through uncounted internal helpers, so each call counts once.
+#include <execinfo.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -163,6 +164,22 @@ void TraceExecuted(const CUstream_st* s, uint64_t index) {
   if (!g_tracing.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> l(TraceMu());
   TheTrace().executed.emplace_back(s->id, index);
+}
+// One counted host synchronisation by the CUDA call `what`. With SHARDGPT_CUDA_EMU_TRACE_SYNCS
+// set (non-empty, not "0"), each one is also written to stderr with the call stack, so that a
+// step's syncs can be traced to their callers (addr2line / c++filt on the frames).
+void CountHostSync(const char* what) {
+  g_host_syncs++;
+  static const bool trace = [] {
+    const char* v = std::getenv("SHARDGPT_CUDA_EMU_TRACE_SYNCS");
+    return v && *v && std::string(v) != "0";
+  }();
+  if (!trace) return;
+  void* frames[24];
+  const int n = backtrace(frames, 24);
+  std::fprintf(stderr, "cuda_emu: host sync #%llu: %s (pid %d)\n", (unsigned long long)g_host_syncs.load(), what,
+               (int)getpid());
+  backtrace_symbols_fd(frames + 1, n - 1, 2);
 }
 
 cudaError_t Record(cudaError_t e) {
@@ -539,7 +556,7 @@ void SynchronizeDevice(int d, const char* call) {
 cudaError_t cudaDeviceSynchronize() {
   const int d = cuda_emu::Physical(cuda_emu::tls_device);
   if (d < 0) return Record(cudaErrorNoDevice);
-  cuda_emu::g_host_syncs++;
+  cuda_emu::CountHostSync("cudaDeviceSynchronize");
   SynchronizeDevice(d, "cudaDeviceSynchronize");
   return cudaSuccess;
 }
@@ -649,7 +666,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   CUstream_st* st = cuda_emu::Resolve(s);
-  cuda_emu::g_host_syncs++;
+  cuda_emu::CountHostSync("cudaStreamSynchronize");
   const uint64_t target = cuda_emu::Enqueued(st);
   cuda_emu::TraceHostSync(st, target, "cudaStreamSynchronize");
   cuda_emu::RunUntil(st, target, true);
@@ -700,7 +717,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (e == nullptr) return Record(cudaErrorInvalidResourceHandle);
-  cuda_emu::g_host_syncs++;
+  cuda_emu::CountHostSync("cudaEventSynchronize");
   if (e->stream) cuda_emu::TraceHostSync(e->stream, e->target, "cudaEventSynchronize");
   if (e->stream) cuda_emu::RunUntil(e->stream, e->target, true);
   return cudaSuccess;
@@ -777,14 +794,14 @@ void RunAll(cudaStream_t s, const char* call) {
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
   bool blocked = false;
   const cudaError_t e = MemcpyAsync(dst, src, bytes, kind, s, &blocked);
-  if (blocked) cuda_emu::g_host_syncs++;
+  if (blocked) cuda_emu::CountHostSync("cudaMemcpyAsync");
   return e;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   bool blocked = false;
   const cudaError_t e = MemcpyAsync(dst, src, bytes, kind, nullptr, &blocked);
   if (e != cudaSuccess) return e;
-  cuda_emu::g_host_syncs++;  // one blocking call, whether or not the copy itself waited
+  cuda_emu::CountHostSync("cudaMemcpy");  // one blocking call, whether or not the copy itself waited
   RunAll(nullptr, "cudaMemcpy");
   return cudaSuccess;
 }
@@ -799,7 +816,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   const cudaError_t e = cudaMemsetAsync(p, value, bytes, nullptr);
   if (e != cudaSuccess) return e;
-  cuda_emu::g_host_syncs++;
+  cuda_emu::CountHostSync("cudaMemset");
   RunAll(nullptr, "cudaMemset");
   return cudaSuccess;
 }

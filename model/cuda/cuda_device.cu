@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -212,6 +213,11 @@ class CudaDevice final : public Device {
     if (compute_) cudaStreamSynchronize(compute_);
     if (side_) cudaStreamSynchronize(side_);
     kernels_.reset();  // before the stream it uses
+    for (StagingSlot& slot : staging_) {
+      if (slot.event) cudaEventDestroy(slot.event);
+      if (slot.host) cudaFreeHost(slot.host);
+    }
+    if (readback_) cudaFreeHost(readback_);
     pool_.ReleaseAll();
     if (side_) cudaStreamDestroy(side_);
     if (compute_) cudaStreamDestroy(compute_);
@@ -305,11 +311,78 @@ class CudaDevice final : public Device {
     SHARDGPT_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, compute_));
     SHARDGPT_CUDA_CHECK(cudaStreamSynchronize(compute_));
   }
+  // Through the pinned staging ring: the bytes are copied into the next slot on the host, then
+  // a cudaMemcpyAsync from pinned memory (truly asynchronous) is queued on the compute stream
+  // and an event recorded after it. A slot is written again only once its event has passed:
+  // queried first (no wait when the copy ran, the usual case with kStagingSlots slots), waited
+  // for only when the ring has lapped the device. A slot grows (once) to the largest copy.
+  void CopyToDeviceAsync(void* dst, const void* host_src, size_t bytes) override {
+    if (bytes == 0) return;
+    Bind();
+    const int at = next_staging_;
+    StagingSlot& slot = staging_[at];
+    next_staging_ = (next_staging_ + 1) % kStagingSlots;
+    if (slot.event) {
+      const cudaError_t q = cudaEventQuery(slot.event);
+      if (q == cudaErrorNotReady) {
+        cudaGetLastError();
+        SHARDGPT_CUDA_CHECK(cudaEventSynchronize(slot.event));
+      } else {
+        SHARDGPT_CUDA_CHECK(q);
+      }
+    } else {
+      SHARDGPT_CUDA_CHECK(cudaEventCreateWithFlags(&slot.event, cudaEventDisableTiming));
+    }
+    if (!staging_sized_) {  // the whole ring at the first copy, so later steps allocate nothing
+      staging_sized_ = true;
+      for (int i = 0; i < kStagingSlots; i++) GrowStaging(i, bytes);
+    }
+    GrowStaging(at, bytes);
+    std::memcpy(slot.host, host_src, bytes);
+    SHARDGPT_CUDA_CHECK(cudaMemcpyAsync(dst, slot.host, bytes, cudaMemcpyHostToDevice, compute_));
+    SHARDGPT_CUDA_CHECK(cudaEventRecord(slot.event, compute_));
+  }
+  // Small reads (a step's loss and norm) go through a pinned buffer: the copy is queued and one
+  // stream synchronisation waits for it (a pageable destination would make cudaMemcpyAsync
+  // itself wait too). Larger ones (checkpoints) copy straight into host_dst.
   void CopyToHost(void* host_dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
     Bind();
+    if (bytes <= kReadbackBytes) {
+      if (readback_ == nullptr) {
+        SHARDGPT_CUDA_CHECK(cudaMallocHost(&readback_, kReadbackBytes));
+        allocations_++;
+      }
+      SHARDGPT_CUDA_CHECK(cudaMemcpyAsync(readback_, src, bytes, cudaMemcpyDeviceToHost, compute_));
+      SHARDGPT_CUDA_CHECK(cudaStreamSynchronize(compute_));
+      std::memcpy(host_dst, readback_, bytes);
+      return;
+    }
     SHARDGPT_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, compute_));
     SHARDGPT_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  }
+  // A staging slot of at least `bytes`, reallocated (after its last copy) when smaller.
+  void GrowStaging(int i, size_t bytes) {
+    StagingSlot& slot = staging_[i];
+    if (slot.bytes >= bytes) return;
+    if (slot.event == nullptr) SHARDGPT_CUDA_CHECK(cudaEventCreateWithFlags(&slot.event, cudaEventDisableTiming));
+    {
+      if (slot.host) {
+        SHARDGPT_CUDA_CHECK(cudaFreeHost(slot.host));
+        frees_++;
+        slot.host = nullptr, slot.bytes = 0;
+      }
+      const cudaError_t e = cudaMallocHost(&slot.host, bytes);
+      if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        slot.host = nullptr;
+        throw DeviceOutOfMemory("out of pinned host memory allocating " + std::to_string(bytes) +
+                                " bytes of input staging for " + name_);
+      }
+      SHARDGPT_CUDA_CHECK(e);
+      allocations_++;
+      slot.bytes = bytes;
+    }
   }
   void Copy(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0 || dst == src) return;
@@ -390,6 +463,19 @@ class CudaDevice final : public Device {
   cudaStream_t side_ = nullptr;
   std::mutex side_mu_;
   std::unique_ptr<CudaKernels> kernels_;
+  // CopyToDeviceAsync's pinned staging ring (training thread only): slot i is reusable once
+  // its event (recorded after its last copy) has passed.
+  struct StagingSlot {
+    void* host = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t event = nullptr;
+  };
+  static constexpr int kStagingSlots = 8;
+  StagingSlot staging_[kStagingSlots];
+  int next_staging_ = 0;
+  bool staging_sized_ = false;
+  static constexpr size_t kReadbackBytes = 4096;
+  void* readback_ = nullptr;  // CopyToHost's pinned buffer for small reads
   // cudaMalloc/cudaMallocHost and cudaFree/cudaFreeHost calls made here and by pool_
   // (AllocateHost and FreeHost may run on the communication thread).
   std::atomic<uint64_t> allocations_{0}, frees_{0};

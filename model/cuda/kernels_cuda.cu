@@ -67,17 +67,44 @@ __global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const 
   }
 }
 
-// dwte[tok,:] += dout[n,:] for every row n with tokens[n] == tok, in increasing n: one block
-// row per distinct token (uniq[u]); its rows are positions[offsets[u] .. offsets[u+1]).
-// Same additions in the same order as the CPU twin, so the results are bitwise equal.
-__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int32_t* uniq,
-                                            const int32_t* offsets, const int32_t* positions, int C) {
-  const int u = blockIdx.x;
+// The embedding backward without the host: positions sorted by token on the device, stably
+// (increasing n within a token), then one block row per run of equal tokens adds the run's
+// rows in that order. No atomics; the same additions in the same order as the CPU twin (which
+// adds rows in increasing n), so dwte is bitwise equal.
+//
+// sorted[r] = n, r = #{m : (tokens[m], m) < (tokens[n], n)}: n's rank in the stable sort. One
+// thread per n compares against every m (tiles of the tokens in shared memory): O(N^2) integer
+// compares, ~2.7e8 for N = 16k, well under a millisecond on a GPU, and no scan or atomics.
+__global__ void encoder_sort_kernel(int32_t* sorted, const int32_t* tokens, int N) {
+  __shared__ int32_t tile[256];
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  const int32_t tn = n < N ? tokens[n] : 0;
+  int r = 0;
+  for (int m0 = 0; m0 < N; m0 += blockDim.x) {
+    __syncthreads();  // the previous tile is read by every thread
+    if (m0 + (int)threadIdx.x < N) tile[threadIdx.x] = tokens[m0 + threadIdx.x];
+    __syncthreads();
+    const int cnt = min((int)blockDim.x, N - m0);
+    for (int j = 0; j < cnt; j++) {
+      const int32_t tm = tile[j];
+      r += (tm < tn) || (tm == tn && m0 + j < n);
+    }
+  }
+  if (n < N) sorted[r] = n;
+}
+
+// dwte[tok,:] += dout[n,:] over the run of sorted positions with token tok, in sorted (= n)
+// order: block x = a sorted index, the run's head does the run, the others return.
+__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens,
+                                            const int32_t* sorted, int N, int C) {
+  const int i = blockIdx.x;
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  float* dw = dwte + (size_t)uniq[u] * C + c;
+  const int32_t tok = tokens[sorted[i]];
+  if (i > 0 && tokens[sorted[i - 1]] == tok) return;  // not the head of its run
+  float* dw = dwte + (size_t)tok * C + c;
   float acc = *dw;
-  for (int p = offsets[u]; p < offsets[u + 1]; p++) acc += dout[(size_t)positions[p] * C + c];
+  for (int j = i; j < N && tokens[sorted[j]] == tok; j++) acc += dout[(size_t)sorted[j] * C + c];
   *dw = acc;
 }
 
@@ -220,23 +247,47 @@ __global__ void residual_forward_kernel(float* out, const float* a, const float*
 // crossentropy over the real columns [0,V) of logits[N,Vp]. CPU twin: crossentropy_softmax.
 //   mx = max_v x_v;  sum = sum_v exp(x_v - mx);  loss = mx + log(sum) - x[target]
 //   if dloss_scale != 0:  x_v = exp(x_v - mx) * (dloss_scale / sum) - [v == target] * dloss_scale
-//                         (in place), padded columns [V,Vp) = 0
-// One block per row; fixed-order block reductions. An out-of-range target gives a NaN loss.
+//                         (in place: the backward seed), padded columns [V,Vp) = 0
+// One block per row. The row is read once for (mx, sum) with the online softmax (each thread
+// keeps its running max m and sum s of exp(x - m), rescaling s when m grows), the pairs
+// combined by a fixed tree (warp butterflies, then warps in order), and once more to write the
+// gradient: two passes over the row instead of three. An out-of-range target gives a NaN loss.
+
+// (m, s) of two partial softmax sums combined: max, and both sums rescaled to it.
+__device__ __forceinline__ void softmax_combine(float& m, float& s, float m2, float s2) {
+  const float mx = fmaxf(m, m2);
+  if (mx == -INFINITY) return;  // both empty
+  s = s * expf(m - mx) + s2 * expf(m2 - mx);
+  m = mx;
+}
 
 __global__ void crossentropy_softmax_kernel(float* logits, float* losses, const int32_t* targets, int V, int Vp,
                                             float dloss_scale) {
-  __shared__ float shm[32];
+  __shared__ float shm_m[32], shm_s[32];
   const size_t n = blockIdx.x;
   float* x = logits + n * Vp;
   const int tgt = targets[n];
   const bool valid = tgt >= 0 && tgt < V;
-  const float xt = valid ? x[tgt] : NAN;  // read before any thread overwrites x (block_* synchronise)
-  float mx = -INFINITY;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, x[i]);
-  mx = cuda::block_max(mx, shm);
-  float sum = 0.0f;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) sum += expf(x[i] - mx);
-  sum = cuda::block_sum(sum, shm);
+  const float xt = valid ? x[tgt] : NAN;  // read before any thread overwrites x (the reduction synchronises)
+  float m = -INFINITY, s = 0.0f;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    const float v = x[i];
+    if (v > m) {
+      s = s * expf(m - v) + 1.0f;
+      m = v;
+    } else {
+      s += expf(v - m);
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(cuda::kFullMask, m, o), s2 = __shfl_xor_sync(cuda::kFullMask, s, o);
+    softmax_combine(m, s, m2, s2);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
+  if (lane == 0) shm_m[warp] = m, shm_s[warp] = s;
+  __syncthreads();
+  float mx = shm_m[0], sum = shm_s[0];
+  for (int w = 1; w < nwarps; w++) softmax_combine(mx, sum, shm_m[w], shm_s[w]);
   if (dloss_scale != 0.0f) {
     const float mul = dloss_scale / sum;
     for (int i = threadIdx.x; i < V; i += blockDim.x) {
@@ -247,6 +298,16 @@ __global__ void crossentropy_softmax_kernel(float* logits, float* losses, const 
     for (int i = V + threadIdx.x; i < Vp; i += blockDim.x) x[i] = 0.0f;
   }
   if (threadIdx.x == 0) losses[n] = mx + logf(sum) - xt;
+}
+
+// *acc += float(sum_n losses[n] / N): one block; each thread sums its stride in double, then a
+// fixed block tree (the CPU twin add_mean_loss sums serially: equal to rounding).
+__global__ void add_mean_loss_kernel(double* acc, const float* losses, int N) {
+  __shared__ double shm[32];
+  double s = 0.0;
+  for (int i = threadIdx.x; i < N; i += blockDim.x) s += losses[i];
+  s = cuda::block_sum(s, shm);
+  if (threadIdx.x == 0) *acc += (double)(float)(s / N);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -294,6 +355,36 @@ __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v
     v[i] = vi;
     param[i] -= lr * (wd * param[i] + (mi * c1) / (sqrtf(vi * c2) + eps));
   }
+}
+
+// adamw_kernel with the gradient scale (the clip factor) read from device memory.
+__global__ void adamw_dev_kernel(float* param, const float* grad, float* m, float* v, size_t n, float lr, float wd,
+                                 float b1, float b2, float eps, float c1, float c2, const float* grad_scale) {
+  const float scale = *grad_scale;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const float g = grad[i] * scale;
+    const float mi = b1 * m[i] + (1.0f - b1) * g;
+    const float vi = b2 * v[i] + (1.0f - b2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    param[i] -= lr * (wd * param[i] + (mi * c1) / (sqrtf(vi * c2) + eps));
+  }
+}
+
+// *dst = (sum_i src[i]) / divisor, one thread, index order (a handful of values: a step's
+// sum-of-squares partials, pieces, ranks). CPU twin: sum_f64.
+__global__ void sum_f64_kernel(double* dst, const double* src, size_t n, double divisor) {
+  double s = 0.0;
+  for (size_t i = 0; i < n; i++) s += src[i];
+  *dst = s / divisor;
+}
+
+// norm = float(sqrt(ss)); scale = clip / (norm + 1e-6) if clip > 0 and norm > clip, else 1.
+// CPU twin: clip_factor.
+__global__ void clip_factor_kernel(float* out, const double* ss, float grad_clip) {
+  const float norm = (float)sqrt(*ss);
+  out[0] = norm;
+  out[1] = (grad_clip > 0 && norm > grad_clip) ? grad_clip / (norm + 1e-6f) : 1.0f;
 }
 
 }  // namespace
@@ -382,44 +473,18 @@ void CudaKernels::encoder_forward(float* out, const int32_t* tokens, const float
   SHARDGPT_CUDA_CHECK_LAUNCH("encoder_forward_kernel");
 }
 
-// The tokens come to the host; there each distinct token gets the list of its row positions in
-// increasing order (counting sort), which goes back to the GPU as one int32 array:
-//   [uniq: U tokens][offsets: U+1][positions: N]
+// On the device (no host round trip): the positions sorted by token, then one block row per
+// run (see encoder_sort_kernel). The sorted positions live in the general scratch.
 void CudaKernels::encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                                    int C) const {
   const int N = B * T;
   if (N == 0 || C == 0) return;
   Bind();
-  std::vector<int32_t> tok(N);
-  SHARDGPT_CUDA_CHECK(cudaMemcpyAsync(tok.data(), tokens, sizeof(int32_t) * N, cudaMemcpyDeviceToHost, stream_));
-  SHARDGPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  int32_t max_tok = 0;
-  for (int32_t t : tok) {
-    if (t < 0) throw std::runtime_error("encoder_backward: negative token " + std::to_string(t));
-    max_tok = std::max(max_tok, t);
-  }
-  std::vector<int32_t> count((size_t)max_tok + 1, 0);
-  for (int32_t t : tok) count[t]++;
-  int U = 0;
-  for (int32_t c : count) U += c > 0;
-  host_ints_.assign((size_t)U + (U + 1) + N, 0);
-  int32_t* uniq = host_ints_.data();
-  int32_t* offsets = uniq + U;
-  int32_t* positions = offsets + U + 1;
-  std::vector<int32_t> start(count.size(), 0);  // token -> its first slot in positions
-  for (int32_t t = 0, u = 0, o = 0; t <= max_tok; t++) {
-    if (count[t] == 0) continue;
-    uniq[u] = t, offsets[u] = o, start[t] = o;
-    o += count[t], u++;
-    offsets[u] = o;
-  }
-  for (int n = 0; n < N; n++) positions[start[tok[n]]++] = n;  // increasing n within each token
-  int32_t* d_ints = static_cast<int32_t*>(Scratch(sizeof(int32_t) * host_ints_.size()));
-  // Pageable source: the call returns once the bytes are staged, so host_ints_ may be reused.
-  SHARDGPT_CUDA_CHECK(cudaMemcpyAsync(d_ints, host_ints_.data(), sizeof(int32_t) * host_ints_.size(),
-                                      cudaMemcpyHostToDevice, stream_));
-  const dim3 grid(U, (C + 127) / 128);
-  SHARDGPT_LAUNCH(encoder_backward_wte_kernel, grid, 128, 0, stream_)(dwte, dout, d_ints, d_ints + U, d_ints + 2 * U + 1, C);
+  int32_t* sorted = static_cast<int32_t*>(Scratch(sizeof(int32_t) * N));
+  SHARDGPT_LAUNCH(encoder_sort_kernel, (N + 255) / 256, 256, 0, stream_)(sorted, tokens, N);
+  SHARDGPT_CUDA_CHECK_LAUNCH("encoder_sort_kernel");
+  const dim3 grid(N, (C + 127) / 128);
+  SHARDGPT_LAUNCH(encoder_backward_wte_kernel, grid, 128, 0, stream_)(dwte, dout, tokens, sorted, N, C);
   SHARDGPT_CUDA_CHECK_LAUNCH("encoder_backward_wte_kernel");
   SHARDGPT_LAUNCH(encoder_backward_wpe_kernel, GridFor((size_t)T * C, kThreads), kThreads, 0, stream_)(dwpe, dout, B, T, C);
   SHARDGPT_CUDA_CHECK_LAUNCH("encoder_backward_wpe_kernel");
@@ -501,6 +566,16 @@ double CudaKernels::crossentropy_softmax(float* logits, float* losses, const int
   return SumOnHost(losses, N, host_floats_, stream_);
 }
 
+void CudaKernels::crossentropy_softmax_acc(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+                                           float dloss_scale, double* loss_acc) const {
+  if (N == 0) return;
+  Bind();
+  SHARDGPT_LAUNCH(crossentropy_softmax_kernel, N, kThreads, 0, stream_)(logits, losses, targets, V, Vp, dloss_scale);
+  SHARDGPT_CUDA_CHECK_LAUNCH("crossentropy_softmax_kernel");
+  SHARDGPT_LAUNCH(add_mean_loss_kernel, 1, kThreads, 0, stream_)(loss_acc, losses, N);
+  SHARDGPT_CUDA_CHECK_LAUNCH("add_mean_loss_kernel");
+}
+
 // ==============================================================================================
 // engine kernels
 
@@ -549,10 +624,9 @@ void CudaKernels::accumulate(void* dst, DType dtype, const void* src, DType src_
   SHARDGPT_CUDA_CHECK_LAUNCH("accumulate_kernel");
 }
 
-// Block partials in double (the grid depends only on n), added on the host in block order.
-double CudaKernels::sum_squares(const void* x, DType dtype, size_t n) const {
-  if (n == 0) return 0.0;
-  Bind();
+// Block partials in double (the grid depends only on n), added in block order: on the host
+// (sum_squares) or on the device by one thread (sum_squares_to): the same sum either way.
+double* CudaKernels::SumSquaresPartials(const void* x, DType dtype, size_t n, unsigned* blocks_out) const {
   const unsigned blocks = std::min<unsigned>(GridFor(n, kThreads), 1024);
   double* partial = static_cast<double*>(Scratch(sizeof(double) * blocks));
   if (dtype == DType::kF32) {
@@ -562,7 +636,53 @@ double CudaKernels::sum_squares(const void* x, DType dtype, size_t n) const {
                                                                           static_cast<const uint16_t*>(x), n);
   }
   SHARDGPT_CUDA_CHECK_LAUNCH("sum_squares_kernel");
+  *blocks_out = blocks;
+  return partial;
+}
+
+double CudaKernels::sum_squares(const void* x, DType dtype, size_t n) const {
+  if (n == 0) return 0.0;
+  Bind();
+  unsigned blocks = 0;
+  double* partial = SumSquaresPartials(x, dtype, n, &blocks);
   return SumOnHost(partial, blocks, host_doubles_, stream_);
+}
+
+void CudaKernels::sum_squares_to(double* dst, const void* x, DType dtype, size_t n) const {
+  Bind();
+  if (n == 0) {
+    SHARDGPT_CUDA_CHECK(cudaMemsetAsync(dst, 0, sizeof(double), stream_));
+    return;
+  }
+  unsigned blocks = 0;
+  double* partial = SumSquaresPartials(x, dtype, n, &blocks);
+  SHARDGPT_LAUNCH(sum_f64_kernel, 1, 1, 0, stream_)(dst, partial, (size_t)blocks, 1.0);
+  SHARDGPT_CUDA_CHECK_LAUNCH("sum_f64_kernel");
+}
+
+void CudaKernels::sum_f64(double* dst, const double* src, size_t n, double divisor) const {
+  Bind();
+  SHARDGPT_LAUNCH(sum_f64_kernel, 1, 1, 0, stream_)(dst, src, n, divisor);
+  SHARDGPT_CUDA_CHECK_LAUNCH("sum_f64_kernel");
+}
+
+void CudaKernels::clip_factor(float* out, const double* ss, float grad_clip) const {
+  Bind();
+  SHARDGPT_LAUNCH(clip_factor_kernel, 1, 1, 0, stream_)(out, ss, grad_clip);
+  SHARDGPT_CUDA_CHECK_LAUNCH("clip_factor_kernel");
+}
+
+void CudaKernels::adamw_dev(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                            float weight_decay, const AdamWConfig& cfg, int64_t t, const float* grad_scale) const {
+  if (n == 0) return;
+  Bind();
+  const float b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps;
+  const float c1 = 1.0f / (1.0f - std::pow(b1, static_cast<float>(t)));
+  const float c2 = 1.0f / (1.0f - std::pow(b2, static_cast<float>(t)));
+  SHARDGPT_LAUNCH(adamw_dev_kernel, GridFor(n, kThreads), kThreads, 0, stream_)(param, grad, m, v, n, lr,
+                                                                                weight_decay, b1, b2, eps, c1, c2,
+                                                                                grad_scale);
+  SHARDGPT_CUDA_CHECK_LAUNCH("adamw_dev_kernel");
 }
 
 void CudaKernels::adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,

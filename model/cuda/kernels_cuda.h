@@ -11,11 +11,15 @@
 // floating-point atomics anywhere; every sum is taken by one thread in a fixed order, or by a
 // fixed reduction tree (warp butterflies, per-block partials added in block order) whose shape
 // depends only on the problem size. Host-returned sums (losses, sum of squares) are finished
-// on the host in double, in row / block order. Matmuls reuse the cached cuBLASLt algorithm for
+// on the host in double, in row / block order; the device-side ones (the *_acc / *_to
+// kernels) by one thread in block order or a fixed block tree. The embedding backward sorts
+// positions by token (integer compares, no atomics) so each wte row adds its positions in
+// increasing order, as the CPU twin does. Matmuls reuse the cached cuBLASLt algorithm for
 // their shape, and cuBLAS is deterministic for a fixed algorithm.
 //
-// Streams: every kernel runs on the device's compute stream; kernels returning a host value
-// (crossentropy_softmax, sum_squares) and encoder_backward (it reads the tokens) wait for it.
+// Streams: every kernel runs on the device's compute stream; only the kernels returning a host
+// value (crossentropy_softmax, sum_squares) wait for it. Their *_acc / *_to twins, the
+// embedding backward (tokens sorted on the device) and everything else never wait.
 // Thread contract: one caller thread (the training thread), as for every Kernels.
 #pragma once
 
@@ -86,12 +90,19 @@ class CudaKernels final : public Kernels {
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override;
   double crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                               float dloss_scale) const override;
+  void crossentropy_softmax_acc(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+                                float dloss_scale, double* loss_acc) const override;
 
   void convert(const void* src, DType from, void* dst, DType to, size_t n) const override;
   void accumulate(void* dst, DType dtype, const void* src, DType src_dtype, size_t n) const override;
   double sum_squares(const void* x, DType dtype, size_t n) const override;
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
              const AdamWConfig& cfg, int64_t t, float grad_scale) const override;
+  void sum_squares_to(double* dst, const void* x, DType dtype, size_t n) const override;
+  void sum_f64(double* dst, const double* src, size_t n, double divisor) const override;
+  void clip_factor(float* out, const double* ss, float grad_clip) const override;
+  void adamw_dev(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
+                 const AdamWConfig& cfg, int64_t t, const float* grad_scale) const override;
 
   // Bytes of the cuBLASLt workspace, allocated once by Init().
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
@@ -143,6 +154,8 @@ class CudaKernels final : public Kernels {
   // separate buffers for uses that overlap: kGeneral (partial sums, index lists), kOperandA and
   // kOperandB (a bf16 matmul's bf16 copies of its two inputs).
   void* Scratch(size_t bytes, ScratchSlot slot = kGeneral) const;
+  // sum_squares' per-block partials (in the general scratch); *blocks = their count.
+  double* SumSquaresPartials(const void* x, DType dtype, size_t n, unsigned* blocks) const;
   // Makes this thread's current device ours (cheap; kernels may be called from any thread).
   void Bind() const;
 
@@ -153,8 +166,7 @@ class CudaKernels final : public Kernels {
   mutable std::map<GemmKey, GemmPlan> plans_;
   mutable void* scratch_[kNumSlots] = {};
   mutable size_t scratch_bytes_[kNumSlots] = {};
-  // Host staging of the encoder's index lists, the losses and the sum-of-squares partials.
-  mutable std::vector<int32_t> host_ints_;
+  // Host staging of the losses and the sum-of-squares partials (the host-returning kernels).
   mutable std::vector<float> host_floats_;
   mutable std::vector<double> host_doubles_;
 };

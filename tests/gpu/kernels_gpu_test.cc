@@ -20,6 +20,7 @@
 // first call checks the maths, the second the accumulation (+=).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -439,6 +440,64 @@ TEST_F(GpuTest, CrossEntropy) {
   }
 }
 
+// The embedding backward sorts positions by token on the device: more positions than one
+// block of the sort kernel (several tiles), a token at every position of a long run, token 0
+// and the last token: still the CPU twin's additions in its order, bitwise.
+TEST_F(GpuTest, EncoderBackwardSortedOnTheDevice) {
+  const int B = 4, T = 200, C = 40, V = 1000;
+  auto tok = RandomTokens((size_t)B * T, V, 12);
+  for (int t = 0; t < 300; t++) tok[t] = 5;  // one token across sequences and tiles
+  tok[301] = 0, tok[799] = V - 1, tok[400] = V - 1;
+  auto tokens = Make(tok, "tokens");
+  auto dout = Make(RandomFloats((size_t)B * T * C, 13), "dout");
+  auto dwte = Make(RandomFloats((size_t)V * C, 14), "dwte");  // accumulates into what is there
+  auto dwpe = Zeros((size_t)T * C, "dwpe");
+  for (bool g : {true, false}) k(g).encoder_backward(dwte.p(g), dwpe.p(g), dout.p(g), tokens.p(g), B, T, C);
+  ExpectBitwise(dwte.Gpu(), dwte.Cpu(), "dwte");
+  ExpectBitwise(dwpe.Gpu(), dwpe.Cpu(), "dwpe");
+}
+
+// The classifier with the loss kept on the device: *loss_acc += float(sum of losses / N) per
+// call, the dlogits seed as crossentropy_softmax's; rows with large and equal logits check
+// the online softmax's rescaling.
+TEST_F(GpuTest, CrossEntropyLossOnTheDevice) {
+  const int N = 40, V = 1000, Vp = 1024;
+  auto init = RandomFloats((size_t)N * Vp, 52, -4.0f, 4.0f);
+  for (int v = 0; v < V; v++) init[v] = 80.0f + 0.01f * v;           // row 0: growing, large
+  for (int v = 0; v < V; v++) init[(size_t)Vp + v] = -30.0f;         // row 1: all equal
+  for (int v = 0; v < V; v++) init[(size_t)2 * Vp + v] = 50.0f - v;  // row 2: falling
+  for (int n = 0; n < N; n++)
+    for (int v = V; v < Vp; v++) init[(size_t)n * Vp + v] = 1000.0f;  // padding: ignored
+  auto targets = Make(RandomTokens(N, V, 53), "targets");
+  auto losses = Zeros(N, "losses");
+  for (float scale : {0.0f, 0.5f / N}) {
+    SCOPED_TRACE("dloss_scale " + std::to_string(scale));
+    auto logits = Make(init, "logits");
+    auto ref = Make(init, "reference logits");
+    Twin<double> acc(*gpu_, *cpu_, std::vector<double>{0.25}, "loss accumulator");
+    double expect = 0.25;
+    for (int call = 0; call < 2; call++) {
+      for (bool g : {true, false})
+        k(g).crossentropy_softmax_acc(logits.p(g), losses.p(g), targets.p(g), N, V, Vp, scale, acc.p(g));
+      const double total =
+          k(false).crossentropy_softmax(ref.p(false), losses.p(false), targets.p(false), N, V, Vp, scale);
+      expect += static_cast<float>(total / N);
+    }
+    EXPECT_EQ(acc.Cpu()[0], expect) << "CPU twin: the mean loss as GPT::Forward returns it, added per call";
+    EXPECT_NEAR(acc.Gpu()[0], expect, 1e-5 * std::fabs(expect)) << "device loss accumulator";
+    ExpectNear(losses.Gpu(), losses.Cpu(), kTolF32, "losses");
+    // Every loss is finite and >= 0; row 1 (all logits equal): log V.
+    for (float l : losses.Gpu()) ASSERT_TRUE(std::isfinite(l) && l >= -1e-5f) << l;
+    if (scale == 0.0f) EXPECT_NEAR(losses.Gpu()[1], std::log((double)V), 1e-4);
+    if (scale != 0.0f) {
+      const auto got = logits.Gpu();
+      ExpectNear(got, logits.Cpu(), kTolF32, "dlogits");
+      for (int n = 0; n < N; n++)
+        for (int v = V; v < Vp; v++) ASSERT_EQ(got[(size_t)n * Vp + v], 0.0f) << "padded column " << n << "," << v;
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------------
 // engine kernels
 
@@ -534,6 +593,74 @@ TEST_F(GpuTest, AdamW) {
     ExpectNear(m.Gpu(), m.Cpu(), kTolAdam, "adamw m" + c);
     ExpectNear(v.Gpu(), v.Cpu(), kTolAdam, "adamw v" + c);
   }
+}
+
+// The step's device scalars: sum_squares_to is sum_squares kept on the device (bitwise: the
+// same partials added in the same order), sum_f64 and clip_factor match their CPU twins
+// bitwise, and adamw_dev with the factor in device memory is adamw with it as a value.
+TEST_F(GpuTest, DeviceScalars) {
+  const size_t n = 70001;
+  auto x = Make(RandomFloats(n, 85, -2.0f, 2.0f), "x");
+  Twin<double> ss(*gpu_, *cpu_, std::vector<double>(4), "sums");
+  for (bool g : {true, false}) {
+    k(g).sum_squares_to(ss.p(g), x.p(g), DType::kF32, n);
+    k(g).sum_squares_to(ss.p(g) + 1, x.p(g), DType::kF32, 1000);
+    k(g).sum_squares_to(ss.p(g) + 2, x.p(g), DType::kF32, 0);
+    k(g).sum_f64(ss.p(g) + 3, ss.p(g), 3, 4.0);
+  }
+  const auto gs = ss.Gpu(), cs = ss.Cpu();
+  EXPECT_EQ(gs[0], k(true).sum_squares(x.p(true), DType::kF32, n)) << "the host-returned sum, bitwise";
+  EXPECT_EQ(gs[1], k(true).sum_squares(x.p(true), DType::kF32, 1000));
+  EXPECT_EQ(gs[2], 0.0);
+  EXPECT_NEAR(gs[0], cs[0], 1e-12 * cs[0]);
+  EXPECT_EQ(gs[3], (gs[0] + gs[1] + gs[2]) / 4.0) << "index order, then the divisor";
+  EXPECT_EQ(cs[3], (cs[0] + cs[1] + cs[2]) / 4.0);
+
+  for (double sumsq : {0.0, 0.81, 2.25, 1e6}) {
+    for (float clip : {0.0f, 1.0f}) {
+      Twin<double> in(*gpu_, *cpu_, std::vector<double>{sumsq}, "ss");
+      auto out = Zeros(2, "norm, factor");
+      for (bool g : {true, false}) k(g).clip_factor(out.p(g), in.p(g), clip);
+      ExpectBitwise(out.Gpu(), out.Cpu(), "clip_factor " + std::to_string(sumsq) + " clip " + std::to_string(clip));
+      const float norm = static_cast<float>(std::sqrt(sumsq));
+      EXPECT_EQ(out.Gpu()[0], norm);
+      EXPECT_EQ(out.Gpu()[1], (clip > 0 && norm > clip) ? clip / (norm + 1e-6f) : 1.0f);
+    }
+  }
+
+  const size_t m = 30011;
+  auto p1 = Make(RandomFloats(m, 94), "param");
+  auto p2 = Make(RandomFloats(m, 94), "param (device factor)");
+  auto grad = Make(RandomFloats(m, 95, -0.1f, 0.1f), "grad");
+  auto m1 = Zeros(m, "m"), v1 = Zeros(m, "v"), m2 = Zeros(m, "m2"), v2 = Zeros(m, "v2");
+  auto factor = Make(std::vector<float>{0.3f, 0.7f}, "factor");
+  AdamWConfig cfg;
+  for (int64_t t = 1; t <= 2; t++) {
+    k(true).adamw(p1.p(true), grad.p(true), m1.p(true), v1.p(true), m, 6e-4f, 0.1f, cfg, t, 0.7f);
+    for (bool g : {true, false})
+      k(g).adamw_dev(p2.p(g), grad.p(g), m2.p(g), v2.p(g), m, 6e-4f, 0.1f, cfg, t, factor.p(g) + 1);
+  }
+  ExpectBitwise(p2.Gpu(), p1.Gpu(), "adamw_dev == adamw (param)");
+  ExpectBitwise(v2.Gpu(), v1.Gpu(), "adamw_dev == adamw (v)");
+  ExpectNear(p2.Gpu(), p2.Cpu(), kTolAdam, "adamw_dev vs its CPU twin");
+}
+
+// CopyToDeviceAsync: the host buffer is overwritten after every call, and more copies are made
+// than the staging ring has slots, so a slot still being copied would show up as wrong bytes.
+TEST_F(GpuTest, AsyncUploadsThroughTheStagingRing) {
+  const size_t n = 1000;
+  const int copies = 20;
+  DeviceBuffer dst(gpu_.get(), nullptr, MemKind::kActivations, copies * n * sizeof(int32_t), "destinations");
+  std::vector<int32_t> host(n);
+  for (int c = 0; c < copies; c++) {
+    for (size_t i = 0; i < n; i++) host[i] = c * 100000 + (int32_t)i;
+    gpu_->CopyToDeviceAsync(dst.as<int32_t>() + c * n, host.data(), n * sizeof(int32_t));
+    std::fill(host.begin(), host.end(), -1);  // reused at once
+  }
+  std::vector<int32_t> back((size_t)copies * n);
+  gpu_->CopyToHost(back.data(), dst.data(), back.size() * sizeof(int32_t));
+  for (int c = 0; c < copies; c++)
+    for (size_t i = 0; i < n; i++) ASSERT_EQ(back[c * n + i], c * 100000 + (int32_t)i) << "copy " << c << " [" << i << "]";
 }
 
 // ------------------------------------------------------------------------------------------------
