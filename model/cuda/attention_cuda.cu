@@ -1,5 +1,10 @@
 // Causal multi-head self-attention, flash-attention style, fp32. CPU twins: attention_forward /
-// attention_backward (model/kernels_cpu.cc). Memory O(B*T*C + B*NH*T): the [T,T] scores are
+// attention_backward (model/kernels_cpu.cc).
+//
+// Which kernels run: at MatmulPrecision::kBf16 (--dtype bf16, or --compute-dtype bf16) with head
+// size 64 or 128, the bf16 tensor-core kernels of attention_tc_cuda.cu (CPU twins
+// attention_forward_bf16 / attention_backward_bf16); otherwise, and always at kExact (which
+// promises fp32 products), the fp32 kernels of this file, for head sizes up to 128. Memory O(B*T*C + B*NH*T): the [T,T] scores are
 // never stored; the forward saves out and the per-row log-sum-exp, the backward recomputes P.
 //
 // Per (b, h), with q, k, v, o, dO the [T,hs] slices of that head (rows of qkv[B,T,3C], stride 3C:
@@ -23,6 +28,7 @@
 // to hs+1 floats so that lanes reading different rows hit different banks.
 #include <string>
 
+#include "model/cuda/attention_tc.h"
 #include "model/cuda/device_util.cuh"
 #include "model/cuda/launch.cuh"
 #include "model/cuda/kernels_cuda.h"
@@ -342,6 +348,10 @@ void CudaKernels::attention_forward(float* out, float* lse, const float* qkv, in
   if (B == 0 || T == 0) return;
   Bind();
   const AttentionShape a = Shape("attention_forward", B, T, C, NH);
+  if (precision_ == MatmulPrecision::kBf16 && cuda::TensorCoreAttentionSupports(a.hs)) {
+    cuda::AttentionForwardTc(out, lse, qkv, B, T, C, NH, a.scale, stream_);
+    return;
+  }
   switch (DimsPerLane(a.hs)) {
     case 1: LaunchForward<1>(a, out, lse, qkv, stream_); break;
     case 2: LaunchForward<2>(a, out, lse, qkv, stream_); break;
@@ -361,6 +371,10 @@ void CudaKernels::attention_backward(float* dqkv, const float* dout, const float
   SHARDGPT_LAUNCH(attention_backward_d_kernel, (unsigned)((rows + rows_per_block - 1) / rows_per_block), 256, 0, stream_)(
       D, dout, out, B, T, C, NH);
   SHARDGPT_CUDA_CHECK_LAUNCH("attention_backward_d_kernel");
+  if (precision_ == MatmulPrecision::kBf16 && cuda::TensorCoreAttentionSupports(a.hs)) {
+    cuda::AttentionBackwardTc(dqkv, dout, qkv, lse, D, B, T, C, NH, a.scale, stream_);
+    return;
+  }
   switch (DimsPerLane(a.hs)) {
     case 1: LaunchBackward<1>(a, dqkv, dout, qkv, lse, D, stream_); break;
     case 2: LaunchBackward<2>(a, dqkv, dout, qkv, lse, D, stream_); break;
