@@ -42,14 +42,14 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kNT = kTile / 8;  // n-tiles of 8 columns per tile of 64
 
 template <int HS>
-constexpr int Ld() { return HS + 8; }
+constexpr int kLd = HS + 8;  // shared-memory row stride (bf16 elements)
 
 // dst[r][d] (bf16, row stride Ld) = src[(row0 + r) * stride + d] for r < kTile, d < HS; rows >= T are 0.
 template <int HS, typename In>
 __device__ __forceinline__ void load_tile(uint16_t* dst, const In* src, int row0, int T, int64_t stride) {
   for (int i = threadIdx.x; i < kTile * HS; i += blockDim.x) {
     const int r = i / HS, d = i - r * HS, t = row0 + r;
-    dst[r * Ld<HS>() + d] = t < T ? f32_to_bf16(load_f32(src, (size_t)((int64_t)t * stride + d))) : uint16_t{0};
+    dst[r * kLd<HS> + d] = t < T ? f32_to_bf16(load_f32(src, (size_t)((int64_t)t * stride + d))) : uint16_t{0};
   }
 }
 
@@ -64,7 +64,7 @@ __device__ __forceinline__ void scores(float s[kNT][4], const uint32_t a[HS / 16
     #pragma unroll
     for (int j = 0; j < kNT; j++) {
       uint32_t b[2];
-      load_b_nk(b, tile, Ld<HS>(), 8 * j, 16 * kk);
+      load_b_nk(b, tile, kLd<HS>, 8 * j, 16 * kk);
       mma_bf16_16816(s[j], a[kk], b, s[j]);
     }
   }
@@ -80,7 +80,7 @@ __device__ __forceinline__ void accumulate_pv(float acc[HS / 8][4], const float 
     #pragma unroll
     for (int n = 0; n < HS / 8; n++) {
       uint32_t b[2];
-      load_b_kn(b, tile, Ld<HS>(), 16 * kk, 8 * n);
+      load_b_kn(b, tile, kLd<HS>, 16 * kk, 8 * n);
       mma_bf16_16816(acc[n], a, b, acc[n]);
     }
   }
@@ -90,7 +90,7 @@ __device__ __forceinline__ void accumulate_pv(float acc[HS / 8][4], const float 
 template <int HS>
 __device__ __forceinline__ void load_rows(uint32_t a[HS / 16][4], const uint16_t* tile, int warp) {
   #pragma unroll
-  for (int kk = 0; kk < HS / 16; kk++) load_a(a[kk], tile, Ld<HS>(), 16 * warp, 16 * kk);
+  for (int kk = 0; kk < HS / 16; kk++) load_a(a[kk], tile, kLd<HS>, 16 * warp, 16 * kk);
 }
 
 // Sum over the 4 lanes of a quad (the lanes holding one accumulator row); all end with the same bits.
@@ -112,8 +112,8 @@ __global__ void __launch_bounds__(kThreads)
     attention_tc_forward_kernel(float* out, float* lse, const In* qkv, int T, int C, int NH, float scale) {
   SHARDGPT_DYNAMIC_SHARED(uint16_t, smem);
   uint16_t* Qs = smem;
-  uint16_t* Ks = Qs + kTile * Ld<HS>();
-  uint16_t* Vs = Ks + kTile * Ld<HS>();
+  uint16_t* Ks = Qs + kTile * kLd<HS>;
+  uint16_t* Vs = Ks + kTile * kLd<HS>;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int q0 = tile_index() * kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
@@ -192,9 +192,9 @@ __global__ void __launch_bounds__(kThreads)
                                     int T, int C, int NH, float scale) {
   SHARDGPT_DYNAMIC_SHARED(uint16_t, smem);
   uint16_t* Qs = smem;
-  uint16_t* dOs = Qs + kTile * Ld<HS>();
-  uint16_t* Ks = dOs + kTile * Ld<HS>();
-  uint16_t* Vs = Ks + kTile * Ld<HS>();
+  uint16_t* dOs = Qs + kTile * kLd<HS>;
+  uint16_t* Ks = dOs + kTile * kLd<HS>;
+  uint16_t* Vs = Ks + kTile * kLd<HS>;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int q0 = tile_index() * kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
@@ -256,10 +256,10 @@ __global__ void __launch_bounds__(kThreads)
                                      int T, int C, int NH, float scale) {
   SHARDGPT_DYNAMIC_SHARED(uint16_t, smem);
   uint16_t* Ks = smem;
-  uint16_t* Vs = Ks + kTile * Ld<HS>();
-  uint16_t* Qs = Vs + kTile * Ld<HS>();
-  uint16_t* dOs = Qs + kTile * Ld<HS>();
-  float* ls = reinterpret_cast<float*>(dOs + kTile * Ld<HS>());  // lse of the query tile
+  uint16_t* Vs = Ks + kTile * kLd<HS>;
+  uint16_t* Qs = Vs + kTile * kLd<HS>;
+  uint16_t* dOs = Qs + kTile * kLd<HS>;
+  float* ls = reinterpret_cast<float*>(dOs + kTile * kLd<HS>);  // lse of the query tile
   float* Ds = ls + kTile;                                         // D of the query tile
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int k0 = (int)blockIdx.x * kTile;  // the first key tiles have the most query tiles: first
@@ -327,7 +327,7 @@ void AllowSharedMemory(Kernel kernel, size_t bytes) {
 }
 
 template <int HS>
-constexpr size_t TileBytes() { return sizeof(uint16_t) * kTile * Ld<HS>(); }
+constexpr size_t TileBytes() { return sizeof(uint16_t) * kTile * kLd<HS>; }
 
 template <int HS>
 void Forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, float scale, cudaStream_t stream) {
