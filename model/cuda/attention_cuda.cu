@@ -5,7 +5,7 @@
 // size 64 or 128, the bf16 tensor-core kernels of attention_tc_cuda.cu (CPU twins
 // attention_forward_bf16 / attention_backward_bf16); otherwise, and always at kExact (which
 // promises fp32 products), the fp32 kernels of this file, for head sizes up to 128. With
-// --attention cudnn (set_cudnn_attention), cuDNN's SDPA on bf16 copies (attention_cudnn_cuda.cu).
+// --attention cudnn (set_cudnn_attention), cuDNN's SDPA on bf16 copies (attention_cudnn.cc).
 //
 // Memory O(B*T*C + B*NH*T): the [T,T] scores are never stored; the forward saves out and the
 // per-row log-sum-exp, the backward recomputes P.

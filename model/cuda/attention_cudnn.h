@@ -1,4 +1,4 @@
-// cuDNN's SDPA for --attention cudnn (attention_cudnn_cuda.cu), on bf16 buffers; internal to
+// cuDNN's SDPA for --attention cudnn (attention_cudnn.cc), on bf16 buffers; internal to
 // model/cuda/ (attention_cuda.cu converts to and from the fp32 Kernels buffers). Without the
 // cuDNN frontend in the build, CudnnAttentionBuilt() is false and the others throw.
 #pragma once

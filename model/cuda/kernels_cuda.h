@@ -93,7 +93,7 @@ class CudaKernels final : public Kernels {
   void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
              const AdamWConfig& cfg, int64_t t, float grad_scale) const override;
 
-  // --attention cudnn: attention through cuDNN's SDPA (attention_cudnn_cuda.cu; bf16 products
+  // --attention cudnn: attention through cuDNN's SDPA (attention_cudnn.cc; bf16 products
   // at every precision). Only where CudnnAttentionBuilt() (attention_cudnn.h).
   void set_cudnn_attention(bool on) { cudnn_attention_ = on; }
 

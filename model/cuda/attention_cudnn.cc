@@ -8,6 +8,8 @@
 // (natural log, [B,NH,T,1]: our lse). The backward takes bf16 q, k, v, o, dO and the stats,
 // writes bf16 dq, dk, dv into a bf16 dqkv, which the caller adds to the fp32 dqkv. The
 // backward asks for cuDNN's deterministic algorithm. One graph per shape, built once.
+// Plain C++ (no kernels of its own): the host compiler parses the frontend's large headers
+// once, where nvcc would parse them once per GPU architecture.
 #include <cstdint>
 #include <map>
 #include <memory>
