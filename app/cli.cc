@@ -228,7 +228,7 @@ int Main(int argc, char** argv) {
   TrainOptions t;
   ModelFlags model_flags;
   EngineFlags engine_flags;
-  std::string schedule = "cosine", device = "cpu";
+  std::string schedule = "cosine", device = "cpu", attention = "own";
   CommOptions comm_options;
   bool no_shuffle = false;
   CLI::App* train = app.add_subcommand("train", "train a GPT on token shards (llm.c format)");
@@ -274,6 +274,11 @@ int Main(int argc, char** argv) {
                     "NCCL: seconds a collective may take before the job is ended (a rank or GPU died)")
       ->capture_default_str();
   train->add_option("--device", device, "cpu, or cuda (one GPU per rank, chosen by node-local rank)")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  train->add_option("--attention", attention,
+                    "attention kernels: own (this project's; on a GPU with --dtype bf16 the tensor-core ones) or "
+                    "cudnn (cuDNN SDPA, --device cuda, bf16; only in nvcc builds that found the cuDNN frontend; not "
+                    "yet run on a GPU)")
+      ->check(CLI::IsMember({"own", "cudnn"}))->capture_default_str();
   train->add_option("--ckpt-dir", t.ckpt_dir, "write sharded HDF5 checkpoints under DIR (every --ckpt-every steps and at the end)");
   train->add_option("--ckpt-every", t.ckpt_every, "checkpoint every N steps (0: only at the end)")->check(Finite(0, true))->capture_default_str();
   train->add_option("--keep-last", t.keep_last, "keep only the K newest checkpoints (0: all)")->check(Finite(0, true))->capture_default_str();
@@ -370,8 +375,10 @@ int Main(int argc, char** argv) {
   if (*train) {
     // The device first: the communicator must know where the buffers it moves live. Every
     // rank learns whether all devices came up before any communicator collective starts.
-    auto dev = CreateDevice(device, local_rank, local_size);
+    st = CheckAttentionChoice(attention, device);
+    auto dev = st.ok() ? CreateDevice(device, local_rank, local_size) : StatusOr<std::unique_ptr<Device>>(st);
     if (!dev.ok()) st = dev.status();
+    else st = ApplyAttentionChoice(attention, *dev.value());
     int all_ok = st.ok() ? 1 : 0;
     MPI_Allreduce(MPI_IN_PLACE, &all_ok, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
     std::unique_ptr<Communicator> comm;

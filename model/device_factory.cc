@@ -35,4 +35,35 @@ StatusOr<std::unique_ptr<Device>> CreateDevice(const std::string& kind, int loca
 #endif
 }
 
+Status CheckAttentionChoice(const std::string& attention, const std::string& device_kind) {
+  if (attention == "own") return Status::OK();
+  if (attention != "cudnn") return Status::InvalidArgument("--attention " + attention + ": expected own or cudnn");
+  if (device_kind != "cuda")
+    return Status::InvalidArgument("--attention cudnn: needs --device cuda (cuDNN runs on the GPU; --device " +
+                                   device_kind + " has only --attention own)");
+#if defined(SHARDGPT_CUDA_EMULATION)
+  return Status::Unimplemented(
+      "--attention cudnn: this build has no cuDNN frontend: it is the CUDA emulation, which has no cuDNN (use "
+      "--attention own)");
+#elif defined(SHARDGPT_HAVE_CUDA)
+  if (CudnnAttentionInBuild()) return Status::OK();
+  return Status::Unimplemented(
+      "--attention cudnn: this build has no cuDNN frontend: CMake found no cudnn_frontend.h and cuDNN 9 at "
+      "configure time (pip install nvidia-cudnn-frontend, or -DCUDNN_FRONTEND_INCLUDE_DIR=..., then reconfigure; "
+      "or use --attention own)");
+#else
+  return Status::Unimplemented("--attention cudnn: this build has no cuDNN frontend (no CUDA backend either)");
+#endif
+}
+
+Status ApplyAttentionChoice(const std::string& attention, Device& device) {
+  if (attention != "cudnn") return Status::OK();
+#ifdef SHARDGPT_HAVE_CUDA
+  return UseCudnnAttention(device);
+#else
+  (void)device;
+  return Status::Unimplemented("--attention cudnn: this build has no cuDNN frontend (no CUDA backend either)");
+#endif
+}
+
 }  // namespace shardgpt

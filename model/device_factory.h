@@ -22,4 +22,12 @@ int VisibleGpuCount();
 // CUDA error).
 StatusOr<std::unique_ptr<Device>> CreateDevice(const std::string& kind, int local_rank, int local_size);
 
+// --attention: "own" (the default: this project's kernels, on every device) or "cudnn" (cuDNN's
+// SDPA through the cuDNN frontend graph API, GPU only). Checked before the device is made: OK,
+// or one error line naming the flag ("cudnn" with --device cpu; "cudnn" in a build without the
+// cuDNN frontend: the CUDA emulation, or nvcc builds where CMake found no cudnn_frontend.h).
+Status CheckAttentionChoice(const std::string& attention, const std::string& device_kind);
+// Applies a checked choice to the device made for it (cudnn: the CUDA kernels switch to cuDNN).
+Status ApplyAttentionChoice(const std::string& attention, Device& device);
+
 }  // namespace shardgpt

@@ -1,6 +1,14 @@
 // Causal multi-head self-attention, flash-attention style, fp32. CPU twins: attention_forward /
-// attention_backward (model/kernels_cpu.cc). Memory O(B*T*C + B*NH*T): the [T,T] scores are
-// never stored; the forward saves out and the per-row log-sum-exp, the backward recomputes P.
+// attention_backward (model/kernels_cpu.cc).
+//
+// Which kernels run: at MatmulPrecision::kBf16 (--dtype bf16, or --compute-dtype bf16) with head
+// size 64 or 128, the bf16 tensor-core kernels of attention_tc_cuda.cu (CPU twins
+// attention_forward_bf16 / attention_backward_bf16); otherwise, and always at kExact (which
+// promises fp32 products), the fp32 kernels of this file, for head sizes up to 128. With
+// --attention cudnn (set_cudnn_attention), cuDNN's SDPA on bf16 copies (attention_cudnn.cc).
+//
+// Memory O(B*T*C + B*NH*T): the [T,T] scores are never stored; the forward saves out and the
+// per-row log-sum-exp, the backward recomputes P.
 //
 // Per (b, h), with q, k, v, o, dO the [T,hs] slices of that head (rows of qkv[B,T,3C], stride 3C:
 // q at channel h*hs, k at C + h*hs, v at 2C + h*hs; o and dO rows of [B,T,C]), scale = 1/sqrt(hs):
@@ -23,6 +31,8 @@
 // to hs+1 floats so that lanes reading different rows hit different banks.
 #include <string>
 
+#include "model/cuda/attention_cudnn.h"
+#include "model/cuda/attention_tc.h"
 #include "model/cuda/device_util.cuh"
 #include "model/cuda/launch.cuh"
 #include "model/cuda/kernels_cuda.h"
@@ -336,12 +346,30 @@ void LaunchBackward(const AttentionShape& a, float* dqkv, const float* dout, con
 
 int DimsPerLane(int hs) { return (hs + 31) / 32; }
 
+size_t Align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
 }  // namespace
 
 void CudaKernels::attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) const {
   if (B == 0 || T == 0) return;
   Bind();
   const AttentionShape a = Shape("attention_forward", B, T, C, NH);
+  if (cudnn_attention_) {  // bf16 copies in, cuDNN, fp32 out
+    const size_t n_qkv = (size_t)B * T * 3 * C, n_o = (size_t)B * T * C;
+    const size_t ws = cuda::CudnnAttentionWorkspace(device_, stream_, false, B, T, C, NH, a.scale);
+    char* base = static_cast<char*>(Scratch(Align256(n_qkv * 2) + Align256(n_o * 2) + ws));
+    auto* qkv16 = reinterpret_cast<uint16_t*>(base);
+    auto* o16 = reinterpret_cast<uint16_t*>(base + Align256(n_qkv * 2));
+    convert(qkv, DType::kF32, qkv16, DType::kBF16, n_qkv);
+    cuda::CudnnAttentionForward(device_, stream_, o16, lse, qkv16, B, T, C, NH, a.scale,
+                                base + Align256(n_qkv * 2) + Align256(n_o * 2));
+    convert(o16, DType::kBF16, out, DType::kF32, n_o);
+    return;
+  }
+  if (precision_ == MatmulPrecision::kBf16 && cuda::TensorCoreAttentionSupports(a.hs)) {
+    cuda::AttentionForwardTc(out, lse, qkv, B, T, C, NH, a.scale, stream_);
+    return;
+  }
   switch (DimsPerLane(a.hs)) {
     case 1: LaunchForward<1>(a, out, lse, qkv, stream_); break;
     case 2: LaunchForward<2>(a, out, lse, qkv, stream_); break;
@@ -355,12 +383,33 @@ void CudaKernels::attention_backward(float* dqkv, const float* dout, const float
   if (B == 0 || T == 0) return;
   Bind();
   const AttentionShape a = Shape("attention_backward", B, T, C, NH);
+  if (cudnn_attention_) {  // bf16 copies in, cuDNN, dqkv += the bf16 gradient
+    const size_t n_qkv = (size_t)B * T * 3 * C, n_o = (size_t)B * T * C;
+    const size_t ws = cuda::CudnnAttentionWorkspace(device_, stream_, true, B, T, C, NH, a.scale);
+    const size_t s_qkv = Align256(n_qkv * 2), s_o = Align256(n_o * 2);
+    char* base = static_cast<char*>(Scratch(2 * s_qkv + 2 * s_o + ws));
+    auto* qkv16 = reinterpret_cast<uint16_t*>(base);
+    auto* dqkv16 = reinterpret_cast<uint16_t*>(base + s_qkv);
+    auto* o16 = reinterpret_cast<uint16_t*>(base + 2 * s_qkv);
+    auto* do16 = reinterpret_cast<uint16_t*>(base + 2 * s_qkv + s_o);
+    convert(qkv, DType::kF32, qkv16, DType::kBF16, n_qkv);
+    convert(out, DType::kF32, o16, DType::kBF16, n_o);
+    convert(dout, DType::kF32, do16, DType::kBF16, n_o);
+    cuda::CudnnAttentionBackward(device_, stream_, dqkv16, do16, qkv16, o16, lse, B, T, C, NH, a.scale,
+                                 base + 2 * s_qkv + 2 * s_o);
+    accumulate(dqkv, DType::kF32, dqkv16, DType::kBF16, n_qkv);
+    return;
+  }
   const int64_t rows = (int64_t)B * NH * T;
   float* D = static_cast<float*>(Scratch(sizeof(float) * rows));
   const int rows_per_block = 256 / 32;
   SHARDGPT_LAUNCH(attention_backward_d_kernel, (unsigned)((rows + rows_per_block - 1) / rows_per_block), 256, 0, stream_)(
       D, dout, out, B, T, C, NH);
   SHARDGPT_CUDA_CHECK_LAUNCH("attention_backward_d_kernel");
+  if (precision_ == MatmulPrecision::kBf16 && cuda::TensorCoreAttentionSupports(a.hs)) {
+    cuda::AttentionBackwardTc(dqkv, dout, qkv, lse, D, B, T, C, NH, a.scale, stream_);
+    return;
+  }
   switch (DimsPerLane(a.hs)) {
     case 1: LaunchBackward<1>(a, dqkv, dout, qkv, lse, D, stream_); break;
     case 2: LaunchBackward<2>(a, dqkv, dout, qkv, lse, D, stream_); break;

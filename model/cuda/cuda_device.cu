@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "model/cuda/cuda_device.h"
+#include "model/cuda/attention_cudnn.h"
 #include "model/cuda/kernels_cuda.h"
 
 #ifdef SHARDGPT_CUDA_EMULATION
@@ -483,6 +484,17 @@ class CudaDevice final : public Device {
 };
 
 }  // namespace
+
+bool CudnnAttentionInBuild() { return cuda::CudnnAttentionBuilt(); }
+
+Status UseCudnnAttention(Device& device) {
+  auto* cuda = dynamic_cast<CudaDevice*>(&device);
+  if (!cuda) return Status::InvalidArgument("--attention cudnn: needs --device cuda");
+  if (!cuda::CudnnAttentionBuilt())
+    return Status::Unimplemented("--attention cudnn: this build has no cuDNN frontend");
+  static_cast<CudaKernels&>(cuda->kernels()).set_cudnn_attention(true);
+  return Status::OK();
+}
 
 int CudaDeviceOrdinal(Device& device) {
   auto* cuda = dynamic_cast<CudaDevice*>(&device);

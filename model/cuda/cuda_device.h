@@ -36,4 +36,10 @@ void* CudaComputeStream(Device& device);
 // other device, or when CUDA cannot tell. The NCCL communicator refuses two ranks on one GPU by it.
 std::string CudaPciBusId(Device& device);
 
+// True when this build has the cuDNN SDPA path (--attention cudnn; model/cuda/attention_cudnn.h).
+bool CudnnAttentionInBuild();
+// --attention cudnn on a device made by CreateCudaDevice; an error line for any other device or
+// a build without the path.
+Status UseCudnnAttention(Device& device);
+
 }  // namespace shardgpt

@@ -104,6 +104,10 @@ class CudaKernels final : public Kernels {
   void adamw_dev(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
                  const AdamWConfig& cfg, int64_t t, const float* grad_scale) const override;
 
+  // --attention cudnn: attention through cuDNN's SDPA (attention_cudnn.cc; bf16 products
+  // at every precision). Only where CudnnAttentionBuilt() (attention_cudnn.h).
+  void set_cudnn_attention(bool on) { cudnn_attention_ = on; }
+
   // Bytes of the cuBLASLt workspace, allocated once by Init().
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
@@ -164,6 +168,7 @@ class CudaKernels final : public Kernels {
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
   mutable std::map<GemmKey, GemmPlan> plans_;
+  bool cudnn_attention_ = false;
   mutable void* scratch_[kNumSlots] = {};
   mutable size_t scratch_bytes_[kNumSlots] = {};
   // Host staging of the losses and the sum-of-squares partials (the host-returning kernels).

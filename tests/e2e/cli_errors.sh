@@ -48,6 +48,13 @@ check n-layer-zero      "--n-layer"          -- train $D --n-layer 0
 check keep-last-neg     "--keep-last"        -- train $D --keep-last -1
 check seq-len-huge      "seq-len 100000000"  -- train $D --seq-len 100000000
 check nccl-on-cpu       "--comm nccl"        -- train $D --comm nccl
+check attention-name   "--attention"        -- train $D --attention flash
+check attention-cpu    "--attention cudnn: needs --device cuda" -- train $D --attention cudnn
+# --attention cudnn with every GPU hidden: refused for the build (no cuDNN frontend: CI, the
+# emulation) or, where the cuDNN path is built, for the missing GPU.
+export CUDA_VISIBLE_DEVICES=
+check attention-cudnn  "no cuDNN frontend\|--device cuda: no usable GPU" -- train $D --attention cudnn --device cuda
+unset CUDA_VISIBLE_DEVICES
 check comm-timeout      "--comm-timeout"     -- train $D --comm-timeout 0
 check init-missing      "$T/none.bin"        -- train $D --init "$T/none.bin"
 check init-bad          "model.bin"          -- train $D --init "$T/model.bin"

@@ -1,0 +1,374 @@
+// Causal multi-head self-attention on bf16 tensor cores, flash-attention-2 style: no [T,T]
+// tensor, fp32 softmax statistics in registers, bf16 operands to mma.sync m16n8k16 (mma.cuh).
+// CPU twins: attention_forward_bf16 / attention_backward_bf16 (model/kernels_cpu_bf16.h).
+//
+// Per (b, h), q, k, v, o, dO the [T,hs] slices of that head, scale = 1/sqrt(hs):
+//   forward:  for each key tile j (causal: up to the diagonal tile), per query row:
+//               S = (bf16(q) bf16(k_j)^T) * scale, masked to key <= query and key < T;
+//               m' = max(m, rowmax S);  p = exp(S - m');  l = l e^(m-m') + rowsum p;
+//               o = o e^(m-m') + bf16(p) bf16(v_j)
+//             then o /= l, lse = m + log l.
+//   backward: D_t = dO_t . o_t (fp32, attention_cuda.cu);  P = exp(S - lse);  dP = bf16(dO) bf16(v)^T;
+//             dS = P (dP - D);  dq += bf16(dS) bf16(k) * scale;
+//             dv += bf16(P)^T bf16(dO);  dk += bf16(dS)^T bf16(q) * scale.
+//
+// Blocks of kWarps = 4 warps, tiles of kTile = 64 rows (queries or keys): warp w owns the 16
+// rows 16w..16w+15 of its block's tile, as the rows of its m16n8k16 A fragments, and meets the
+// other side's 64 columns as 8 n-tiles of 8. Kernels:
+//   forward   a block per (query tile, b*NH + h), looping over key tiles 0..diagonal;
+//   dq        a block per (query tile, bh), looping over key tiles 0..diagonal;
+//   dk, dv    a block per (key tile, bh), looping over query tiles diagonal..end.
+// Every output element is summed by one thread in a fixed order: no atomics, bitwise
+// reproducible. Tiles are loaded to shared memory as bf16 (rows past T as zeros, masked);
+// rows are padded by 8 elements (16 bytes) to spread the fragment loads over the banks.
+// Inputs go through load_f32 (device_util.cuh), so that bf16 activations only change the
+// template argument In.
+#include <cmath>
+
+#include "model/cuda/attention_tc.h"
+#include "model/cuda/device_util.cuh"
+#include "model/cuda/kernels_cuda.h"
+#include "model/cuda/launch.cuh"
+#include "model/cuda/mma.cuh"
+
+namespace shardgpt {
+namespace cuda {
+
+namespace {
+
+constexpr int kTile = 64;
+constexpr int kWarps = kTile / 16;
+constexpr int kThreads = kWarps * 32;
+constexpr int kNT = kTile / 8;  // n-tiles of 8 columns per tile of 64
+
+template <int HS>
+constexpr int kLd = HS + 8;  // shared-memory row stride (bf16 elements)
+
+// dst[r][d] (bf16, row stride Ld) = src[(row0 + r) * stride + d] for r < kTile, d < HS; rows >= T are 0.
+template <int HS, typename In>
+__device__ __forceinline__ void load_tile(uint16_t* dst, const In* src, int row0, int T, int64_t stride) {
+  for (int i = threadIdx.x; i < kTile * HS; i += blockDim.x) {
+    const int r = i / HS, d = i - r * HS, t = row0 + r;
+    dst[r * kLd<HS> + d] = t < T ? f32_to_bf16(load_f32(src, (size_t)((int64_t)t * stride + d))) : uint16_t{0};
+  }
+}
+
+// s[8][4] = A (16 rows, HS) x B^T where B's rows are the 64 rows of `tile` (bf16, Ld):
+// the 16 x 64 scores of this warp's rows against the tile's rows.
+template <int HS>
+__device__ __forceinline__ void scores(float s[kNT][4], const uint32_t a[HS / 16][4], const uint16_t* tile) {
+  #pragma unroll
+  for (int j = 0; j < kNT; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+  #pragma unroll
+  for (int kk = 0; kk < HS / 16; kk++) {
+    #pragma unroll
+    for (int j = 0; j < kNT; j++) {
+      uint32_t b[2];
+      load_b_nk(b, tile, kLd<HS>, 8 * j, 16 * kk);
+      mma_bf16_16816(s[j], a[kk], b, s[j]);
+    }
+  }
+}
+
+// acc[HS/8][4] += bf16(p) (16 x 64, accumulator layout) x tile (64 rows x HS, bf16, Ld).
+template <int HS>
+__device__ __forceinline__ void accumulate_pv(float acc[HS / 8][4], const float p[kNT][4], const uint16_t* tile) {
+  #pragma unroll
+  for (int kk = 0; kk < kTile / 16; kk++) {
+    uint32_t a[4];
+    acc_to_a(a, p[2 * kk], p[2 * kk + 1]);
+    #pragma unroll
+    for (int n = 0; n < HS / 8; n++) {
+      uint32_t b[2];
+      load_b_kn(b, tile, kLd<HS>, 16 * kk, 8 * n);
+      mma_bf16_16816(acc[n], a, b, acc[n]);
+    }
+  }
+}
+
+// The A fragments of rows 16*warp.. of `tile` for every k-step of HS.
+template <int HS>
+__device__ __forceinline__ void load_rows(uint32_t a[HS / 16][4], const uint16_t* tile, int warp) {
+  #pragma unroll
+  for (int kk = 0; kk < HS / 16; kk++) load_a(a[kk], tile, kLd<HS>, 16 * warp, 16 * kk);
+}
+
+// Sum over the 4 lanes of a quad (the lanes holding one accumulator row); all end with the same bits.
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(kFullMask, v, 1);
+  return v + __shfl_xor_sync(kFullMask, v, 2);
+}
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(kFullMask, v, 1));
+  return fmaxf(v, __shfl_xor_sync(kFullMask, v, 2));
+}
+
+// Tiles in reverse order: the longest (last) query tiles start first, the short ones fill the tail.
+__device__ __forceinline__ int tile_index() { return (int)(gridDim.x - 1 - blockIdx.x); }
+
+// ---- forward: a block per (query tile, bh) ----
+template <int HS, typename In>
+__global__ void __launch_bounds__(kThreads)
+    attention_tc_forward_kernel(float* out, float* lse, const In* qkv, int T, int C, int NH, float scale) {
+  SHARDGPT_DYNAMIC_SHARED(uint16_t, smem);
+  uint16_t* Qs = smem;
+  uint16_t* Ks = Qs + kTile * kLd<HS>;
+  uint16_t* Vs = Ks + kTile * kLd<HS>;
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int q0 = tile_index() * kTile;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  const int64_t C3 = 3 * (int64_t)C;
+  const In* q = qkv + (int64_t)b * T * C3 + h * HS;
+  load_tile<HS>(Qs, q, q0, T, C3);
+  __syncthreads();
+  uint32_t qa[HS / 16][4];
+  load_rows<HS>(qa, Qs, warp);
+
+  const int row[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};  // this lane's two rows
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};          // l: this lane's partial sums
+  float o[HS / 8][4];
+  #pragma unroll
+  for (int n = 0; n < HS / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+  const int q_last = min(q0 + kTile, T) - 1;
+  for (int k0 = 0; k0 <= q_last; k0 += kTile) {
+    __syncthreads();  // the previous K, V tiles are consumed
+    load_tile<HS>(Ks, q + C, k0, T, C3);
+    load_tile<HS>(Vs, q + 2 * C, k0, T, C3);
+    __syncthreads();
+    float s[kNT][4];
+    scores<HS>(s, qa, Ks);
+    float mx[2] = {-INFINITY, -INFINITY};
+    #pragma unroll
+    for (int j = 0; j < kNT; j++)
+      #pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int key = k0 + 8 * j + 2 * tq + (e & 1), r = e >> 1;
+        s[j][e] = key <= row[r] && key < T ? s[j][e] * scale : -INFINITY;
+        mx[r] = fmaxf(mx[r], s[j][e]);
+      }
+    float alpha[2], base[2];
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+      const float m_new = fmaxf(m[r], quad_max(mx[r]));
+      base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet: p = 0, no NaN
+      alpha[r] = expf(m[r] - base[r]);
+      m[r] = m_new;
+    }
+    float sum[2] = {0.0f, 0.0f};
+    #pragma unroll
+    for (int j = 0; j < kNT; j++)
+      #pragma unroll
+      for (int e = 0; e < 4; e++) {
+        s[j][e] = expf(s[j][e] - base[e >> 1]);
+        sum[e >> 1] += s[j][e];
+      }
+    #pragma unroll
+    for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
+    #pragma unroll
+    for (int n = 0; n < HS / 8; n++)
+      #pragma unroll
+      for (int e = 0; e < 4; e++) o[n][e] *= alpha[e >> 1];
+    accumulate_pv<HS>(o, s, Vs);
+  }
+  #pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const float lr = quad_sum(l[r]);
+    if (row[r] >= T) continue;
+    float* orow = out + ((int64_t)b * T + row[r]) * C + h * HS;
+    #pragma unroll
+    for (int n = 0; n < HS / 8; n++) {
+      orow[8 * n + 2 * tq] = o[n][2 * r] / lr;
+      orow[8 * n + 2 * tq + 1] = o[n][2 * r + 1] / lr;
+    }
+    if (tq == 0) lse[(int64_t)bh * T + row[r]] = m[r] + logf(lr);
+  }
+}
+
+// ---- backward, dq: a block per (query tile, bh), looping over key tiles 0..diagonal ----
+template <int HS, typename In>
+__global__ void __launch_bounds__(kThreads)
+    attention_tc_backward_dq_kernel(float* dqkv, const In* dout, const In* qkv, const float* lse, const float* Dg,
+                                    int T, int C, int NH, float scale) {
+  SHARDGPT_DYNAMIC_SHARED(uint16_t, smem);
+  uint16_t* Qs = smem;
+  uint16_t* dOs = Qs + kTile * kLd<HS>;
+  uint16_t* Ks = dOs + kTile * kLd<HS>;
+  uint16_t* Vs = Ks + kTile * kLd<HS>;
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int q0 = tile_index() * kTile;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  const int64_t C3 = 3 * (int64_t)C;
+  const In* q = qkv + (int64_t)b * T * C3 + h * HS;
+  load_tile<HS>(Qs, q, q0, T, C3);
+  load_tile<HS>(dOs, dout + (int64_t)b * T * C + h * HS, q0, T, C);
+  __syncthreads();
+  uint32_t qa[HS / 16][4], da[HS / 16][4];
+  load_rows<HS>(qa, Qs, warp);
+  load_rows<HS>(da, dOs, warp);
+  const int row[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
+  float lse_r[2], D_r[2];
+  #pragma unroll
+  for (int r = 0; r < 2; r++) {
+    lse_r[r] = row[r] < T ? lse[(int64_t)bh * T + row[r]] : 0.0f;
+    D_r[r] = row[r] < T ? Dg[(int64_t)bh * T + row[r]] : 0.0f;
+  }
+  float dq[HS / 8][4];
+  #pragma unroll
+  for (int n = 0; n < HS / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+
+  const int q_last = min(q0 + kTile, T) - 1;
+  for (int k0 = 0; k0 <= q_last; k0 += kTile) {
+    __syncthreads();
+    load_tile<HS>(Ks, q + C, k0, T, C3);
+    load_tile<HS>(Vs, q + 2 * C, k0, T, C3);
+    __syncthreads();
+    float s[kNT][4], dp[kNT][4];
+    scores<HS>(s, qa, Ks);   // q k^T
+    scores<HS>(dp, da, Vs);  // dO v^T
+    #pragma unroll
+    for (int j = 0; j < kNT; j++)
+      #pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int key = k0 + 8 * j + 2 * tq + (e & 1), r = e >> 1;
+        const float p = key <= row[r] && key < T && row[r] < T ? expf(s[j][e] * scale - lse_r[r]) : 0.0f;
+        s[j][e] = p * (dp[j][e] - D_r[r]);  // dS
+      }
+    accumulate_pv<HS>(dq, s, Ks);  // dq += dS k
+  }
+  #pragma unroll
+  for (int r = 0; r < 2; r++) {
+    if (row[r] >= T) continue;
+    float* dqrow = dqkv + ((int64_t)b * T + row[r]) * C3 + h * HS;
+    #pragma unroll
+    for (int n = 0; n < HS / 8; n++) {
+      dqrow[8 * n + 2 * tq] += dq[n][2 * r] * scale;
+      dqrow[8 * n + 2 * tq + 1] += dq[n][2 * r + 1] * scale;
+    }
+  }
+}
+
+// ---- backward, dk and dv: a block per (key tile, bh), looping over query tiles diagonal..end.
+// The warp's rows are keys: S^T = k q^T, dP^T = v dO^T, so P^T and dS^T are A fragments. ----
+template <int HS, typename In>
+__global__ void __launch_bounds__(kThreads)
+    attention_tc_backward_dkv_kernel(float* dqkv, const In* dout, const In* qkv, const float* lse, const float* Dg,
+                                     int T, int C, int NH, float scale) {
+  SHARDGPT_DYNAMIC_SHARED(uint16_t, smem);
+  uint16_t* Ks = smem;
+  uint16_t* Vs = Ks + kTile * kLd<HS>;
+  uint16_t* Qs = Vs + kTile * kLd<HS>;
+  uint16_t* dOs = Qs + kTile * kLd<HS>;
+  float* ls = reinterpret_cast<float*>(dOs + kTile * kLd<HS>);  // lse of the query tile
+  float* Ds = ls + kTile;                                         // D of the query tile
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int k0 = (int)blockIdx.x * kTile;  // the first key tiles have the most query tiles: first
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  const int64_t C3 = 3 * (int64_t)C;
+  const In* q = qkv + (int64_t)b * T * C3 + h * HS;
+  const In* dO = dout + (int64_t)b * T * C + h * HS;
+  load_tile<HS>(Ks, q + C, k0, T, C3);
+  load_tile<HS>(Vs, q + 2 * C, k0, T, C3);
+  __syncthreads();
+  uint32_t ka[HS / 16][4], va[HS / 16][4];
+  load_rows<HS>(ka, Ks, warp);
+  load_rows<HS>(va, Vs, warp);
+  const int key[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
+  float dk[HS / 8][4], dv[HS / 8][4];
+  #pragma unroll
+  for (int n = 0; n < HS / 8; n++)
+    #pragma unroll
+    for (int e = 0; e < 4; e++) dk[n][e] = dv[n][e] = 0.0f;
+
+  for (int q0 = k0; q0 < T; q0 += kTile) {
+    __syncthreads();
+    load_tile<HS>(Qs, q, q0, T, C3);
+    load_tile<HS>(dOs, dO, q0, T, C);
+    for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
+      const int t = q0 + i;
+      ls[i] = t < T ? lse[(int64_t)bh * T + t] : 0.0f;
+      Ds[i] = t < T ? Dg[(int64_t)bh * T + t] : 0.0f;
+    }
+    __syncthreads();
+    float p[kNT][4], ds[kNT][4];
+    scores<HS>(p, ka, Qs);    // k q^T
+    scores<HS>(ds, va, dOs);  // v dO^T
+    #pragma unroll
+    for (int j = 0; j < kNT; j++)
+      #pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int c = 8 * j + 2 * tq + (e & 1), t = q0 + c, s = key[e >> 1];
+        const float pv = s <= t && t < T && s < T ? expf(p[j][e] * scale - ls[c]) : 0.0f;
+        p[j][e] = pv;
+        ds[j][e] = pv * (ds[j][e] - Ds[c]);
+      }
+    accumulate_pv<HS>(dv, p, dOs);  // dv += P^T dO
+    accumulate_pv<HS>(dk, ds, Qs);  // dk += dS^T q
+  }
+  #pragma unroll
+  for (int r = 0; r < 2; r++) {
+    if (key[r] >= T) continue;
+    float* dkrow = dqkv + ((int64_t)b * T + key[r]) * C3 + C + h * HS;
+    float* dvrow = dkrow + C;
+    #pragma unroll
+    for (int n = 0; n < HS / 8; n++)
+      #pragma unroll
+      for (int e = 0; e < 2; e++) {
+        dkrow[8 * n + 2 * tq + e] += dk[n][2 * r + e] * scale;
+        dvrow[8 * n + 2 * tq + e] += dv[n][2 * r + e];
+      }
+  }
+}
+
+template <typename Kernel>
+void AllowSharedMemory(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    SHARDGPT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+template <int HS>
+constexpr size_t TileBytes() { return sizeof(uint16_t) * kTile * kLd<HS>; }
+
+template <int HS>
+void Forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, float scale, cudaStream_t stream) {
+  const dim3 grid((T + kTile - 1) / kTile, B * NH);
+  const size_t smem = 3 * TileBytes<HS>();
+  auto* attention_tc_forward = &attention_tc_forward_kernel<HS, float>;  // (a template-id has commas)
+  AllowSharedMemory(attention_tc_forward, smem);
+  SHARDGPT_LAUNCH(attention_tc_forward, grid, kThreads, smem, stream)(out, lse, qkv, T, C, NH, scale);
+  SHARDGPT_CUDA_CHECK_LAUNCH("attention_tc_forward_kernel");
+}
+
+template <int HS>
+void Backward(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* D, int B, int T, int C,
+              int NH, float scale, cudaStream_t stream) {
+  const dim3 grid((T + kTile - 1) / kTile, B * NH);
+  const size_t smem_dq = 4 * TileBytes<HS>();
+  auto* attention_tc_backward_dq = &attention_tc_backward_dq_kernel<HS, float>;
+  AllowSharedMemory(attention_tc_backward_dq, smem_dq);
+  SHARDGPT_LAUNCH(attention_tc_backward_dq, grid, kThreads, smem_dq, stream)(dqkv, dout, qkv, lse, D, T, C, NH, scale);
+  SHARDGPT_CUDA_CHECK_LAUNCH("attention_tc_backward_dq_kernel");
+  const size_t smem_dkv = smem_dq + 2 * sizeof(float) * kTile;
+  auto* attention_tc_backward_dkv = &attention_tc_backward_dkv_kernel<HS, float>;
+  AllowSharedMemory(attention_tc_backward_dkv, smem_dkv);
+  SHARDGPT_LAUNCH(attention_tc_backward_dkv, grid, kThreads, smem_dkv, stream)(dqkv, dout, qkv, lse, D, T, C, NH,
+                                                                                scale);
+  SHARDGPT_CUDA_CHECK_LAUNCH("attention_tc_backward_dkv_kernel");
+}
+
+}  // namespace
+
+void AttentionForwardTc(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, float scale,
+                        cudaStream_t stream) {
+  if (C / NH == 64) Forward<64>(out, lse, qkv, B, T, C, NH, scale, stream);
+  else Forward<128>(out, lse, qkv, B, T, C, NH, scale, stream);
+}
+
+void AttentionBackwardTc(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* D, int B,
+                         int T, int C, int NH, float scale, cudaStream_t stream) {
+  if (C / NH == 64) Backward<64>(dqkv, dout, qkv, lse, D, B, T, C, NH, scale, stream);
+  else Backward<128>(dqkv, dout, qkv, lse, D, B, T, C, NH, scale, stream);
+}
+
+}  // namespace cuda
+}  // namespace shardgpt
