@@ -169,21 +169,21 @@ class ProfilingKernels final : public Kernels {
   }
   void crossentropy_softmax_acc(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                                 float dloss_scale, double* loss_acc) const override {
-    Time("crossentropy_softmax", 0,
+    Time("crossentropy_softmax", 0, a_ * 2.0 * N * Vp + 8.0 * N,
          [&] { k_.crossentropy_softmax_acc(logits, losses, targets, N, V, Vp, dloss_scale, loss_acc); });
   }
   void sum_squares_to(double* dst, const void* x, DType dtype, size_t n) const override {
-    Time("sum_squares (engine)", 0, [&] { k_.sum_squares_to(dst, x, dtype, n); });
+    Time("sum_squares (engine)", 0, double(n) * DTypeSize(dtype), [&] { k_.sum_squares_to(dst, x, dtype, n); });
   }
   void sum_f64(double* dst, const double* src, size_t n, double divisor) const override {
-    Time("sum_f64 (engine)", 0, [&] { k_.sum_f64(dst, src, n, divisor); });
+    Time("sum_f64 (engine)", 0, 8.0 * n, [&] { k_.sum_f64(dst, src, n, divisor); });
   }
   void clip_factor(float* out, const double* ss, float grad_clip) const override {
-    Time("clip_factor (engine)", 0, [&] { k_.clip_factor(out, ss, grad_clip); });
+    Time("clip_factor (engine)", 0, 16.0, [&] { k_.clip_factor(out, ss, grad_clip); });
   }
   void adamw_dev(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
                  const AdamWConfig& cfg, int64_t t, const float* grad_scale) const override {
-    Time("adamw (engine)", 0, [&] { k_.adamw_dev(param, grad, m, v, n, lr, weight_decay, cfg, t, grad_scale); });
+    Time("adamw (engine)", 0, 4.0 * 7 * n, [&] { k_.adamw_dev(param, grad, m, v, n, lr, weight_decay, cfg, t, grad_scale); });
   }
 
  private:
