@@ -22,6 +22,9 @@ Status RunPrepareTokenizer(const std::string& tokenizer_json, const std::vector<
                            const std::string& out_dir, double val_fraction, int threads) {
   auto tok = BpeTokenizer::Load(tokenizer_json);
   if (!tok.ok()) return tok.status();
+  if (tok.value()->vocab_size() > 65535)
+    return Status::InvalidArgument(tokenizer_json + ": vocabulary of " + std::to_string(tok.value()->vocab_size()) +
+                                   " ids does not fit uint16 token shards (expected at most 65535)");
   BpePrepareOptions o;
   o.val_fraction = val_fraction;
   o.threads = threads;

@@ -76,6 +76,30 @@ std::string TypeOf(const nlohmann::json& j) {
   return j.is_object() && j.contains("type") ? j["type"].dump() : j.dump().substr(0, 60);
 }
 
+// The offset of the first byte that is not part of valid UTF-8 (overlong forms, surrogates and
+// code points above U+10FFFF included), or n.
+size_t FirstInvalidUtf8(const unsigned char* s, size_t n) {
+  size_t i = 0;
+  while (i < n) {
+    const unsigned char c = s[i];
+    if (c < 0x80) { i++; continue; }
+    int len;
+    uint32_t cp, min;
+    if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F, min = 0x80;
+    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F, min = 0x800;
+    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07, min = 0x10000;
+    else return i;
+    if (i + len > n) return i;
+    for (int k = 1; k < len; k++) {
+      if ((s[i + k] & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (s[i + k] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+    i += len;
+  }
+  return n;
+}
+
 bool IsAsciiSpace(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 
 }  // namespace
@@ -280,13 +304,13 @@ Status BpeTokenizer::Session::EncodeOrdinary(const std::string& what, const char
   auto* md = static_cast<pcre2_match_data*>(match_data_);
   auto* ctx = static_cast<pcre2_match_context*>(match_ctx_);
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text);
-  uint32_t options = 0;  // the first match checks the whole subject's UTF-8, later ones skip it
+  const size_t bad = FirstInvalidUtf8(subject, n);
+  if (bad < n)
+    return Status::InvalidArgument(what + ": invalid UTF-8 at byte " + std::to_string(base_offset + bad) +
+                                   " (expected UTF-8 text)");
   size_t at = 0;
   while (at < n) {
-    const int rc = pcre2_match(code, subject, n, at, options, md, ctx);
-    if (rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21)
-      return Status::InvalidArgument(what + ": invalid UTF-8 at byte " +
-                                     std::to_string(base_offset + pcre2_get_startchar(md)) + " (expected UTF-8 text)");
+    const int rc = pcre2_match(code, subject, n, at, PCRE2_NO_UTF_CHECK, md, ctx);
     if (rc < 0) {
       if (rc == PCRE2_ERROR_NOMATCH) break;  // cannot happen: the last alternatives take any character
       PCRE2_UCHAR msg[120];
@@ -294,7 +318,6 @@ Status BpeTokenizer::Session::EncodeOrdinary(const std::string& what, const char
       return Status::Internal(what + ": pre-tokenization failed at byte " + std::to_string(base_offset + at) + ": " +
                               reinterpret_cast<char*>(msg));
     }
-    options = PCRE2_NO_UTF_CHECK;
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     if (ov[0] > at) {  // bytes no alternative took: tokenizers keeps them as a piece of their own
       Bpe(text + at, ov[0] - at, out);

@@ -157,18 +157,24 @@ Status PrepareBpe(const BpeTokenizer& tok, const std::vector<std::string>& input
     total_bytes += size;
   }
   std::error_code ec;
+  const bool made_dir = !fs::exists(out_dir, ec);
   fs::create_directories(out_dir, ec);
   if (ec) return Status::IOError(out_dir + ": cannot create directory (" + ec.message() + ")");
   const std::string train_path = (fs::path(out_dir) / "train.bin").string();
   const std::string val_path = (fs::path(out_dir) / "val.bin").string();
   const std::string tmp_path = train_path + ".tmp";
+  struct Cleanup {  // nothing left behind on error: the temporary, and the directory if we made it
+    std::string path, dir;
+    bool armed = true;
+    ~Cleanup() {
+      if (!armed) return;
+      std::remove(path.c_str());
+      std::error_code e;
+      if (!dir.empty()) std::filesystem::remove(dir, e);  // only if empty
+    }
+  } cleanup{tmp_path, made_dir ? out_dir : std::string()};
   std::unique_ptr<std::FILE, FileCloser> out(std::fopen(tmp_path.c_str(), "w+b"));
   if (!out) return Status::IOError(tmp_path + ": cannot create (" + std::strerror(errno) + ")");
-  struct Cleanup {  // nothing left behind on error
-    std::string path;
-    bool armed = true;
-    ~Cleanup() { if (armed) std::remove(path.c_str()); }
-  } cleanup{tmp_path};
   const std::vector<unsigned char> zero_header(kTokenShardHeaderBytes, 0);
   if (std::fwrite(zero_header.data(), 1, zero_header.size(), out.get()) != zero_header.size())
     return Status::IOError(tmp_path + ": write failed (" + std::strerror(errno) + ")");
