@@ -186,14 +186,6 @@ StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Parse(const std::str
     }
   }
   if (max_id < 0) return Status::InvalidArgument(what + ": empty vocabulary");
-  t->vocab_size_ = static_cast<int>(max_id + 1);
-  t->pieces_.assign(t->vocab_size_, Tokenizer::kUnknown);
-  for (const auto& [s, id] : vocab) t->pieces_[id] = SymbolsToBytes(s, inverse);
-  for (const Added& a : t->added_) {
-    t->pieces_[a.id] = a.content;
-    if (a.content == "<|endoftext|>") t->eot_ = a.id;
-    if (a.content.find('\n') != std::string::npos) t->added_have_newline_ = true;
-  }
   std::stable_sort(t->added_.begin(), t->added_.end(),
                    [](const Added& a, const Added& b) { return a.content.size() > b.content.size(); });
   for (int b = 0; b < 256; b++) {
@@ -209,6 +201,19 @@ StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Parse(const std::str
                                      "\"; expected all 256 byte-level symbols)");
     }
     t->byte_id_[b] = it->second;
+  }
+  // ids are dense in real tokenizers; a lone huge id would only make us allocate its table
+  const int64_t entries = static_cast<int64_t>(vocab.size() + t->added_.size());
+  if (max_id >= entries)
+    return Status::InvalidArgument(what + ": id " + std::to_string(max_id) + " lies beyond the " + std::to_string(entries) +
+                                   " vocabulary entries and added tokens (expected ids 0.." + std::to_string(entries - 1) + ")");
+  t->vocab_size_ = static_cast<int>(max_id + 1);
+  t->pieces_.assign(t->vocab_size_, Tokenizer::kUnknown);
+  for (const auto& [s, id] : vocab) t->pieces_[id] = SymbolsToBytes(s, inverse);
+  for (const Added& a : t->added_) {
+    t->pieces_[a.id] = a.content;
+    if (a.content == "<|endoftext|>") t->eot_ = a.id;
+    if (a.content.find('\n') != std::string::npos) t->added_have_newline_ = true;
   }
   uint64_t rank = 0;
   for (const auto& e : m["merges"]) {

@@ -51,7 +51,10 @@ save("config_mismatch", h, data, config={"n_embd": 32})
 tok = json.load(open(T + "/tok.json"))
 t = json.loads(json.dumps(tok)); t["model"]["type"] = "WordPiece"
 json.dump(t, open(T + "/wordpiece.json", "w"))
-t = json.loads(json.dumps(tok)); t["added_tokens"].append({"id": 70000, "content": "<|big|>", "special": True})
+t = json.loads(json.dumps(tok))  # 70,000 ids: more than uint16 shards can hold
+n0 = len(t["model"]["vocab"])
+for i in range(n0, 70000):
+    t["model"]["vocab"]["<unused%d>" % i] = i
 json.dump(t, open(T + "/big_vocab.json", "w"))
 # 10 x 9 bytes, "caf", then a Latin-1 byte at offset 93
 open(T + "/latin1.txt", "wb").write("caf\u00e9 ok\n".encode("utf-8") * 10 + "caf\u00e9".encode("latin-1"))

@@ -4,6 +4,7 @@
 // entries are sorted, each spanning exactly numel x element size, together covering the data
 // section without holes or overlaps; every float tensor reads back. Where HfGpt2Reader accepts
 // the file, every element of the model reads back finite (or the read fails naming the file).
+#include <cmath>
 #include <vector>
 
 #include "fuzz_util.h"

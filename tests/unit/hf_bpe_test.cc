@@ -117,6 +117,9 @@ TEST(BpeTokenizer, RefusesWhatItDoesNotImplement) {
   j["model"]["merges"].push_back("q z");
   refuse(j, "not in the vocabulary");
   refuse(nlohmann::json::array(), "not a JSON object");
+  j = TinyTokenizer();
+  j["added_tokens"].push_back({{"id", 16000000}, {"content", "<|far|>"}});
+  refuse(j, "lies beyond the");
 
   auto t = BpeTokenizer::Parse("tok.json", TinyTokenizer().dump());
   ASSERT_TRUE(t.ok());
