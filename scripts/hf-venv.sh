@@ -8,7 +8,12 @@
 # Exit status: 0 (the python path on stdout); 77 when PyPI cannot be reached at all (the
 # caller skips, saying so); 1 when the install fails otherwise (the caller fails).
 set -euo pipefail
-VENV=${SHARDGPT_HF_VENV:-/opt/shardgpt-hf-venv}
+# /opt for root (CI), else the user's cache; SHARDGPT_HF_VENV overrides
+if [ -z "${SHARDGPT_HF_VENV:-}" ]; then
+  if [ -w /opt ] || [ -x /opt/shardgpt-hf-venv/bin/python ]; then SHARDGPT_HF_VENV=/opt/shardgpt-hf-venv
+  else SHARDGPT_HF_VENV=${XDG_CACHE_HOME:-$HOME/.cache}/shardgpt-hf-venv; mkdir -p "$(dirname "$SHARDGPT_HF_VENV")"; fi
+fi
+VENV=$SHARDGPT_HF_VENV
 PY=$VENV/bin/python
 check() { "$PY" -c 'import torch, transformers, tokenizers, safetensors' >/dev/null 2>&1; }
 if [ -x "$PY" ] && check; then echo "$PY"; exit 0; fi
