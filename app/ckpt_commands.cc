@@ -2,8 +2,10 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 
 #include "io/checkpoint.h"
+#include "io/hf_gpt2.h"
 #include "io/llmc_model.h"
 
 namespace shardgpt {
@@ -80,19 +82,31 @@ Status RunCkptInspect(const std::string& path) {
   return Status::OK();
 }
 
-Status RunExport(const std::string& path, const std::string& out_h5, const std::string& out_llmc) {
-  if (out_h5.empty() && out_llmc.empty()) return Status::InvalidArgument("export: give --out and/or --llmc");
-  auto model = LoadCheckpointFullModel(path);
+Status RunExport(const std::string& path, const ExportOptions& o) {
+  if (o.out_h5.empty() && o.out_llmc.empty() && o.out_hf.empty())
+    return Status::InvalidArgument("export: give at least one of --out FILE.h5, --llmc FILE.bin or --hf DIR");
+  if (o.hf_dtype != "fp32" && o.hf_dtype != "bf16")
+    return Status::InvalidArgument("export: --export-dtype " + o.hf_dtype + " (expected fp32 or bf16)");
+  // A regular file is an llm.c model (or a .safetensors), a directory with config.json an HF
+  // model; anything else a checkpoint or a --ckpt-dir.
+  std::error_code ec;
+  const bool model_file = std::filesystem::is_regular_file(path, ec) || IsHfGpt2Path(path);
+  auto model = model_file ? ReadLlmcModel(path) : LoadCheckpointFullModel(path);
   if (!model.ok()) return model.status();
   const ParamLayout layout(model->config);
-  if (!out_h5.empty()) {
-    SHARDGPT_RETURN_IF_ERROR(WriteFullModelH5(out_h5, layout, model->params.data()));
+  if (!o.out_h5.empty()) {
+    SHARDGPT_RETURN_IF_ERROR(WriteFullModelH5(o.out_h5, layout, model->params.data()));
     std::printf("exported %zu tensors (%zu parameters) to %s\n", layout.tensors().size(), layout.total_numel(),
-                out_h5.c_str());
+                o.out_h5.c_str());
   }
-  if (!out_llmc.empty()) {
-    SHARDGPT_RETURN_IF_ERROR(WriteLlmcModel(out_llmc, layout, model->params.data()));
-    std::printf("exported the model to %s (llm.c format, version 3)\n", out_llmc.c_str());
+  if (!o.out_llmc.empty()) {
+    SHARDGPT_RETURN_IF_ERROR(WriteLlmcModel(o.out_llmc, layout, model->params.data()));
+    std::printf("exported the model to %s (llm.c format, version 3)\n", o.out_llmc.c_str());
+  }
+  if (!o.out_hf.empty()) {
+    SHARDGPT_RETURN_IF_ERROR(WriteHfGpt2(o.out_hf, layout, model->params.data(), o.hf_dtype == "bf16"));
+    std::printf("exported the model to %s (Hugging Face GPT-2: config.json + model.safetensors, %s)\n",
+                o.out_hf.c_str(), o.hf_dtype.c_str());
   }
   return Status::OK();
 }

@@ -1,5 +1,5 @@
 // The checkpoint subcommands: `ckpt verify PATH`, `ckpt inspect PATH` and
-// `export PATH --out model.h5 [--llmc model.bin]`. PATH is a checkpoint directory
+// `export PATH [--out model.h5] [--llmc model.bin] [--hf DIR]`. PATH is a checkpoint directory
 // (DIR/step_XXXXXXXX), or a --ckpt-dir whose `latest` file names one.
 //
 // Rank contract: local, single process (run them without mpirun or on one rank only). They
@@ -18,8 +18,17 @@ Status RunCkptVerify(const std::string& path);
 // Prints the index: format, model config, training state, saving rank count and stage, the
 // shard files (elements, bytes, checksums) and the tensor table (name, shape, unit, offset).
 Status RunCkptInspect(const std::string& path);
-// Writes the full fp32 parameters as one HDF5 file (every tensor at its shape under its name)
-// and, if out_llmc is not empty, as an llm.c model file (version 3).
-Status RunExport(const std::string& path, const std::string& out_h5, const std::string& out_llmc);
+// Writes the full fp32 parameters as one HDF5 file (every tensor at its shape under its name),
+// as an llm.c model file (version 3) and/or as a Hugging Face GPT-2 directory (config.json +
+// model.safetensors, fp32 or bf16): each output whose path is not empty, at least one. PATH may
+// also be an llm.c model file or an HF directory (io/hf_gpt2.h).
+struct ExportOptions {
+  std::string out_h5, out_llmc, out_hf;
+  std::string hf_dtype = "fp32";  // fp32 or bf16
+};
+Status RunExport(const std::string& path, const ExportOptions& options);
+inline Status RunExport(const std::string& path, const std::string& out_h5, const std::string& out_llmc) {
+  return RunExport(path, ExportOptions{out_h5, out_llmc, "", "fp32"});
+}
 
 }  // namespace shardgpt

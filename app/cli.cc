@@ -15,6 +15,7 @@
 #include "app/ckpt_commands.h"
 #include "app/cli_numbers.h"
 #include "app/commands.h"
+#include "app/hf_commands.h"
 #include "app/report.h"
 #include "app/train.h"
 #include "model/device_factory.h"
@@ -234,7 +235,8 @@ int Main(int argc, char** argv) {
   CLI::App* train = app.add_subcommand("train", "train a GPT on token shards (llm.c format)");
   model_flags.Add(train);
   engine_flags.Add(train);
-  train->add_option("--init", t.init_file, "start from an llm.c model .bin (version 3 fp32 or 5 bf16)");
+  train->add_option("--init", t.init_file, "start from an llm.c model .bin (version 3 fp32 or 5 bf16) or a Hugging Face "
+                                          "GPT-2 directory (config.json + model.safetensors)");
   train->add_option("--data", t.data, "glob of training token shards")->capture_default_str();
   train->add_option("--val-data", t.val_data, "glob of validation token shards");
   std::string micro_batch_text = std::to_string(t.micro_batch);  // a number, or auto (see RecomputeFlags)
@@ -314,19 +316,44 @@ int Main(int argc, char** argv) {
   prepare->add_option("--input", prep_inputs, "text files")->required()->expected(1, -1);
   prepare->add_option("--output", prep_out, "output directory")->required();
   prepare->add_option("--val-fraction", val_fraction, "share of tokens (the end of the text) for val.bin")->capture_default_str();
+  // ---- prepare --tokenizer (issue 21) ----
+  std::string prep_tokenizer;
+  int prep_threads = 0;
+  prepare->add_option("--tokenizer", prep_tokenizer, "a Hugging Face byte-level BPE tokenizer.json (GPT-2's kind); "
+                                                     "default: byte-level tokens");
+  prepare->add_option("--threads", prep_threads, "encoding threads with --tokenizer (default: the cores)")
+      ->check(CLI::Range(1, 1024));
 
   // ---- sample ----
   SampleOptions s;
   CLI::App* sample = app.add_subcommand("sample", "generate text from a trained model");
   auto* model_file_opt = sample->add_option("--model-file", s.model_file, "llm.c model .bin (as written by train --save-model)");
   sample->add_option("--checkpoint", s.checkpoint, "a checkpoint directory (or a --ckpt-dir: its latest)")->excludes(model_file_opt);
-  sample->add_option("--tokenizer", s.tokenizer_file, "llm.c tokenizer .bin to decode GPT-2 ids (default: bytes)");
+  sample->add_option("--tokenizer", s.tokenizer_file, "llm.c tokenizer .bin to decode GPT-2 ids, or a Hugging Face "
+                                                    "tokenizer.json (BPE: also encodes --prompt); default: bytes");
   sample->add_option("--prompt", s.prompt, "prompt text (byte-level models) ")->capture_default_str();
   sample->add_option("--prompt-ids", s.prompt_ids, "prompt as token ids (any tokenizer)");
   sample->add_option("-n,--tokens", s.tokens, "tokens to generate")->capture_default_str();
   sample->add_option("--temperature", s.temperature, "softmax temperature (0: greedy)")->capture_default_str();
   sample->add_option("--top-k", s.top_k, "sample among the k most likely tokens (0: all)")->capture_default_str();
   sample->add_option("--seed", s.seed, "sampling seed")->capture_default_str();
+
+  // ---- eval (issue 21) ----
+  EvalOptions ev;
+  CLI::App* eval = app.add_subcommand("eval", "mean loss and perplexity of a model over the consecutive windows of "
+                                              "token files (one JSON line; 1-N ranks)");
+  eval->add_option("model", ev.model, "llm.c model .bin, Hugging Face GPT-2 directory, checkpoint or --ckpt-dir")
+      ->required();
+  eval->add_option("--data", ev.data, "glob of token shards")->required();
+  eval->add_option("-t,--seq-len", ev.seq_len, "tokens per window (default: the model's max_seq_len)")
+      ->check(CLI::Range(1, 1 << 20));
+  eval->add_option("-b,--micro-batch", ev.micro_batch, "windows per forward pass")->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  eval->add_option("--batches", ev.batches, "micro-batches in all, over every rank (default: every window)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  eval->add_option("--logits-out", ev.logits_out, "write the first micro-batch's logits [B, T, vocab] as raw fp32");
+  eval->add_option("--threads", ev.threads, "compute threads per rank (default: cores / ranks on the node)")
+      ->check(CLI::Range(1, 1024));
 
   // ---- plan ----
   PlanOptions p;
@@ -345,17 +372,25 @@ int Main(int argc, char** argv) {
                            "x --recompute mode");
 
   // ---- ckpt verify / inspect, export ----
-  std::string ckpt_path, export_out, export_llmc;
+  std::string ckpt_path;
+  ExportOptions export_options;
   CLI::App* ckpt = app.add_subcommand("ckpt", "check or describe a sharded checkpoint");
   ckpt->require_subcommand(1);
   CLI::App* verify = ckpt->add_subcommand("verify", "verify every shard's checksum and size without training");
   verify->add_option("path", ckpt_path, "checkpoint directory (or a --ckpt-dir: its latest)")->required();
   CLI::App* inspect = ckpt->add_subcommand("inspect", "print a checkpoint's index");
   inspect->add_option("path", ckpt_path, "checkpoint directory (or a --ckpt-dir: its latest)")->required();
-  CLI::App* exporter = app.add_subcommand("export", "write a checkpoint as one consolidated HDF5 file (and an llm.c .bin)");
-  exporter->add_option("path", ckpt_path, "checkpoint directory (or a --ckpt-dir: its latest)")->required();
-  exporter->add_option("--out", export_out, "consolidated HDF5 file, one dataset per parameter at full shape")->required();
-  exporter->add_option("--llmc", export_llmc, "also write an llm.c model .bin (version 3, fp32)");
+  CLI::App* exporter = app.add_subcommand("export", "write a checkpoint or model as one consolidated HDF5 file, an llm.c "
+                                                     ".bin and/or a Hugging Face GPT-2 directory");
+  exporter->add_option("path", ckpt_path, "checkpoint directory (or a --ckpt-dir: its latest), llm.c model .bin or HF "
+                                          "GPT-2 directory")->required();
+  exporter->add_option("--out", export_options.out_h5, "consolidated HDF5 file, one dataset per parameter at full shape");
+  exporter->add_option("--llmc", export_options.out_llmc, "write an llm.c model .bin (version 3, fp32)");
+  // ---- export --hf (issue 21) ----
+  exporter->add_option("--hf", export_options.out_hf, "write a Hugging Face GPT-2 directory: config.json + "
+                                                      "model.safetensors (GPT2LMHeadModel.from_pretrained loads it)");
+  exporter->add_option("--export-dtype", export_options.hf_dtype, "dtype of the --hf weights: fp32 or bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
 
   AddStrictNumberChecks(&app);  // plain decimal numbers only, on every subcommand
   int rc = 0;
@@ -433,13 +468,19 @@ int Main(int argc, char** argv) {
       st = Agree(*comm, st);
     }
   } else if (*prepare) {
-    if (rank == 0) st = RunPrepare(prep_inputs, prep_out, val_fraction);
+    if (rank == 0 && !prep_tokenizer.empty())  // issue 21
+      st = RunPrepareTokenizer(prep_tokenizer, prep_inputs, prep_out, val_fraction,
+                               prep_threads > 0 ? prep_threads : std::max(1u, std::thread::hardware_concurrency()));
+    else if (rank == 0) st = RunPrepare(prep_inputs, prep_out, val_fraction);
   } else if (*ckpt) {
     if (rank == 0) st = *verify ? RunCkptVerify(ckpt_path) : RunCkptInspect(ckpt_path);
   } else if (*exporter) {
-    if (rank == 0) st = RunExport(ckpt_path, export_out, export_llmc);
+    if (rank == 0) st = RunExport(ckpt_path, export_options);
   } else if (*sample) {
     if (rank == 0) st = RunSample(s, default_threads);
+  } else if (*eval) {  // issue 21
+    if (ev.threads <= 0) ev.threads = default_threads;
+    st = RunEval(ev);
   } else if (*plan) {
     auto cfg = plan_model.Resolve(p.seq_len);
     if (!cfg.ok()) st = cfg.status();

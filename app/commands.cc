@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "io/bpe_tokenizer.h"
 #include "io/checkpoint.h"
 #include "io/llmc_model.h"
 #include "io/prepare.h"
@@ -35,7 +36,13 @@ Status RunSample(const SampleOptions& o, int threads) {
   if (!m.ok()) return m.status();
   const GPTConfig cfg = m->config;
   Tokenizer tok = Tokenizer::ByteLevel();
-  if (!o.tokenizer_file.empty()) {
+  std::shared_ptr<const BpeTokenizer> bpe;  // issue 21: a tokenizer.json decodes and encodes --prompt
+  if (o.tokenizer_file.size() > 5 && o.tokenizer_file.compare(o.tokenizer_file.size() - 5, 5, ".json") == 0) {
+    auto t = BpeTokenizer::Load(o.tokenizer_file);
+    if (!t.ok()) return t.status();
+    bpe = t.value();
+    tok = bpe->DecodeTable();
+  } else if (!o.tokenizer_file.empty()) {
     auto t = LoadLlmcTokenizer(o.tokenizer_file);
     if (!t.ok()) return t.status();
     tok = std::move(t.value());
@@ -48,6 +55,14 @@ Status RunSample(const SampleOptions& o, int threads) {
                                        std::to_string(cfg.vocab_size) + ")");
       ctx.push_back(id);
     }
+  } else if (bpe) {
+    if (bpe->vocab_size() > cfg.vocab_size)
+      return Status::InvalidArgument(o.tokenizer_file + ": " + std::to_string(bpe->vocab_size()) +
+                                     " ids, more than the model's vocabulary of " + std::to_string(cfg.vocab_size));
+    std::vector<int32_t> ids;
+    BpeTokenizer::Session session(*bpe);
+    SHARDGPT_RETURN_IF_ERROR(session.Encode("--prompt", o.prompt.data(), o.prompt.size(), 0, &ids));
+    ctx.insert(ctx.end(), ids.begin(), ids.end());
   } else {
     if (cfg.vocab_size < 256 || !o.tokenizer_file.empty())
       return Status::InvalidArgument("--prompt: text prompts need a byte-level model (vocab >= 256, no --tokenizer); "

@@ -15,6 +15,10 @@
 #include "model/param_layout.h"
 
 namespace shardgpt {
+class HfGpt2Reader;
+}
+
+namespace shardgpt {
 
 struct LlmcModel {
   GPTConfig config;
@@ -27,11 +31,13 @@ struct LlmcModel {
 StatusOr<LlmcModel> ReadLlmcModel(const std::string& path);
 // An llm.c model file whose header and size were checked, read range by range: how --init
 // fills a sharded engine with only the elements each rank owns (ZeRO-3 never holds the full
-// model on any rank). Thread/rank contract: local; one reader per thread.
+// model on any rank). Open also takes a Hugging Face GPT-2 directory (or its
+// model.safetensors) and reads it through HfGpt2Reader (io/hf_gpt2.h), so --init, eval and
+// sample accept both. Thread/rank contract: local; one reader per thread.
 class LlmcModelReader {
  public:
   // Checks the header field by field and the file size it implies (the same checks and
-  // messages as ReadLlmcModel); reads no weights.
+  // messages as ReadLlmcModel); reads no weights. An HF path: config.json and the tensor table.
   static StatusOr<std::unique_ptr<LlmcModelReader>> Open(const std::string& path);
   ~LlmcModelReader();
   const GPTConfig& config() const { return config_; }
@@ -40,7 +46,7 @@ class LlmcModelReader {
   // kind, not by unit). A NaN or infinity is refused naming the tensor and element.
   Status ReadRange(uint64_t begin, uint64_t end, float* dst);
   // Weight bytes read from the file so far (the header excluded).
-  uint64_t bytes_read() const { return bytes_read_; }
+  uint64_t bytes_read() const;
 
  private:
   LlmcModelReader() = default;
@@ -54,6 +60,7 @@ class LlmcModelReader {
   GPTConfig config_;
   std::vector<Piece> pieces_;  // every tensor, sorted by global offset
   uint64_t bytes_read_ = 0;
+  std::unique_ptr<HfGpt2Reader> hf_;  // set when Open was given a Hugging Face GPT-2 path
 };
 
 // Writes version 3 (fp32) from params in layout order, atomically (temp file + rename).

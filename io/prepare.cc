@@ -1,6 +1,14 @@
 #include "io/prepare.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <mutex>
+#include <thread>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -8,6 +16,7 @@
 #include <memory>
 #include <system_error>
 
+#include "io/bpe_tokenizer.h"
 #include "io/token_shard.h"
 #include "io/tokenizer.h"
 
@@ -81,6 +90,205 @@ Status PrepareByteLevel(const std::vector<std::string>& inputs, const std::strin
     stats->val_tokens = val;
     stats->train_path = train_path;
     stats->val_path = val_path;
+  }
+  return Status::OK();
+}
+
+}  // namespace shardgpt
+
+// ---- PrepareBpe ----
+
+namespace shardgpt {
+namespace {
+
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Encodes pieces[i] into outs[i] on `threads` threads; the first error wins.
+Status EncodeParallel(const BpeTokenizer& tok, const std::string& what, const std::string& text,
+                      const std::vector<std::pair<size_t, size_t>>& pieces, uint64_t base,
+                      std::vector<std::vector<int32_t>>* outs, int threads) {
+  outs->assign(pieces.size(), {});
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  Status first;
+  auto work = [&] {
+    BpeTokenizer::Session session(tok);
+    for (size_t i; (i = next.fetch_add(1)) < pieces.size();) {
+      Status st = session.Encode(what, text.data() + pieces[i].first, pieces[i].second - pieces[i].first,
+                                 base + pieces[i].first, &(*outs)[i]);
+      if (!st.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (first.ok()) first = st;
+        next = pieces.size();
+      }
+    }
+  };
+  const int n = std::max(1, std::min<int>(threads, static_cast<int>(pieces.size())));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < n; t++) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  return first;
+}
+
+}  // namespace
+
+Status PrepareBpe(const BpeTokenizer& tok, const std::vector<std::string>& inputs, const std::string& out_dir,
+                  const BpePrepareOptions& o, PrepareStats* stats) {
+  namespace fs = std::filesystem;
+  if (inputs.empty()) return Status::InvalidArgument(out_dir + ": no input files given (expected at least one text file)");
+  if (!(o.val_fraction >= 0.0 && o.val_fraction < 1.0))
+    return Status::InvalidArgument(out_dir + ": val_fraction " + std::to_string(o.val_fraction) +
+                                   " (expected 0 <= val_fraction < 1)");
+  if (tok.vocab_size() > 65535)
+    return Status::InvalidArgument("tokenizer: vocabulary of " + std::to_string(tok.vocab_size()) +
+                                   " ids does not fit uint16 token shards (expected at most 65535)");
+  uint64_t total_bytes = 0;
+  for (const std::string& path : inputs) {  // every input before anything is written
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec))
+      return Status::NotFound(path + ": not a readable file (expected a text file)");
+    const uint64_t size = fs::file_size(path, ec);
+    if (ec || size == 0) return Status::InvalidArgument(path + ": file is empty (expected text to tokenize)");
+    std::unique_ptr<std::FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
+    if (!f) return Status::NotFound(path + ": cannot open (" + std::strerror(errno) + "); expected a readable text file");
+    total_bytes += size;
+  }
+  std::error_code ec;
+  const bool made_dir = !fs::exists(out_dir, ec);
+  fs::create_directories(out_dir, ec);
+  if (ec) return Status::IOError(out_dir + ": cannot create directory (" + ec.message() + ")");
+  const std::string train_path = (fs::path(out_dir) / "train.bin").string();
+  const std::string val_path = (fs::path(out_dir) / "val.bin").string();
+  const std::string tmp_path = train_path + ".tmp";
+  struct Cleanup {  // nothing left behind on error: the temporary, and the directory if we made it
+    std::string path, dir;
+    bool armed = true;
+    ~Cleanup() {
+      if (!armed) return;
+      std::remove(path.c_str());
+      std::error_code e;
+      if (!dir.empty()) std::filesystem::remove(dir, e);  // only if empty
+    }
+  } cleanup{tmp_path, made_dir ? out_dir : std::string()};
+  std::unique_ptr<std::FILE, FileCloser> out(std::fopen(tmp_path.c_str(), "w+b"));
+  if (!out) return Status::IOError(tmp_path + ": cannot create (" + std::strerror(errno) + ")");
+  const std::vector<unsigned char> zero_header(kTokenShardHeaderBytes, 0);
+  if (std::fwrite(zero_header.data(), 1, zero_header.size(), out.get()) != zero_header.size())
+    return Status::IOError(tmp_path + ": write failed (" + std::strerror(errno) + ")");
+
+  const double t0 = NowSeconds();
+  const bool tty = isatty(2);
+  double last_print = t0;
+  uint64_t tokens = 0, done_bytes = 0;
+  std::vector<uint16_t> buf16;
+  auto emit = [&](const std::vector<int32_t>& ids) -> Status {
+    buf16.resize(ids.size());
+    for (size_t i = 0; i < ids.size(); i++) buf16[i] = static_cast<uint16_t>(ids[i]);  // ids < vocab <= 65535
+    if (!buf16.empty() && std::fwrite(buf16.data(), 2, buf16.size(), out.get()) != buf16.size())
+      return Status::IOError(tmp_path + ": write failed (" + std::strerror(errno) + ")");
+    tokens += ids.size();
+    return Status::OK();
+  };
+  auto progress = [&](bool final) {
+    const double now = NowSeconds();
+    if (!o.progress || (!final && now - last_print < (tty ? 0.2 : 5.0))) return;
+    last_print = now;
+    const double s = std::max(1e-9, now - t0);
+    const int width = 30, filled = total_bytes ? static_cast<int>(width * done_bytes / total_bytes) : width;
+    std::fprintf(stderr, "%sprepare [%s%s] %5.1f%% %.1f/%.1f MB, %llu tokens, %.0f tokens/s, %.2f MB/s%s",
+                 tty ? "\r" : "", std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
+                 total_bytes ? 100.0 * done_bytes / total_bytes : 100.0, done_bytes / 1e6, total_bytes / 1e6,
+                 static_cast<unsigned long long>(tokens), tokens / s, done_bytes / 1e6 / s, tty && !final ? "" : "\n");
+  };
+
+  // blocks of about 4 MB per thread; pieces of about 256 KB, each cut at a safe point
+  const size_t block = static_cast<size_t>(std::max(1, o.threads)) * (4u << 20), piece = 256u << 10;
+  std::vector<std::vector<int32_t>> outs;
+  std::vector<int32_t> eot;
+  if (tok.eot_token() >= 0) eot.push_back(tok.eot_token());
+  for (const std::string& path : inputs) {
+    std::unique_ptr<std::FILE, FileCloser> in(std::fopen(path.c_str(), "rb"));
+    if (!in) return Status::NotFound(path + ": cannot open (" + std::strerror(errno) + ")");
+    SHARDGPT_RETURN_IF_ERROR(emit(eot));
+    std::string text;       // unencoded text, starting at file offset `base`
+    uint64_t base = 0;
+    bool eof = false;
+    while (!eof || !text.empty()) {
+      if (!eof) {
+        const size_t had = text.size();
+        text.resize(had + block);
+        const size_t n = std::fread(text.data() + had, 1, block, in.get());
+        text.resize(had + n);
+        if (std::ferror(in.get())) return Status::IOError(path + ": read failed (" + std::strerror(errno) + ")");
+        eof = n < block;
+      }
+      // the part of text that can be encoded now: all of it at the end of the file, else up to
+      // the last safe cut (none: read more first)
+      size_t usable = text.size();
+      if (!eof) {
+        usable = tok.SafeCut(text.data(), 0, text.size());
+        if (usable == 0) continue;
+      }
+      std::vector<std::pair<size_t, size_t>> pieces;
+      for (size_t at = 0; at < usable;) {
+        size_t end = usable;
+        if (usable - at > piece) {
+          size_t cut = tok.SafeCut(text.data(), at, at + piece);
+          if (cut == 0) cut = tok.SafeCut(text.data(), at, usable);
+          if (cut > at) end = cut;
+        }
+        pieces.emplace_back(at, end);
+        at = end;
+      }
+      SHARDGPT_RETURN_IF_ERROR(EncodeParallel(tok, path, text, pieces, base, &outs, o.threads));
+      for (const auto& ids : outs) SHARDGPT_RETURN_IF_ERROR(emit(ids));
+      text.erase(0, usable);
+      base += usable;
+      done_bytes += usable;
+      progress(false);
+    }
+  }
+  progress(true);
+  const double seconds = NowSeconds() - t0;
+
+  const uint64_t val = static_cast<uint64_t>(std::floor(static_cast<double>(tokens) * o.val_fraction));
+  const uint64_t train = tokens - val;
+  if (train > kTokenShardMaxTokens)
+    return Status::InvalidArgument(out_dir + ": " + std::to_string(train) +
+                                   " training tokens do not fit one shard (expected at most 2147483647)");
+  if (std::fflush(out.get()) != 0) return Status::IOError(tmp_path + ": write failed (" + std::strerror(errno) + ")");
+  std::vector<uint16_t> val_tokens(val);
+  if (val > 0) {
+    const int fd = fileno(out.get());
+    const ssize_t want = static_cast<ssize_t>(2 * val);
+    if (pread(fd, val_tokens.data(), want, static_cast<off_t>(kTokenShardHeaderBytes + 2 * train)) != want)
+      return Status::IOError(tmp_path + ": read back failed (" + std::strerror(errno) + ")");
+  }
+  SHARDGPT_RETURN_IF_ERROR(WriteTokenShard(val_path, val_tokens));
+  unsigned char header[kTokenShardHeaderBytes] = {};
+  const int32_t h[3] = {kTokenShardMagic, kTokenShardVersion, static_cast<int32_t>(train)};
+  for (int i = 0; i < 3; i++)
+    for (int b = 0; b < 4; b++) header[4 * i + b] = static_cast<unsigned char>(static_cast<uint32_t>(h[i]) >> (8 * b));
+  const int fd = fileno(out.get());
+  bool ok = ftruncate(fd, static_cast<off_t>(kTokenShardHeaderBytes + 2 * train)) == 0 &&
+            pwrite(fd, header, sizeof(header), 0) == static_cast<ssize_t>(sizeof(header));
+  ok = std::fclose(out.release()) == 0 && ok;
+  if (!ok || std::rename(tmp_path.c_str(), train_path.c_str()) != 0) {
+    std::remove(val_path.c_str());
+    return Status::IOError(train_path + ": write failed (" + std::strerror(errno) + ")");
+  }
+  cleanup.armed = false;
+  if (stats) {
+    stats->total_tokens = tokens;
+    stats->train_tokens = train;
+    stats->val_tokens = val;
+    stats->train_path = train_path;
+    stats->val_path = val_path;
+    stats->input_bytes = total_bytes;
+    stats->seconds = seconds;
   }
   return Status::OK();
 }

@@ -18,6 +18,13 @@ std::string ByteLevelTokenizer::Decode(int id) {
   return std::string(1, static_cast<char>(id));
 }
 
+Tokenizer Tokenizer::FromPieces(std::vector<std::string> pieces, int eot_token) {
+  Tokenizer t;
+  t.pieces_ = std::move(pieces);
+  t.eot_token_ = eot_token;
+  return t;
+}
+
 Tokenizer Tokenizer::ByteLevel() {
   Tokenizer t;
   t.pieces_.reserve(ByteLevelTokenizer::kVocabSize);

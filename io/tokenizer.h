@@ -34,6 +34,8 @@ class Tokenizer {
 
   // The 256-entry table of ByteLevelTokenizer; eot_token() is -1 (it has none).
   static Tokenizer ByteLevel();
+  // A table from given pieces (id -> bytes), e.g. a BPE tokenizer's (io/bpe_tokenizer.h).
+  static Tokenizer FromPieces(std::vector<std::string> pieces, int eot_token);
 
   int vocab_size() const { return static_cast<int>(pieces_.size()); }
   // End-of-text id (llm.c version 1 files: 50256), or -1 when there is none.

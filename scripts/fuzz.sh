@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs one fuzz target for SECONDS (default 60) on its corpus:
 #   scripts/fuzz.sh TARGET [SECONDS] [extra libFuzzer flags...]
-# TARGET is one of: token_shard llmc_model tokenizer ckpt_index ckpt_shard prepare cli_numbers.
+# TARGET is one of: token_shard llmc_model tokenizer ckpt_index ckpt_shard prepare cli_numbers
+# safetensors tokenizer_json.
 # Builds the sanitizer build (build-asan/, clang, ASan + UBSan, libFuzzer) when the target is
 # missing. The corpus grows in build-asan/fuzz/corpus/TARGET (seeds: build-asan/fuzz/seeds);
 # a finding (crash, contract violation, leak, timeout, allocation over the limit) stops the
@@ -28,7 +29,7 @@ REG="tests/fuzz/regressions/$TARGET"
 # Inputs up to 64 KiB (the seeds are 1-30 KiB). An allocation over 128 MiB is more than any
 # such file can justify, so it counts as a finding; so does a single input running over 10 s.
 case "$TARGET" in
-  ckpt_index|ckpt_shard|llmc_model) MAX_LEN=65536 ;;
+  ckpt_index|ckpt_shard|llmc_model|safetensors|tokenizer_json) MAX_LEN=65536 ;;
   *) MAX_LEN=8192 ;;
 esac
 # allocator_may_return_null: an impossible request (over ASan's 1 TiB maximum) returns NULL, as

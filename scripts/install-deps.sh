@@ -4,7 +4,8 @@
 set -euo pipefail
 PKGS=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
       libopenblas-dev libdnnl-dev libcli11-dev nlohmann-json3-dev libgtest-dev googletest libbenchmark-dev libboost-context-dev
-      bible-kjv python3-numpy python3-h5py python3-matplotlib)
+      bible-kjv python3-numpy python3-h5py python3-matplotlib
+      libpcre2-dev python3-torch python3-venv)  # PCRE2: BPE pre-tokenizer; torch + venv: the Hugging Face tests (scripts/hf-venv.sh)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

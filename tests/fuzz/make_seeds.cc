@@ -8,10 +8,13 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "base/bf16.h"
 #include "fuzz_util.h"
 #include "io/checkpoint_index.h"
 #include "io/checkpoint_shard.h"
+#include "io/hf_gpt2.h"
 #include "io/llmc_model.h"
 #include "io/token_shard.h"
 
@@ -141,6 +144,52 @@ void CliArgs(const std::string& d) {
   Write(d + "/bad.txt", "--u64\n-1\n--int\n0x10\n--dbl\nnan");
 }
 
+// issue 21: a tiny Hugging Face GPT-2 model (the config safetensors_fuzz writes beside its
+// input) and two tokenizer.json files (byte symbols, a few merges, an added token).
+void HfModels(const std::string& d) {
+  const GPTConfig c{1, 2, 8, 4, 10};
+  const ParamLayout layout(c);
+  std::vector<float> p(layout.total_numel());
+  InitParameters(layout, 3, p.data());
+  for (const bool bf16 : {false, true}) {
+    const std::string dir = d + (bf16 ? "/bf16" : "/fp32");
+    Check(WriteHfGpt2(dir, layout, p.data(), bf16));
+    fs::rename(dir + "/model.safetensors", d + (bf16 ? "/bf16.safetensors" : "/fp32.safetensors"));
+    fs::remove_all(dir);
+  }
+}
+
+void TokenizerJsons(const std::string& d) {
+  nlohmann::json vocab = nlohmann::json::object();
+  int id = 0;
+  for (int b = 0; b < 256; b++) {  // GPT-2's bytes_to_unicode
+    const bool keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    static int extra = 0;
+    const uint32_t cp = keep ? b : 256 + extra++;
+    std::string sym;
+    if (cp < 0x80) sym.push_back(static_cast<char>(cp));
+    else sym.push_back(static_cast<char>(0xC0 | (cp >> 6))), sym.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    vocab[sym] = id++;
+  }
+  const char* merges[][2] = {{"h", "e"}, {"l", "l"}, {"he", "ll"}, {"\u0120", "w"}, {"o", "r"}};
+  nlohmann::json m = nlohmann::json::array();
+  for (auto& mg : merges) {
+    std::string a = mg[0], b = mg[1];
+    vocab[a + b] = id++;
+    m.push_back(a + " " + b);
+  }
+  nlohmann::json j = {{"version", "1.0"},
+                      {"added_tokens", {{{"id", id}, {"content", "<|endoftext|>"}, {"special", true}}}},
+                      {"normalizer", nullptr},
+                      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+                      {"post_processor", {{"type", "ByteLevel"}}},
+                      {"decoder", {{"type", "ByteLevel"}}},
+                      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"vocab", vocab}, {"merges", m}}}};
+  Write(d + "/bpe.json", j.dump());
+  j["model"]["type"] = "WordPiece";
+  Write(d + "/wordpiece.json", j.dump());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -156,7 +205,8 @@ int main(int argc, char** argv) {
   for (const Target& t : {Target{"token_shard", TokenShards}, Target{"llmc_model", LlmcModels},
                           Target{"tokenizer", Tokenizers}, Target{"ckpt_index", CheckpointIndexes},
                           Target{"ckpt_shard", ShardFiles}, Target{"prepare", PrepareInputs},
-                          Target{"cli_numbers", CliArgs}}) {
+                          Target{"cli_numbers", CliArgs}, Target{"safetensors", HfModels},
+                          Target{"tokenizer_json", TokenizerJsons}}) {
     const std::string d = dir + "/" + t.name;
     fs::create_directories(d);
     t.make(d);

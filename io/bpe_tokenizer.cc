@@ -1,0 +1,371 @@
+#include "io/bpe_tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace shardgpt {
+
+namespace {
+
+// GPT-2's pre-tokenization regex (tokenizers' ByteLevel, run by Oniguruma there). \s and \S
+// are spelled out as Unicode's White_Space set, which is what Oniguruma's \s is; PCRE2 10.42's
+// \s under UCP leaves out U+0085.
+#define WS "\\t-\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+const char kPattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS "\\p{L}\\p{N}]+|[" WS "]+(?![^" WS "])|[" WS "]+";
+#undef WS
+
+// GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68 bytes
+// for U+0100 onwards, so that every byte is one visible code point in vocab/merges strings.
+void ByteToUnicode(uint32_t cp[256]) {
+  int n = 0;
+  for (int b = 0; b < 256; b++) {
+    const bool keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    cp[b] = keep ? static_cast<uint32_t>(b) : 256u + n++;
+  }
+}
+
+// Decodes one UTF-8 code point at s[*i] (the JSON parser gave valid UTF-8), advancing *i.
+uint32_t NextCodePoint(const std::string& s, size_t* i) {
+  const unsigned char c = static_cast<unsigned char>(s[*i]);
+  int len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+  if (*i + len > s.size()) len = 1;
+  uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
+  for (int k = 1; k < len; k++) cp = (cp << 6) | (static_cast<unsigned char>(s[*i + k]) & 0x3F);
+  *i += len;
+  return cp;
+}
+
+// The bytes a vocabulary string stands for: each code point of the byte map is its byte; any
+// other code point (added tokens' own text) stands for its UTF-8 bytes, as tokenizers' ByteLevel
+// decoder does.
+std::string SymbolsToBytes(const std::string& s, const int inverse[512]) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const size_t start = i;
+    const uint32_t cp = NextCodePoint(s, &i);
+    if (cp < 512 && inverse[cp] >= 0) out.push_back(static_cast<char>(inverse[cp]));
+    else out.append(s, start, i - start);
+  }
+  return out;
+}
+
+// Byte symbols of the string only (no fallback): false if s holds a code point outside the map.
+bool SymbolsToBytesStrict(const std::string& s, const int inverse[512], std::string* out) {
+  out->clear();
+  for (size_t i = 0; i < s.size();) {
+    const uint32_t cp = NextCodePoint(s, &i);
+    if (cp >= 512 || inverse[cp] < 0) return false;
+    out->push_back(static_cast<char>(inverse[cp]));
+  }
+  return true;
+}
+
+bool IsNullOrType(const nlohmann::json& j, const char* key, const char* type) {
+  if (!j.contains(key) || j[key].is_null()) return true;
+  return j[key].is_object() && j[key].value("type", std::string()) == type;
+}
+
+std::string TypeOf(const nlohmann::json& j) {
+  return j.is_object() && j.contains("type") ? j["type"].dump() : j.dump().substr(0, 60);
+}
+
+// The offset of the first byte that is not part of valid UTF-8 (overlong forms, surrogates and
+// code points above U+10FFFF included), or n.
+size_t FirstInvalidUtf8(const unsigned char* s, size_t n) {
+  size_t i = 0;
+  while (i < n) {
+    const unsigned char c = s[i];
+    if (c < 0x80) { i++; continue; }
+    int len;
+    uint32_t cp, min;
+    if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F, min = 0x80;
+    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F, min = 0x800;
+    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07, min = 0x10000;
+    else return i;
+    if (i + len > n) return i;
+    for (int k = 1; k < len; k++) {
+      if ((s[i + k] & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (s[i + k] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+    i += len;
+  }
+  return n;
+}
+
+bool IsAsciiSpace(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+
+}  // namespace
+
+StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Load(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return Status::NotFound(path + ": cannot open (expected a Hugging Face tokenizer.json)");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) return Status::IOError(path + ": read failed (expected a Hugging Face tokenizer.json)");
+  return Parse(path, ss.str());
+}
+
+BpeTokenizer::~BpeTokenizer() {
+  if (code_) pcre2_code_free(static_cast<pcre2_code*>(code_));
+}
+
+StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Parse(const std::string& what, const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Status::InvalidArgument(what + ": not a JSON object (expected a tokenizer.json)");
+  if (!j.contains("model") || !j["model"].is_object())
+    return Status::InvalidArgument(what + ": no \"model\" object (expected a tokenizer.json)");
+  const nlohmann::json& m = j["model"];
+  const std::string type = m.value("type", std::string(m.contains("merges") ? "BPE" : ""));
+  if (type != "BPE")
+    return Status::InvalidArgument(what + ": unsupported model type \"" + type + "\" (expected \"BPE\", byte-level)");
+  if (j.contains("normalizer") && !j["normalizer"].is_null())
+    return Status::InvalidArgument(what + ": normalizer " + TypeOf(j["normalizer"]) + " is not supported (expected null)");
+  if (!j.contains("pre_tokenizer") || !j["pre_tokenizer"].is_object() ||
+      j["pre_tokenizer"].value("type", std::string()) != "ByteLevel")
+    return Status::InvalidArgument(what + ": pre_tokenizer " + (j.contains("pre_tokenizer") ? TypeOf(j["pre_tokenizer"]) : "missing") +
+                                   " is not supported (expected ByteLevel, GPT-2's)");
+  const nlohmann::json& pre = j["pre_tokenizer"];
+  if (pre.value("add_prefix_space", false) || !pre.value("use_regex", true))
+    return Status::InvalidArgument(what + ": ByteLevel pre_tokenizer with add_prefix_space true or use_regex false is "
+                                   "not supported (expected GPT-2's: false, true)");
+  if (!IsNullOrType(j, "decoder", "ByteLevel"))
+    return Status::InvalidArgument(what + ": decoder " + TypeOf(j["decoder"]) + " is not supported (expected ByteLevel)");
+  if (!IsNullOrType(j, "post_processor", "ByteLevel"))
+    return Status::InvalidArgument(what + ": post_processor " + TypeOf(j["post_processor"]) +
+                                   " is not supported (expected ByteLevel or null: no tokens added around the text)");
+  if (m.contains("dropout") && !m["dropout"].is_null())
+    return Status::InvalidArgument(what + ": model.dropout " + m["dropout"].dump() + " is not supported (expected null)");
+  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (m.contains(k) && !m[k].is_null() && m[k] != "")
+      return Status::InvalidArgument(what + ": model." + k + " " + m[k].dump() + " is not supported (expected null)");
+  if (m.value("byte_fallback", false))
+    return Status::InvalidArgument(what + ": model.byte_fallback true is not supported (expected false)");
+  if (!m.contains("vocab") || !m["vocab"].is_object()) return Status::InvalidArgument(what + ": model.vocab is not an object");
+  if (!m.contains("merges") || !m["merges"].is_array()) return Status::InvalidArgument(what + ": model.merges is not an array");
+
+  std::shared_ptr<BpeTokenizer> t(new BpeTokenizer());
+  t->ignore_merges_ = m.value("ignore_merges", false);
+  uint32_t cp[256];
+  ByteToUnicode(cp);
+  int inverse[512];
+  std::fill(inverse, inverse + 512, -1);
+  for (int b = 0; b < 256; b++) inverse[cp[b]] = b;
+
+  // ids: the vocabulary, then the added tokens (which may repeat vocabulary entries)
+  std::unordered_map<std::string, int32_t> vocab;
+  int64_t max_id = -1;
+  for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
+    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() >= (int64_t{1} << 24))
+      return Status::InvalidArgument(what + ": vocab entry \"" + it.key() + "\" has id " + it.value().dump() +
+                                     " (expected an integer in [0, 2^24))");
+    vocab[it.key()] = it.value().get<int32_t>();
+    max_id = std::max<int64_t>(max_id, it.value().get<int64_t>());
+  }
+  if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
+    if (!j["added_tokens"].is_array()) return Status::InvalidArgument(what + ": added_tokens is not an array");
+    for (const auto& a : j["added_tokens"]) {
+      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
+          !a["content"].is_string() || a["id"].get<int64_t>() < 0 || a["id"].get<int64_t>() >= (int64_t{1} << 24) ||
+          a["content"].get<std::string>().empty())
+        return Status::InvalidArgument(what + ": added token " + a.dump().substr(0, 80) +
+                                       " (expected {id: integer in [0, 2^24), content: non-empty string})");
+      for (const char* k : {"lstrip", "rstrip", "single_word"})
+        if (a.value(k, false))
+          return Status::InvalidArgument(what + ": added token " + a["content"].dump() + " has " + k +
+                                         " true (not supported)");
+      t->added_.push_back(Added{a["content"].get<std::string>(), a["id"].get<int32_t>()});
+      max_id = std::max<int64_t>(max_id, a["id"].get<int64_t>());
+    }
+  }
+  if (max_id < 0) return Status::InvalidArgument(what + ": empty vocabulary");
+  std::stable_sort(t->added_.begin(), t->added_.end(),
+                   [](const Added& a, const Added& b) { return a.content.size() > b.content.size(); });
+  for (int b = 0; b < 256; b++) {
+    std::string sym;
+    const uint32_t c = cp[b];
+    if (c < 0x80) sym.push_back(static_cast<char>(c));
+    else sym.push_back(static_cast<char>(0xC0 | (c >> 6))), sym.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+    auto it = vocab.find(sym);
+    if (it == vocab.end()) {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "0x%02x", b);
+      return Status::InvalidArgument(what + ": the vocabulary has no symbol for byte " + hex + " (\"" + sym +
+                                     "\"; expected all 256 byte-level symbols)");
+    }
+    t->byte_id_[b] = it->second;
+  }
+  // ids are dense in real tokenizers; a lone huge id would only make us allocate its table
+  const int64_t entries = static_cast<int64_t>(vocab.size() + t->added_.size());
+  if (max_id >= entries)
+    return Status::InvalidArgument(what + ": id " + std::to_string(max_id) + " lies beyond the " + std::to_string(entries) +
+                                   " vocabulary entries and added tokens (expected ids 0.." + std::to_string(entries - 1) + ")");
+  t->vocab_size_ = static_cast<int>(max_id + 1);
+  t->pieces_.assign(t->vocab_size_, Tokenizer::kUnknown);
+  for (const auto& [s, id] : vocab) t->pieces_[id] = SymbolsToBytes(s, inverse);
+  for (const Added& a : t->added_) {
+    t->pieces_[a.id] = a.content;
+    if (a.content == "<|endoftext|>") t->eot_ = a.id;
+    if (a.content.find('\n') != std::string::npos) t->added_have_newline_ = true;
+  }
+  uint64_t rank = 0;
+  for (const auto& e : m["merges"]) {
+    std::string a, b;
+    if (e.is_string()) {
+      const std::string s = e.get<std::string>();
+      const size_t sp = s.find(' ', 1);
+      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+        return Status::InvalidArgument(what + ": merge " + std::to_string(rank) + " \"" + s + "\" (expected \"left right\")");
+      a = s.substr(0, sp), b = s.substr(sp + 1);
+    } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
+      a = e[0].get<std::string>(), b = e[1].get<std::string>();
+    } else {
+      return Status::InvalidArgument(what + ": merge " + std::to_string(rank) + " is " + e.dump().substr(0, 60) +
+                                     " (expected \"left right\" or [left, right])");
+    }
+    auto ia = vocab.find(a), ib = vocab.find(b), iab = vocab.find(a + b);
+    if (ia == vocab.end() || ib == vocab.end() || iab == vocab.end())
+      return Status::InvalidArgument(what + ": merge " + std::to_string(rank) + " \"" + a + " " + b +
+                                     "\" uses a symbol not in the vocabulary");
+    const uint64_t key = (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint32_t>(ib->second);
+    t->merges_.emplace(key, (rank << 32) | static_cast<uint32_t>(iab->second));  // the first (lowest) rank wins
+    rank++;
+  }
+  if (t->ignore_merges_) {
+    std::string bytes;
+    for (const auto& [s, id] : vocab)
+      if (SymbolsToBytesStrict(s, inverse, &bytes)) t->word_ids_[bytes] = id;
+  }
+  int err = 0;
+  PCRE2_SIZE erroff = 0;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
+                                   &err, &erroff, nullptr);
+  if (!code) return Status::Internal("the GPT-2 pre-tokenization regex does not compile with this PCRE2");
+  pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // without JIT (unsupported CPU) the interpreter runs it
+  t->code_ = code;
+  return std::shared_ptr<const BpeTokenizer>(t);
+}
+
+Tokenizer BpeTokenizer::DecodeTable() const { return Tokenizer::FromPieces(pieces_, eot_); }
+
+size_t BpeTokenizer::SafeCut(const char* s, size_t lo, size_t hi) const {
+  if (added_have_newline_) return 0;
+  // a cut at p: s[p-1] == '\n', s[p-2] and s[p] ASCII non-space (s[p] inside [.., hi))
+  for (size_t p = hi - 1; p > lo && p >= 2 && p < hi; p--) {
+    if (s[p - 1] != '\n') continue;
+    const unsigned char before = static_cast<unsigned char>(s[p - 2]), after = static_cast<unsigned char>(s[p]);
+    if (before < 0x80 && !IsAsciiSpace(before) && after < 0x80 && !IsAsciiSpace(after)) return p;
+  }
+  return 0;
+}
+
+BpeTokenizer::Session::Session(const BpeTokenizer& tok) : tok_(tok) {
+  match_data_ = pcre2_match_data_create_from_pattern(static_cast<pcre2_code*>(tok.code_), nullptr);
+  // whitespace runs backtrack in [ws]+(?![^ws]): give the JIT more than its 32 KiB default
+  jit_stack_ = pcre2_jit_stack_create(64 * 1024, 8 * 1024 * 1024, nullptr);
+  match_ctx_ = pcre2_match_context_create(nullptr);
+  pcre2_jit_stack_assign(static_cast<pcre2_match_context*>(match_ctx_), nullptr, static_cast<pcre2_jit_stack*>(jit_stack_));
+}
+
+BpeTokenizer::Session::~Session() {
+  pcre2_match_data_free(static_cast<pcre2_match_data*>(match_data_));
+  pcre2_match_context_free(static_cast<pcre2_match_context*>(match_ctx_));
+  pcre2_jit_stack_free(static_cast<pcre2_jit_stack*>(jit_stack_));
+}
+
+Status BpeTokenizer::Session::Encode(const std::string& what, const char* text, size_t n, uint64_t base_offset,
+                                     std::vector<int32_t>* out) {
+  // Added tokens first, leftmost-longest (tokenizers' AddedVocabulary); the text between them
+  // is pre-tokenized and merged on its own.
+  size_t at = 0;
+  const std::string_view s(text, n);
+  std::vector<size_t> next(tok_.added_.size());
+  for (size_t k = 0; k < next.size(); k++) next[k] = s.find(tok_.added_[k].content);
+  while (at < n) {
+    size_t best = n, best_k = 0;
+    for (size_t k = 0; k < next.size(); k++) {
+      if (next[k] != std::string_view::npos && next[k] < at) next[k] = s.find(tok_.added_[k].content, at);
+      if (next[k] < best) best = next[k], best_k = k;  // sorted longest first: ties keep the longest
+    }
+    SHARDGPT_RETURN_IF_ERROR(EncodeOrdinary(what, text + at, best - at, base_offset + at, out));
+    if (best == n) break;
+    out->push_back(tok_.added_[best_k].id);
+    at = best + tok_.added_[best_k].content.size();
+  }
+  return Status::OK();
+}
+
+Status BpeTokenizer::Session::EncodeOrdinary(const std::string& what, const char* text, size_t n, uint64_t base_offset,
+                                             std::vector<int32_t>* out) {
+  if (n == 0) return Status::OK();
+  auto* code = static_cast<pcre2_code*>(tok_.code_);
+  auto* md = static_cast<pcre2_match_data*>(match_data_);
+  auto* ctx = static_cast<pcre2_match_context*>(match_ctx_);
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text);
+  const size_t bad = FirstInvalidUtf8(subject, n);
+  if (bad < n)
+    return Status::InvalidArgument(what + ": invalid UTF-8 at byte " + std::to_string(base_offset + bad) +
+                                   " (expected UTF-8 text)");
+  size_t at = 0;
+  while (at < n) {
+    const int rc = pcre2_match(code, subject, n, at, PCRE2_NO_UTF_CHECK, md, ctx);
+    if (rc < 0) {
+      if (rc == PCRE2_ERROR_NOMATCH) break;  // cannot happen: the last alternatives take any character
+      PCRE2_UCHAR msg[120];
+      pcre2_get_error_message(rc, msg, sizeof(msg));
+      return Status::Internal(what + ": pre-tokenization failed at byte " + std::to_string(base_offset + at) + ": " +
+                              reinterpret_cast<char*>(msg));
+    }
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+    if (ov[0] > at) {  // bytes no alternative took: tokenizers keeps them as a piece of their own
+      Bpe(text + at, ov[0] - at, out);
+    }
+    if (ov[1] == ov[0]) break;  // no empty matches in this pattern; guard against a loop anyway
+    Bpe(text + ov[0], ov[1] - ov[0], out);
+    at = ov[1];
+  }
+  if (at < n) Bpe(text + at, n - at, out);
+  return Status::OK();
+}
+
+// merge the pair of lowest rank (leftmost among equals) until none is in the merges:
+// tokenizers' BPE::merge_word order, written as a scan (words are short)
+void BpeTokenizer::Session::Bpe(const char* w, size_t n, std::vector<int32_t>* out) {
+  std::string key(w, n);
+  auto hit = cache_.find(key);
+  if (hit != cache_.end()) {
+    out->insert(out->end(), hit->second.begin(), hit->second.end());
+    return;
+  }
+  std::vector<int32_t>& word = word_;
+  word.clear();
+  auto whole = tok_.ignore_merges_ ? tok_.word_ids_.find(key) : tok_.word_ids_.end();
+  if (whole != tok_.word_ids_.end()) {
+    word.push_back(whole->second);
+  } else {
+    for (size_t i = 0; i < n; i++) word.push_back(tok_.byte_id_[static_cast<unsigned char>(w[i])]);
+    while (word.size() > 1) {
+      uint64_t best = std::numeric_limits<uint64_t>::max();
+      size_t best_i = 0;
+      for (size_t i = 0; i + 1 < word.size(); i++) {
+        auto it = tok_.merges_.find((static_cast<uint64_t>(word[i]) << 32) | static_cast<uint32_t>(word[i + 1]));
+        if (it != tok_.merges_.end() && it->second < best) best = it->second, best_i = i;
+      }
+      if (best == std::numeric_limits<uint64_t>::max()) break;
+      word[best_i] = static_cast<int32_t>(best & 0xffffffffu);
+      word.erase(word.begin() + static_cast<ptrdiff_t>(best_i) + 1);
+    }
+  }
+  out->insert(out->end(), word.begin(), word.end());
+  if (cache_.size() > (1u << 20)) cache_.clear();  // bounded memory on endless new words
+  cache_.emplace(std::move(key), word);
+}
+
+}  // namespace shardgpt
