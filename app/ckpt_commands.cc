@@ -83,11 +83,11 @@ Status RunCkptInspect(const std::string& path) {
 
 Status RunExport(const std::string& path, const std::string& out_h5, const std::string& out_llmc) {
   if (out_h5.empty() && out_llmc.empty()) return Status::InvalidArgument("export: give --out and/or --llmc");
-  {  // nothing written into the checkpoint read (nor into the --ckpt-dir it was found in)
+  {  // nothing written into the checkpoint read (a --ckpt-dir's other files are not inputs)
     auto dir = ResolveCheckpoint(path, "");
     if (!dir.ok()) return dir.status();
-    SHARDGPT_RETURN_IF_ERROR(CheckOutputsAgainstInputs({{"--out", out_h5}, {"--llmc", out_llmc}}, {},
-                                                       {{"checkpoint", dir.value()}, {"checkpoint", path}}));
+    SHARDGPT_RETURN_IF_ERROR(
+        CheckOutputsAgainstInputs({{"--out", out_h5}, {"--llmc", out_llmc}}, {}, {{"checkpoint", dir.value()}}));
   }
   auto model = LoadCheckpointFullModel(path);
   if (!model.ok()) return model.status();

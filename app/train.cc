@@ -497,7 +497,7 @@ class Trainer {
         return Status::OK();
       }
       MpiCommunicator::SetDiagnosticStep(step + 1);  // what a --comm-timeout line names
-      if (step == hold_at_step_ && resume_path_.empty()) HoldUntilStopRequested();
+      if (step == hold_at_step_ && resume_path_.empty()) HoldUntilStopRequested("at the step boundary");
       if (StopRequested()) return StopOnSignal(step, "", exit_code);
       const StepResult r = TrainStep(step);
       // Divergence: the loss and the norm are the same on every rank (all-reduced), so every
@@ -533,7 +533,11 @@ class Trainer {
   bool StopRequested() { return !comm_.AllTrue(g_stop_signal == 0); }
 
   // The test hooks' wait (see TestHoldAtStep): every rank polls the agreed stop flag. Collective.
-  void HoldUntilStopRequested() {
+  void HoldUntilStopRequested(const char* where) {
+    if (lead_) {  // what the test waits for before it signals
+      std::printf("test hook: holding %s until a stop signal\n", where);
+      std::fflush(stdout);
+    }
     while (!StopRequested()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 
@@ -601,7 +605,7 @@ class Trainer {
     double sum = 0;
     bool stopped = false;
     for (int i = 0; i < o_.val_batches && !(stopped = StopRequested()); i++) {
-      if (i == 1 && hold_in_validation_) HoldUntilStopRequested();
+      if (i == 1 && hold_in_validation_) HoldUntilStopRequested("in validation");
       val_->NextBatch(x.data(), y.data());
       sum += model_->Forward(*engine_, x.data(), y.data(), B, T, 0.0f);
     }

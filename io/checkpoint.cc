@@ -612,6 +612,7 @@ Status WriteFullModelH5(const std::string& path, const ParamLayout& layout, cons
     if (!ok) return h5::WriteError(tmp, "cannot write", needed);
     if (!file.Close()) return h5::WriteError(tmp, "cannot close", needed);
   }
+  h5::ReleaseReserve(tmp);
   SHARDGPT_RETURN_IF_ERROR(FsyncPath(tmp, false));
   if (std::rename(tmp.c_str(), path.c_str()) != 0) return Status::IOError(path + ": rename failed: " + Errno());
   partial.keep = true;

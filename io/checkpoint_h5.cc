@@ -1,6 +1,8 @@
 #include "io/checkpoint_h5.h"
 
 #include <fcntl.h>
+#include <linux/falloc.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -82,10 +84,18 @@ Status WriteError(const std::string& path, const std::string& what, uint64_t nee
 Status ReserveSpace(const std::string& path, uint64_t bytes) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) return Status::IOError(path + ": cannot open to reserve space: " + std::strerror(errno));
-  const int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  // KEEP_SIZE: the file's size stays what HDF5 writes (HDF5 caches its end of file and would
+  // not truncate a file grown behind its back); ReleaseReserve frees what is left unused
+  const int rc = ::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
   ::close(fd);
   if (rc == ENOSPC || rc == EDQUOT) return NoSpace(path, bytes);
   return Status::OK();
+}
+
+void ReleaseReserve(const std::string& path) {
+  struct stat sb {};
+  // a truncate to the same size drops the blocks reserved past the end (ext4, tmpfs)
+  if (::stat(path.c_str(), &sb) == 0) (void)::truncate(path.c_str(), sb.st_size);
 }
 
 namespace {

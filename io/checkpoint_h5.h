@@ -33,10 +33,12 @@ std::string LastError();
 Status WriteError(const std::string& path, const std::string& what, uint64_t needed);
 
 // Reserves `bytes` of disk for the file at `path` (just created, nothing written yet) with
-// posix_fallocate, so that a full disk is found before HDF5 writes a byte and fails half-way;
-// HDF5 truncates the file to its real size when it closes it. A file system that cannot
-// reserve (EOPNOTSUPP, EINVAL) is not an error: the writes then find a full disk themselves.
+// fallocate(FALLOC_FL_KEEP_SIZE), so that a full disk is found before HDF5 writes a byte and
+// fails half-way; the file's size stays HDF5's. A file system that cannot reserve
+// (EOPNOTSUPP, EINVAL) is not an error: the writes then find a full disk themselves.
 Status ReserveSpace(const std::string& path, uint64_t bytes);
+// After the file is closed: frees the reserved blocks it did not use (a truncate to its size).
+void ReleaseReserve(const std::string& path);
 
 // Owns one HDF5 identifier and closes it with the matching H5?close.
 class Id {

@@ -142,6 +142,7 @@ Status WriteShardFile(const std::string& path, int rank, int world, uint64_t che
     out->crc[k] = crc;
   }
   if (!file.Close()) return h5::WriteError(path, "cannot close", needed);
+  h5::ReleaseReserve(path);
   SHARDGPT_RETURN_IF_ERROR(WriteHeader(path, ShardHeader(checkpoint_id, rank, world, step)));
   partial.keep = true;
   struct stat sb;
