@@ -262,13 +262,15 @@ Status MpiCommunicator::Await(MPI_Request* req, const char* name) {
   calls_++;
   if (world_ > 1) Announce();
   const auto t0 = std::chrono::steady_clock::now();
-  int spins = 0, sleep_us = 2;
+  int sleep_us = 20;
   for (;;) {
     int done = 0;
     const int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) return MpiError(rc, name);
     if (done) break;
-    if (++spins < 256) continue;  // a collective the peers are already in completes in here
+    // The first millisecond spins: a collective the peers are already in (a large transfer
+    // moving fragment by fragment included) completes at full speed in here.
+    if (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(1)) continue;
     // The peers are busy (computing, or gone): sleep, doubling up to 0.5 ms, so the waiting
     // thread does not take a core from the compute threads it waits for.
     std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));

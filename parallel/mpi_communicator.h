@@ -5,7 +5,7 @@
 // MPI_Reduce_scatter_block, MPI_Allgather, MPI_Bcast, MPI_Alltoallv, MPI_Barrier, each as its
 // nonblocking MPI_I* form). That thread is what makes a collective progress while the caller
 // computes. It sleeps on a condition variable when the queue is empty, and waits for a call
-// with MPI_Test and a backoff sleep (a short spin, then sleeps doubling to 0.5 ms): a peer
+// with MPI_Test and a backoff sleep (1 ms of spinning, then sleeps doubling to 0.5 ms): a peer
 // that is still computing no longer costs a core spinning inside a blocking MPI call.
 //
 // Watchdog (SetTimeout, --comm-timeout): a call still not complete after that many seconds
