@@ -7,6 +7,7 @@
 #include "io/checkpoint.h"
 #include "io/hf_gpt2.h"
 #include "io/llmc_model.h"
+#include "io/path_guard.h"
 
 namespace shardgpt {
 
@@ -91,6 +92,23 @@ Status RunExport(const std::string& path, const ExportOptions& o) {
   // model; anything else a checkpoint or a --ckpt-dir.
   std::error_code ec;
   const bool model_file = std::filesystem::is_regular_file(path, ec) || IsHfGpt2Path(path);
+  {  // nothing written over the model read, or into the checkpoint read (a --ckpt-dir's other
+     // files are not inputs)
+    const std::vector<NamedPath> outputs = {
+        {"--out", o.out_h5},
+        {"--llmc", o.out_llmc},
+        {"--hf", o.out_hf.empty() ? "" : o.out_hf + "/config.json"},
+        {"--hf", o.out_hf.empty() ? "" : o.out_hf + "/model.safetensors"}};
+    if (model_file) {
+      const bool dir = std::filesystem::is_directory(path, ec);
+      SHARDGPT_RETURN_IF_ERROR(CheckOutputsAgainstInputs(outputs, dir ? std::vector<NamedPath>{} : std::vector<NamedPath>{{"model", path}},
+                                                         dir ? std::vector<NamedPath>{{"model", path}} : std::vector<NamedPath>{}));
+    } else {
+      auto dir = ResolveCheckpoint(path, "");
+      if (!dir.ok()) return dir.status();
+      SHARDGPT_RETURN_IF_ERROR(CheckOutputsAgainstInputs(outputs, {}, {{"checkpoint", dir.value()}}));
+    }
+  }
   auto model = model_file ? ReadLlmcModel(path) : LoadCheckpointFullModel(path);
   if (!model.ok()) return model.status();
   const ParamLayout layout(model->config);

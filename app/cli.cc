@@ -1,6 +1,7 @@
 #include "app/cli.h"
 
 #include <mpi.h>
+#include <sched.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -200,6 +201,19 @@ void PrintTopology(Communicator& comm, const std::string& mine) {
   for (int r = 0; r < comm.world_size(); r++) std::printf("rank %d: %s\n", r, &all[r * kLine]);
 }
 
+// The cores this process may run on (its affinity mask: taskset, Slurm's cgroup binding),
+// at least 1; hardware_concurrency() when the mask cannot be read.
+int AllowedCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// --threads above this many per allowed core only oversubscribes (and, far above it, fails
+// inside the thread pool: 40000 in libgomp, 100000 a segfault), so it is refused.
+constexpr int kMaxThreadsPerCore = 4;
+
 // Threads per rank: the cores of this node divided among the ranks on it.
 int DefaultThreads(int local_size) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -273,7 +287,7 @@ int Main(int argc, char** argv) {
   train->add_option("--comm", comm_options.kind, "data-plane communicator: auto (nccl with --device cuda), mpi, nccl")
       ->check(CLI::IsMember({"auto", "mpi", "nccl"}))->capture_default_str();
   train->add_option("--comm-timeout", comm_options.timeout_s,
-                    "NCCL: seconds a collective may take before the job is ended (a rank or GPU died)")
+                    "seconds a collective may make no progress before the job is ended (a rank or GPU died, hung or stopped; NCCL and MPI)")
       ->capture_default_str();
   train->add_option("--device", device, "cpu, or cuda (one GPU per rank, chosen by node-local rank)")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   train->add_option("--attention", attention,
@@ -295,7 +309,17 @@ int Main(int argc, char** argv) {
                   "resume even where the sequence length, seed, data files or shuffle setting changed since the "
                   "checkpoint (the data order then starts anew at the saved position)");
   train->add_flag("--quiet", t.quiet, "print only the final loss and sample");
-  train->add_option("--threads", t.threads, "compute threads per rank (default: cores / ranks on the node)");
+  const int cores = AllowedCores(), max_threads = kMaxThreadsPerCore * cores;
+  train->add_option("--threads", t.threads, "compute threads per rank (default: cores / ranks on the node)")
+      ->check(CLI::Validator(
+          [cores, max_threads](std::string& in) -> std::string {
+            char* end = nullptr;
+            const long v = std::strtol(in.c_str(), &end, 10);
+            if (end != in.c_str() && *end == '\0' && v >= 1 && v <= max_threads) return "";
+            return "expected 1 .. " + std::to_string(max_threads) + " (" + std::to_string(kMaxThreadsPerCore) +
+                   " x the " + std::to_string(cores) + " core(s) this process may use), got " + in;
+          },
+          "1 .. " + std::to_string(max_threads)));
   train->add_option("--compute-dtype", t.compute_dtype,
                     "precision of the matmuls: fp32 or bf16 (bf16 inputs, fp32 accumulation); default: bf16 with "
                     "--dtype bf16 where the hardware has fast bf16 products (GPU, AVX512-BF16/AMX CPUs), else fp32")
@@ -331,8 +355,9 @@ int Main(int argc, char** argv) {
   sample->add_option("--checkpoint", s.checkpoint, "a checkpoint directory (or a --ckpt-dir: its latest)")->excludes(model_file_opt);
   sample->add_option("--tokenizer", s.tokenizer_file, "llm.c tokenizer .bin to decode GPT-2 ids, or a Hugging Face "
                                                     "tokenizer.json (BPE: also encodes --prompt); default: bytes");
-  sample->add_option("--prompt", s.prompt, "prompt text (byte-level models) ")->capture_default_str();
-  sample->add_option("--prompt-ids", s.prompt_ids, "prompt as token ids (any tokenizer)");
+  auto* prompt_opt = sample->add_option("--prompt", s.prompt, "prompt text (byte-level models) ")->capture_default_str();
+  // one prompt: given both, the text one used to be dropped silently
+  sample->add_option("--prompt-ids", s.prompt_ids, "prompt as token ids (any tokenizer)")->excludes(prompt_opt);
   sample->add_option("-n,--tokens", s.tokens, "tokens to generate")->capture_default_str();
   sample->add_option("--temperature", s.temperature, "softmax temperature (0: greedy)")->capture_default_str();
   sample->add_option("--top-k", s.top_k, "sample among the k most likely tokens (0: all)")->capture_default_str();

@@ -8,6 +8,7 @@
 #include "io/bpe_tokenizer.h"
 #include "io/checkpoint.h"
 #include "io/llmc_model.h"
+#include "io/path_guard.h"
 #include "io/prepare.h"
 #include "io/tokenizer.h"
 #include "model/gpt.h"
@@ -19,6 +20,12 @@
 namespace shardgpt {
 
 Status RunPrepare(const std::vector<std::string>& inputs, const std::string& out_dir, double val_fraction) {
+  {  // the shards it writes may not replace a text it reads
+    std::vector<NamedPath> in;
+    for (const std::string& f : inputs) in.push_back({"--input", f});
+    SHARDGPT_RETURN_IF_ERROR(CheckOutputsAgainstInputs(
+        {{"--output", out_dir + "/train.bin"}, {"--output", out_dir + "/val.bin"}}, in, {}));
+  }
   PrepareStats stats;
   SHARDGPT_RETURN_IF_ERROR(PrepareByteLevel(inputs, out_dir, val_fraction, &stats));
   std::printf("prepared %llu byte-level tokens: %s (%llu), %s (%llu)\n",
@@ -29,6 +36,12 @@ Status RunPrepare(const std::vector<std::string>& inputs, const std::string& out
 }
 
 Status RunSample(const SampleOptions& o, int threads) {
+  // Nonsense used to pass silently: -n -1 printed nothing, a negative temperature acted as
+  // greedy, a negative --top-k as "all".
+  if (o.tokens < 1) return Status::InvalidArgument("sample -n/--tokens " + std::to_string(o.tokens) + ": expected >= 1 token to generate");
+  if (!(o.temperature >= 0))
+    return Status::InvalidArgument("sample --temperature " + std::to_string(o.temperature) + ": expected >= 0 (0: greedy)");
+  if (o.top_k < 0) return Status::InvalidArgument("sample --top-k " + std::to_string(o.top_k) + ": expected >= 0 (0: all tokens)");
   SetComputeThreads(threads);
   if (o.model_file.empty() == o.checkpoint.empty())
     return Status::InvalidArgument("sample: give exactly one of --model-file FILE or --checkpoint DIR");

@@ -1,6 +1,11 @@
 #include "app/train.h"
 
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 
 #include <csignal>
 
@@ -13,6 +18,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <thread>
 #include <vector>
 
 #include "app/report.h"
@@ -21,19 +27,45 @@
 #include "io/ckpt_dir_lock.h"
 #include "io/data_loader.h"
 #include "io/llmc_model.h"
+#include "io/path_guard.h"
 #include "io/tokenizer.h"
 #include "model/compute_precision.h"
 #include "model/gpt.h"
 #include "model/kernels_cpu.h"
 #include "model/sampler.h"
 #include "parallel/memory_model.h"
+#include "parallel/mpi_communicator.h"
 
 namespace shardgpt {
 
 namespace {
 
 volatile std::sig_atomic_t g_stop_signal = 0;
-void OnStopSignal(int sig) { g_stop_signal = sig; }
+// SIGUSR1/SIGTERM/SIGINT ask for a stop at the next step boundary. A second SIGINT (Ctrl-C
+// twice at a terminal) aborts at once: back to the default action and re-raised, so the rank
+// dies by SIGINT (status 130 in a shell) and mpirun ends the others. Async-signal-safe only.
+void OnStopSignal(int sig) {
+  if (sig == SIGINT && g_stop_signal == SIGINT) {
+    std::signal(SIGINT, SIG_DFL);
+    std::raise(SIGINT);
+    return;
+  }
+  g_stop_signal = sig;
+}
+
+// Test hooks that make a signal test independent of the machine's speed: the run waits at a
+// point the test can see (a logged step; a validation begun) until a stop signal has reached
+// some rank, so the signal always lands there, however fast the steps are.
+// SHARDGPT_TEST_HOLD_AT_STEP=K: a fresh (not resumed) run holds at the boundary after step K.
+// SHARDGPT_TEST_HOLD_IN_VALIDATION=1: every validation holds after its first micro-batch.
+int TestHoldAtStep() {
+  const char* v = std::getenv("SHARDGPT_TEST_HOLD_AT_STEP");
+  return v != nullptr ? std::atoi(v) : -1;
+}
+bool TestHoldInValidation() {
+  const char* v = std::getenv("SHARDGPT_TEST_HOLD_IN_VALIDATION");
+  return v != nullptr && std::string(v) == "1";
+}
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -65,10 +97,10 @@ const char* NonFinite(float x) { return std::isnan(x) ? "NaN" : x > 0 ? "+inf" :
 // either the old or the new log. A missing file is fine (nothing to keep).
 Status KeepLogRowsUpTo(const std::string& path, int64_t last_step) {
   std::ifstream in(path);
-  if (!in) return access(path.c_str(), F_OK) == 0 ? Status::IOError(path + ": cannot read the --log file") : Status::OK();
+  if (!in) return access(path.c_str(), F_OK) == 0 ? Status::IOError(path + ": cannot read the --log file: " + std::strerror(errno)) : Status::OK();
   const std::string tmp = path + ".tmp";
   std::ofstream out(tmp, std::ios::trunc);
-  if (!out) return Status::IOError(tmp + ": cannot write next to the --log file");
+  if (!out) return Status::IOError(tmp + ": cannot write next to the --log file: " + std::strerror(errno));
   int64_t kept = 0, dropped = 0;
   for (std::string line; std::getline(in, line);) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
@@ -78,7 +110,11 @@ Status KeepLogRowsUpTo(const std::string& path, int64_t last_step) {
     else dropped++;
   }
   out.close();
-  if (!out || std::rename(tmp.c_str(), path.c_str()) != 0) return Status::IOError(path + ": cannot rewrite the --log file");
+  if (!out || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());  // a full disk: no half-written copy left beside the log
+    return Status::IOError(path + ": cannot rewrite the --log file: " + std::strerror(err));
+  }
   std::printf("log %s: kept %lld row(s) up to step %lld, dropped %lld written after that checkpoint; appending\n",
               path.c_str(), static_cast<long long>(kept), static_cast<long long>(last_step), static_cast<long long>(dropped));
   return Status::OK();
@@ -115,6 +151,72 @@ double CpuAvailableBytes(std::string* where) {
   }
   return best;
 }
+// The JSONL --log file (rank 0): one write(2) per row, every result checked. A full disk used
+// to cut a row mid-JSON and lose the rest of the run's rows with exit status 0; now a row that
+// cannot be written in full is cut off again (the file keeps whole rows only) and the error,
+// with the path and strerror, stops the run on every rank before that step's checkpoint.
+class JsonlLog {
+ public:
+  JsonlLog() = default;
+  JsonlLog(const JsonlLog&) = delete;
+  JsonlLog& operator=(const JsonlLog&) = delete;
+  ~JsonlLog() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  bool is_open() const { return fd_ >= 0; }
+
+  Status Open(const std::string& path, bool append) {
+    path_ = path;
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
+    if (fd_ < 0) return Error("cannot open the --log file for writing");
+    end_ = ::lseek(fd_, 0, SEEK_END);
+    if (end_ < 0) return Error("cannot seek in the --log file");
+    return Status::OK();
+  }
+
+  // Appends `row` and a newline; on failure the file is truncated back to its last whole row.
+  Status Append(const std::string& row, int64_t step) {
+    const std::string line = row + "\n";
+    size_t done = 0;
+    while (done < line.size()) {
+      const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int err = n < 0 ? errno : ENOSPC;  // a write of 0 bytes to a regular file: no room
+        if (::ftruncate(fd_, end_) == 0) ::lseek(fd_, end_, SEEK_SET);
+        errno = err;
+        return Error("cannot write the row of step " + std::to_string(step) + " (the file keeps the rows before it)");
+      }
+      done += static_cast<size_t>(n);
+    }
+    end_ += static_cast<off_t>(line.size());
+    return Status::OK();
+  }
+
+  // fsync and close: a delayed write error (NFS, a full disk at writeback) shows here.
+  Status Close() {
+    if (fd_ < 0) return Status::OK();
+    const int fd = fd_;
+    fd_ = -1;
+    if (::fsync(fd) != 0 && errno != EINVAL) {
+      const Status st = Error("cannot flush the --log file to disk");
+      ::close(fd);
+      return st;
+    }
+    if (::close(fd) != 0) return Error("cannot close the --log file");
+    return Status::OK();
+  }
+
+ private:
+  Status Error(const std::string& what) const {
+    return Status::IOError("--log " + path_ + ": " + what + ": " + std::strerror(errno));
+  }
+
+  std::string path_;
+  int fd_ = -1;
+  off_t end_ = 0;  // the end of the last whole row
+};
 
 std::string ProgressBar(int step, int total) {
   const int width = 20, filled = total > 0 ? width * step / total : width;
@@ -129,11 +231,13 @@ void InstallStopSignalHandlers() {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGUSR1, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
 }
 
 void RestoreDefaultStopSignalHandlers() {
   std::signal(SIGUSR1, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGINT, SIG_DFL);
   if (g_stop_signal != 0) std::raise(g_stop_signal);
 }
 
@@ -310,8 +414,8 @@ class Trainer {
     SHARDGPT_RETURN_IF_ERROR(Setup());
     SHARDGPT_RETURN_IF_ERROR(Resume());
     SHARDGPT_RETURN_IF_ERROR(Loop(exit_code));
-    if (stopped_) return Status::OK();
-    return Finish(exit_code);
+    if (!stopped_) SHARDGPT_RETURN_IF_ERROR(Finish(exit_code));
+    return CloseLog();
   }
 
  private:
@@ -425,6 +529,14 @@ class Trainer {
 
   // Outputs that could fail only after training are checked now (the log is opened by Resume).
   Status CheckOutputs() {
+    {  // no output may be an input: the data, --init, or inside the checkpoint resumed from
+      std::vector<NamedPath> inputs{{"--init", o_.init_file}};
+      for (const std::string& f : train_->files()) inputs.push_back({"--data", f});
+      if (val_)
+        for (const std::string& f : val_->files()) inputs.push_back({"--val-data", f});
+      SHARDGPT_RETURN_IF_ERROR(Agree(comm_, CheckOutputsAgainstInputs({{"--log", o_.log_file}, {"--save-model", o_.save_model}},
+                                                                       inputs, {{"--resume", resume_path_}})));
+    }
     if (!o_.save_model.empty()) {
       const std::string& f = o_.save_model;
       const std::string dir = f.find('/') == std::string::npos ? "." : f.substr(0, f.rfind('/') + 1);
@@ -457,10 +569,7 @@ class Trainer {
     Status st;
     if (lead_ && !o_.log_file.empty()) {
       if (!resume_path_.empty()) st = KeepLogRowsUpTo(o_.log_file, state_.step);
-      if (st.ok()) {
-        log_.open(o_.log_file, resume_path_.empty() ? std::ios::trunc : std::ios::app);
-        if (!log_) st = Status::IOError(o_.log_file + ": cannot open the --log file for writing");
-      }
+      if (st.ok()) st = log_.Open(o_.log_file, /*append=*/!resume_path_.empty());
     }
     return Agree(comm_, st);
   }
@@ -604,6 +713,8 @@ class Trainer {
         stopped_ = true;
         return Status::OK();
       }
+      MpiCommunicator::SetDiagnosticStep(step + 1);  // what a --comm-timeout line names
+      if (step == hold_at_step_ && resume_path_.empty()) HoldUntilStopRequested("at the step boundary");
       if (StopRequested()) return StopOnSignal(step, "", exit_code);
       const StepResult r = TrainStep(step);
       // Divergence: the loss and the norm are the same on every rank (all-reduced), so every
@@ -624,7 +735,9 @@ class Trainer {
       const bool eval_now = val_ && ((o_.eval_every > 0 && (step + 1) % o_.eval_every == 0) || step + 1 == o_.steps);
       // a stop during validation abandons it: the step is done, its row has no val_loss
       const bool evaluated = eval_now && Evaluate(&last_val_);
-      Log(step, r, evaluated);
+      // a row that cannot be written stops every rank before this step's checkpoint
+      const Status logged = Log(step, r, evaluated);
+      if (!o_.log_file.empty()) SHARDGPT_RETURN_IF_ERROR(Agree(comm_, logged));
       if (eval_now && !evaluated) return StopOnSignal(step + 1, " (during validation)", exit_code);
       // after the row: a checkpoint at step s always has the log rows 1..s behind it
       if (o_.ckpt_every > 0 && state_.step % o_.ckpt_every == 0 && state_.step < o_.steps)
@@ -633,18 +746,30 @@ class Trainer {
     return Status::OK();
   }
 
-  // Whether any rank got SIGUSR1/SIGTERM; every rank gets the same answer. Collective.
+  // Whether any rank got SIGUSR1/SIGTERM/SIGINT; every rank gets the same answer. Collective.
   bool StopRequested() { return !comm_.AllTrue(g_stop_signal == 0); }
 
-  // The agreed stop: checkpoint at this step boundary, then exit kExitSignalled.
+  // The test hooks' wait (see TestHoldAtStep): every rank polls the agreed stop flag. Collective.
+  void HoldUntilStopRequested(const char* where) {
+    if (lead_) {  // what the test waits for before it signals
+      std::printf("test hook: holding %s until a stop signal\n", where);
+      std::fflush(stdout);
+    }
+    while (!StopRequested()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+
+  // The agreed stop: checkpoint at this step boundary, then exit kExitSignalled, or
+  // kExitInterrupted when any rank got SIGINT (Ctrl-C: the user ends the run, no requeue).
   Status StopOnSignal(int step, const char* where, int* exit_code) {
+    const bool interrupted = !comm_.AllTrue(g_stop_signal != SIGINT);
+    const int code = interrupted ? kExitInterrupted : kExitSignalled;
     if (lead_) {
-      std::printf("stop signal received%s: checkpointing at step %d and exiting (status %d)\n", where, step,
-                  kExitSignalled);
+      std::printf("stop signal received%s%s: checkpointing at step %d and exiting (status %d)\n", where,
+                  interrupted ? " (SIGINT; a second one aborts at once)" : "", step, code);
       std::fflush(stdout);
     }
     SHARDGPT_RETURN_IF_ERROR(Save());
-    *exit_code = kExitSignalled;
+    *exit_code = code;
     stopped_ = true;
     return Status::OK();
   }
@@ -717,6 +842,7 @@ class Trainer {
     double sum = 0;
     bool stopped = false;
     for (int i = 0; i < o_.val_batches && !(stopped = StopRequested()); i++) {
+      if (i == 1 && hold_in_validation_) HoldUntilStopRequested("in validation");
       val_->NextBatch(x.data(), y.data());
       sum += model_->Forward(*engine_, x.data(), y.data(), B, T, 0.0f);
     }
@@ -785,7 +911,8 @@ class Trainer {
   }
 
   // The step line on stdout and the JSONL record (rank 0; the per-rank figures are collective).
-  void Log(int step, const StepResult& r, bool eval_now) {
+  // Returns the JSONL write's error (rank 0).
+  Status Log(int step, const StepResult& r, bool eval_now) {
     const StepReport& report = engine_->last_report();
     // Per-rank ledgers only for the JSONL (o_.log_file is the same flag on every rank), in one
     // small control gather: no collective is added to steps that are not logged to a file.
@@ -795,7 +922,7 @@ class Trainer {
       per_rank = AllGatherU64(comm_, {report.comm.Total().bytes_sent + report.comm_across.Total().bytes_sent,
                                       report.model_state_bytes, report.comm_across.Total().bytes_sent,
                                       r.device.allocations, r.device.frees, r.device.host_syncs});
-    if (!lead_) return;
+    if (!lead_) return Status::OK();
     const double tps = tokens_per_step() / r.seconds;
     if (!o_.quiet) {
       std::printf("%sstep %5d/%d | loss %.4f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s\n",
@@ -803,7 +930,7 @@ class Trainer {
                   r.lr, r.norm, r.seconds * 1e3, tps, eval_now ? (" | val " + std::to_string(last_val_)).c_str() : "");
       std::fflush(stdout);
     }
-    if (!log_.is_open()) return;
+    if (!log_.is_open()) return Status::OK();
     nlohmann::json j = StepJson(report, *engine_, *layout_, o_.grad_accum);
     j["step"] = step + 1;
     j["loss"] = r.loss;
@@ -847,8 +974,13 @@ class Trainer {
     if (saved_since_row_) j["ckpt_stall_ms"] = ckpt_stall_ms_;
     if (ckpt_write_ms_ >= 0) j["ckpt_write_ms"] = ckpt_write_ms_;
     ckpt_stall_ms_ = 0, ckpt_write_ms_ = -1, saved_since_row_ = false;
-    log_ << j.dump() << "\n";
-    log_.flush();
+    return log_.Append(j.dump(), step + 1);
+  }
+
+  // The log closed (fsync'd) and its error agreed on, at every normal or stopped end. Collective.
+  Status CloseLog() {
+    if (o_.log_file.empty()) return Status::OK();
+    return Agree(comm_, lead_ ? log_.Close() : Status::OK());
   }
 
   Status Finish(int* exit_code) {
@@ -900,7 +1032,7 @@ class Trainer {
   // kept on the device through the step and read back once (TrainStep).
   DeviceBuffer step_scalars_;
   std::unique_ptr<DataLoader> train_, val_;
-  std::ofstream log_;
+  JsonlLog log_;
   std::unique_ptr<CheckpointDirLock> ckpt_lock_;  // rank 0, while training with --ckpt-dir
   std::unique_ptr<AsyncCheckpointer> async_;       // --async-ckpt; destroyed first (waits for its save)
   double ckpt_stall_ms_ = 0, ckpt_write_ms_ = -1;  // since the last JSONL row
@@ -911,6 +1043,8 @@ class Trainer {
   float last_finite_loss_ = NAN;  // for the divergence message
   int64_t last_finite_step_ = 0;
   bool stopped_ = false;  // a stop signal or --stop-at-step ended the loop (checkpoint written)
+  const int hold_at_step_ = TestHoldAtStep();  // test hooks (speed-independent signal tests)
+  const bool hold_in_validation_ = TestHoldInValidation();
 };
 
 }  // namespace

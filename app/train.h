@@ -61,14 +61,17 @@ struct TrainOptions {
 // (or in the middle of a validation) and stopped; resubmit with --resume auto (EX_TEMPFAIL:
 // "try again"; slurm/*.sbatch turn it into a requeue).
 constexpr int kExitSignalled = 75;
+// Exit status after the first SIGINT (Ctrl-C) on any rank: the same stop and checkpoint, but
+// the shell's status for an interrupt (128 + SIGINT) and no requeue. A second SIGINT aborts.
+constexpr int kExitInterrupted = 130;
 
 // Runs training on every rank of comm, on `device` (the communicator must carry buffers of that
 // device). Returns OK or the first error (already agreed on by
 // all ranks where the error can differ between them). *exit_code is 0, or kExitSignalled
-// when a signal stopped the run after a checkpoint.
+// (kExitInterrupted for SIGINT) when a signal stopped the run after a checkpoint.
 Status RunTrain(TrainOptions opts, Communicator& comm, Device& device, int* exit_code);
 
-// Installs the SIGUSR1 / SIGTERM handlers that ask the loop to checkpoint and stop. Called
+// Installs the SIGUSR1 / SIGTERM / SIGINT handlers that ask the loop to checkpoint and stop. Called
 // before MPI_Init: a Slurm --signal may arrive while the job is still starting, and SIGUSR1's
 // default action would kill the rank instead of stopping the run cleanly.
 void InstallStopSignalHandlers();

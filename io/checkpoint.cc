@@ -689,9 +689,19 @@ StatusOr<LlmcModel> LoadCheckpointFullModel(const std::string& path) {
 Status WriteFullModelH5(const std::string& path, const ParamLayout& layout, const float* params) {
   h5::InitH5();
   const std::string tmp = path + ".tmp";
+  // parameters plus HDF5's metadata (an object header and two attributes per tensor)
+  const uint64_t needed = layout.total_numel() * sizeof(float) + layout.tensors().size() * 2048 + 16384;
+  struct RemoveUnlessKept {  // a failed export leaves no e.h5.tmp behind
+    const std::string& path;
+    bool keep = false;
+    ~RemoveUnlessKept() {
+      if (!keep) std::remove(path.c_str());
+    }
+  } partial{tmp};
   {
     Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-    if (!file.valid()) return Status::IOError(tmp + ": cannot create: " + h5::LastError());
+    if (!file.valid()) return h5::WriteError(tmp, "cannot create", needed);
+    SHARDGPT_RETURN_IF_ERROR(h5::ReserveSpace(tmp, needed));
     const GPTConfig& c = layout.config();
     bool ok = h5::WriteAttrStr(file.get(), "format", "shardgpt-model") &&
               h5::WriteAttrI64(file.get(), "n_layer", c.n_layer) && h5::WriteAttrI64(file.get(), "n_head", c.n_head) &&
@@ -711,11 +721,13 @@ Status WriteFullModelH5(const std::string& path, const ParamLayout& layout, cons
            H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, params + global) >= 0 &&
            h5::WriteAttrI64(dset.get(), "unit", t.unit) && h5::WriteAttrI64(dset.get(), "offset", global);
     }
-    if (!ok) return Status::IOError(tmp + ": cannot write: " + h5::LastError());
-    if (!file.Close()) return Status::IOError(tmp + ": cannot close: " + h5::LastError());
+    if (!ok) return h5::WriteError(tmp, "cannot write", needed);
+    if (!file.Close()) return h5::WriteError(tmp, "cannot close", needed);
   }
+  h5::ReleaseReserve(tmp);
   SHARDGPT_RETURN_IF_ERROR(FsyncPath(tmp, false));
   if (std::rename(tmp.c_str(), path.c_str()) != 0) return Status::IOError(path + ": rename failed: " + Errno());
+  partial.keep = true;
   return Status::OK();
 }
 

@@ -1,9 +1,23 @@
 #include "io/checkpoint_h5.h"
 
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+
 namespace shardgpt {
 namespace h5 {
 
-void InitH5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+void InitH5() {
+  static std::once_flag once;
+  std::call_once(once, [] { H5dont_atexit(); });
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
 
 namespace {
 herr_t TakeFirst(unsigned, const H5E_error2_t* e, void* data) {
@@ -24,6 +38,64 @@ std::string LastError() {
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, TakeFirst, &s);
   H5Eclear2(H5E_DEFAULT);
   return s.empty() ? "HDF5 error" : s;
+}
+
+namespace {
+// Walks the whole stack (LastError keeps only the innermost message): HDF5's POSIX driver
+// records the failing write's errno in the text ("errno = 28, error message = 'No space left
+// on device'").
+herr_t FindNoSpace(unsigned, const H5E_error2_t* e, void* data) {
+  if (e->desc != nullptr && std::strstr(e->desc, std::strerror(ENOSPC)) != nullptr) *static_cast<bool*>(data) = true;
+  return 0;
+}
+
+// "1,234,567": byte counts people read
+std::string Grouped(uint64_t v) {
+  std::string s = std::to_string(v);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
+  return s;
+}
+
+std::string DirOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
+Status NoSpace(const std::string& path, uint64_t needed) {
+  std::string msg = "no space left on device writing " + path + ", " + Grouped(needed) + " bytes needed";
+  struct statvfs vs {};
+  if (::statvfs(DirOf(path).c_str(), &vs) == 0)
+    msg += " (" + Grouped(static_cast<uint64_t>(vs.f_bavail) * vs.f_frsize) + " available)";
+  return Status::IOError(msg);
+}
+}  // namespace
+
+Status WriteError(const std::string& path, const std::string& what, uint64_t needed) {
+  const int err = errno;
+  bool no_space = err == ENOSPC;
+  if (!no_space) H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, FindNoSpace, &no_space);
+  if (no_space) {
+    H5Eclear2(H5E_DEFAULT);
+    return NoSpace(path, needed);
+  }
+  return Status::IOError(path + ": " + what + ": " + LastError());
+}
+
+Status ReserveSpace(const std::string& path, uint64_t bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return Status::IOError(path + ": cannot open to reserve space: " + std::strerror(errno));
+  // KEEP_SIZE: the file's size stays what HDF5 writes (HDF5 caches its end of file and would
+  // not truncate a file grown behind its back); ReleaseReserve frees what is left unused
+  const int rc = ::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
+  ::close(fd);
+  if (rc == ENOSPC || rc == EDQUOT) return NoSpace(path, bytes);
+  return Status::OK();
+}
+
+void ReleaseReserve(const std::string& path) {
+  struct stat sb {};
+  // a truncate to the same size drops the blocks reserved past the end (ext4, tmpfs)
+  if (::stat(path.c_str(), &sb) == 0) (void)::truncate(path.c_str(), sb.st_size);
 }
 
 namespace {

@@ -16,11 +16,29 @@
 namespace shardgpt {
 namespace h5 {
 
-// Silences HDF5's automatic error printing (per thread in the thread-safe build); cheap.
+// Silences HDF5's automatic error printing (per thread in the thread-safe build) and, once
+// per process before HDF5 initialises, turns off HDF5's atexit shutdown (H5dont_atexit): after
+// a write failed on a full disk, H5Fclose can fail and leave the file in HDF5's table, and
+// that shutdown then crashed inside exit (H5F__close_cb <- H5F_term_package). Every file is
+// closed by its Id; the operating system releases the rest at exit. Cheap.
 void InitH5();
 // The innermost message of HDF5's error stack (e.g. "data error detected by Fletcher32
 // checksum"), then clears the stack.
 std::string LastError();
+
+// What a failed write of `path` (`what`: "cannot write /master") says: on a full disk (errno
+// or HDF5's error stack says ENOSPC) one line "no space left on device writing PATH, N bytes
+// needed (M available)" with `needed` the file's expected size; else "PATH: what: <HDF5's
+// message>". Clears HDF5's error stack.
+Status WriteError(const std::string& path, const std::string& what, uint64_t needed);
+
+// Reserves `bytes` of disk for the file at `path` (just created, nothing written yet) with
+// fallocate(FALLOC_FL_KEEP_SIZE), so that a full disk is found before HDF5 writes a byte and
+// fails half-way; the file's size stays HDF5's. A file system that cannot reserve
+// (EOPNOTSUPP, EINVAL) is not an error: the writes then find a full disk themselves.
+Status ReserveSpace(const std::string& path, uint64_t bytes);
+// After the file is closed: frees the reserved blocks it did not use (a truncate to its size).
+void ReleaseReserve(const std::string& path);
 
 // Owns one HDF5 identifier and closes it with the matching H5?close.
 class Id {

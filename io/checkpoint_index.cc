@@ -700,8 +700,11 @@ Status WriteHdf5(const std::string& path, const CheckpointIndex& idx, uint64_t u
   Id fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
   if (!fcpl.valid() || H5Pset_userblock(fcpl.get(), user_block) < 0)
     return Status::Internal(path + ": cannot set up the index user block: " + h5::LastError());
+  // the user block, the four tables and HDF5's metadata: what a full disk message names
+  const uint64_t needed = user_block + idx.tensors.size() * sizeof(TensorRec) + idx.units.size() * sizeof(UnitRec) +
+                          idx.chunks.size() * sizeof(ChunkRec) + idx.files.size() * sizeof(FileRec) + 32768;
   Id file(H5Fcreate(path.c_str(), H5F_ACC_EXCL, fcpl.get(), H5P_DEFAULT), H5Fclose);
-  if (!file.valid()) return Status::IOError(path + ": cannot create: " + h5::LastError());
+  if (!file.valid()) return h5::WriteError(path, "cannot create", needed);
   const hid_t f = file.get();
   bool ok = h5::WriteAttrStr(f, "format", kIndexFormat) &&
             h5::WriteAttrI64(f, "format_version", kCheckpointFormatVersion) &&
@@ -776,11 +779,11 @@ Status WriteHdf5(const std::string& path, const CheckpointIndex& idx, uint64_t u
        WriteRecords(layout.get(), "units", UnitType().get(), urecs) &&
        WriteRecords(plan.get(), "chunks", ChunkType().get(), precs) &&
        WriteRecords(plan.get(), "files", FileType().get(), frecs);
-  if (!ok) return Status::IOError(path + ": cannot write the index: " + h5::LastError());
+  if (!ok) return h5::WriteError(path, "cannot write the index", needed);
   config.Close();
   layout.Close();
   plan.Close();
-  if (!file.Close()) return Status::IOError(path + ": cannot close: " + h5::LastError());
+  if (!file.Close()) return h5::WriteError(path, "cannot close", needed);
   return Status::OK();
 }
 
@@ -791,7 +794,11 @@ Status WriteCheckpointIndex(const std::string& path, const CheckpointIndex& idx)
   const std::string text = ToJson(idx).dump();
   uint64_t user_block = 512;  // HDF5 wants a power of two >= 512
   while (user_block < kIndexHeaderBytes + text.size()) user_block *= 2;
-  SHARDGPT_RETURN_IF_ERROR(WriteHdf5(path, idx, user_block));
+  Status written = WriteHdf5(path, idx, user_block);
+  if (!written.ok()) {
+    std::remove(path.c_str());  // no partial index: its presence would mark the checkpoint complete
+    return written;
+  }
   // Seal: header and JSON into the user block, the checksum over every byte after the header.
   std::FILE* f = std::fopen(path.c_str(), "r+b");
   if (f == nullptr) return Status::IOError(path + ": cannot reopen to seal: " + std::strerror(errno));
@@ -811,7 +818,10 @@ Status WriteCheckpointIndex(const std::string& path, const CheckpointIndex& idx)
   }
   const int err = errno;
   ok = std::fclose(f) == 0 && ok;
-  if (!ok) return Status::IOError(path + ": cannot write the index header: " + std::strerror(err));
+  if (!ok) {
+    std::remove(path.c_str());
+    return Status::IOError(path + ": cannot write the index header: " + std::strerror(err));
+  }
   return Status::OK();
 }
 

@@ -72,14 +72,27 @@ Status WriteShardFile(const std::string& path, int rank, int world, uint64_t che
   Id fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
   if (!fcpl.valid() || H5Pset_userblock(fcpl.get(), kShardHeaderBytes) < 0)
     return Status::Internal(path + ": cannot set up the shard header: " + h5::LastError());
+  const hsize_t dims = n, chunk = ShardChunkElems(n);
+  // The file's size: the header, three datasets of whole chunks (each with its Fletcher32),
+  // HDF5's metadata (superblock, attributes, a chunk index entry per chunk).
+  const uint64_t needed = kShardHeaderBytes + 3 * ShardChunks(n) * ((chunk + 1) * sizeof(float) + 64) + 16384;
   Id file(H5Fcreate(path.c_str(), H5F_ACC_EXCL, fcpl.get(), H5P_DEFAULT), H5Fclose);
-  if (!file.valid()) return Status::IOError(path + ": cannot create: " + h5::LastError());
+  if (!file.valid()) return h5::WriteError(path, "cannot create", needed);
+  // Any failure from here removes the partial file (unlinked while HDF5 may still hold it open:
+  // its space is freed when the Id closes it, just after).
+  struct RemoveUnlessKept {
+    const std::string& path;
+    bool keep = false;
+    ~RemoveUnlessKept() {
+      if (!keep) std::remove(path.c_str());
+    }
+  } partial{path};
+  SHARDGPT_RETURN_IF_ERROR(h5::ReserveSpace(path, needed));
   bool ok = h5::WriteAttrStr(file.get(), "format", kShardFormat) &&
             h5::WriteAttrU64(file.get(), "checkpoint_id", checkpoint_id) &&
             h5::WriteAttrI64(file.get(), "rank", rank) && h5::WriteAttrI64(file.get(), "world_size", world) &&
             h5::WriteAttrI64(file.get(), "step", step);
-  if (!ok) return Status::IOError(path + ": cannot write attributes: " + h5::LastError());
-  const hsize_t dims = n, chunk = ShardChunkElems(n);
+  if (!ok) return h5::WriteError(path, "cannot write attributes", needed);
   Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
   if (n > 0) {  // a chunked dataset needs a non-zero chunk; an empty one stays contiguous
     H5Pset_chunk(dcpl.get(), 1, &chunk);
@@ -97,7 +110,7 @@ Status WriteShardFile(const std::string& path, int rank, int world, uint64_t che
                        H5P_DEFAULT),
             H5Dclose);
     if (!dset.valid())
-      return Status::IOError(path + ": cannot create dataset /" + kShardKinds[k] + ": " + h5::LastError());
+      return h5::WriteError(path, std::string("cannot create dataset /") + kShardKinds[k], needed);
     uint32_t crc = 0;
     for (uint64_t lo = 0; lo < n; lo += chunk) {
       const uint64_t hi = std::min<uint64_t>(lo + chunk, n);
@@ -113,7 +126,7 @@ Status WriteShardFile(const std::string& path, int rank, int world, uint64_t che
       for (int b = 0; b < 4; b++) tail[b] = static_cast<uint8_t>(fl >> (8 * b));  // little-endian, as HDF5
       const hsize_t offset = lo;
       if (H5Dwrite_chunk(dset.get(), H5P_DEFAULT, 0, &offset, (chunk + 1) * sizeof(float), staging.data()) < 0)
-        return Status::IOError(path + ": cannot write /" + kShardKinds[k] + ": " + h5::LastError());
+        return h5::WriteError(path, std::string("cannot write /") + kShardKinds[k], needed);
       // Where HDF5 put it (relative to the end of the user block): the index records it.
       unsigned mask = 0;
       haddr_t addr = HADDR_UNDEF;
@@ -125,11 +138,13 @@ Status WriteShardFile(const std::string& path, int rank, int world, uint64_t che
       out->chunk_offsets[k].push_back(kShardHeaderBytes + addr);
       out->chunk_crcs[k].push_back(chunk_crc);
     }
-    if (!dset.Close()) return Status::IOError(path + ": cannot write /" + kShardKinds[k] + ": " + h5::LastError());
+    if (!dset.Close()) return h5::WriteError(path, std::string("cannot write /") + kShardKinds[k], needed);
     out->crc[k] = crc;
   }
-  if (!file.Close()) return Status::IOError(path + ": cannot close: " + h5::LastError());
+  if (!file.Close()) return h5::WriteError(path, "cannot close", needed);
+  h5::ReleaseReserve(path);
   SHARDGPT_RETURN_IF_ERROR(WriteHeader(path, ShardHeader(checkpoint_id, rank, world, step)));
+  partial.keep = true;
   struct stat sb;
   if (stat(path.c_str(), &sb) != 0) return Status::IOError(path + ": stat failed: " + std::strerror(errno));
   out->elements = n;

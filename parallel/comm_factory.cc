@@ -29,6 +29,7 @@ StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(const CommOptions& o,
     auto c = MpiCommunicator::Create(comm, &device);
     if (!c.ok()) return c.status();
     c.value()->SetEndJobOnFailure(o.end_job_on_failure);
+    c.value()->SetTimeout(o.timeout_s);  // the watchdog, as NCCL's
     return std::unique_ptr<Communicator>(std::move(c.value()));
   }
   if (kind != "nccl") return Status::InvalidArgument("--comm " + kind + ": expected auto, mpi or nccl");

@@ -15,7 +15,7 @@ namespace shardgpt {
 
 struct CommOptions {
   std::string kind = "auto";  // auto (nccl for --device cuda when built, else mpi), mpi, nccl
-  double timeout_s = 600;     // --comm-timeout (NCCL): a collective running longer than this ends the job
+  double timeout_s = 600;     // --comm-timeout (NCCL and MPI): a collective running longer than this ends the job
   // MPI: a data-plane collective that fails on the communication thread (a staging copy that
   // threw, an MPI error) ends the job with one "shardgpt: error: rank R: ..." line per rank,
   // as the NCCL watchdog does: the engine has no error path for a Work

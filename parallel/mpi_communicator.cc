@@ -71,6 +71,19 @@ Status MpiError(int rc, const char* call) {
     if (_rc != MPI_SUCCESS) return MpiError(_rc, name); \
   } while (0)
 
+// A nonblocking MPI call on the communication thread, then Await on its request: the
+// watchdog and the backoff wait instead of MPI's own polling inside a blocking call. `call`
+// names the request `_req`.
+#define SHARDGPT_MPI_AWAIT(call, name)                  \
+  do {                                                  \
+    MPI_Request _req = MPI_REQUEST_NULL;                \
+    int _rc = (call);                                   \
+    if (_rc != MPI_SUCCESS) return MpiError(_rc, name); \
+    SHARDGPT_RETURN_IF_ERROR(Await(&_req, name));       \
+  } while (0)
+
+std::atomic<long long> g_diagnostic_step{-1};
+
 MPI_Datatype MpiType(DType dtype) { return dtype == DType::kF32 ? MPI_FLOAT : MPI_UINT16_T; }
 
 // User-defined reduction for bf16 bits: inout[i] = bf16(fp32(in[i]) + fp32(inout[i])).
@@ -166,14 +179,34 @@ StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(MPI_Comm comm
     MPI_Comm_free(&dup);
     return MpiError(rc, "MPI_Op_create");
   }
-  return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(dup, rank, world, world_rank, op, device));
+  // the watchdog's side channel (arrival notes) and the world rank of every member
+  MPI_Comm arrivals = MPI_COMM_NULL;
+  std::vector<int> world_ranks(static_cast<size_t>(world));
+  rc = MPI_Comm_dup(dup, &arrivals);
+  if (rc == MPI_SUCCESS) rc = MPI_Allgather(&world_rank, 1, MPI_INT, world_ranks.data(), 1, MPI_INT, dup);
+  if (rc != MPI_SUCCESS) {
+    if (arrivals != MPI_COMM_NULL) MPI_Comm_free(&arrivals);
+    MPI_Op_free(&op);
+    MPI_Comm_free(&dup);
+    return MpiError(rc, "MPI_Comm_dup(watchdog)");
+  }
+  MPI_Comm_set_errhandler(arrivals, MPI_ERRORS_RETURN);
+  auto c = std::unique_ptr<MpiCommunicator>(new MpiCommunicator(dup, rank, world, world_rank, op, device));
+  c->arrivals_ = arrivals;
+  c->world_ranks_ = std::move(world_ranks);
+  c->seen_.assign(static_cast<size_t>(world), 0);
+  c->note_out_.assign(static_cast<size_t>(world), 0);
+  c->note_req_.assign(static_cast<size_t>(world), MPI_REQUEST_NULL);
+  c->note_owed_.assign(static_cast<size_t>(world), false);
+  c->StartThread();
+  return c;
 }
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, int rank, int world, int world_rank, MPI_Op bf16_sum, Device* device)
     : comm_(comm), rank_(rank), world_(world), world_rank_(world_rank), bf16_sum_(bf16_sum),
-      device_(device != nullptr && !device->host_accessible() ? device : nullptr) {
-  thread_ = std::thread([this] { Loop(); });
-}
+      device_(device != nullptr && !device->host_accessible() ? device : nullptr) {}
+
+void MpiCommunicator::StartThread() { thread_ = std::thread([this] { Loop(); }); }
 
 MpiCommunicator::~MpiCommunicator() {
   {
@@ -186,9 +219,93 @@ MpiCommunicator::~MpiCommunicator() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) {
+    for (MPI_Request& r : note_req_)
+      if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);  // an 8-byte note: completes on its own
+    MPI_Comm_free(&arrivals_);
     MPI_Op_free(&bf16_sum_);
     MPI_Comm_free(&comm_);
   }
+}
+
+void MpiCommunicator::SetDiagnosticStep(long long step) { g_diagnostic_step.store(step); }
+
+void MpiCommunicator::Announce() {
+  for (int p = 0; p < world_; p++) {
+    if (p == rank_) continue;
+    if (note_req_[p] != MPI_REQUEST_NULL) {  // the previous note to p still in flight: later
+      int done = 0;
+      MPI_Test(&note_req_[p], &done, MPI_STATUS_IGNORE);
+      if (!done) {
+        note_owed_[p] = true;
+        continue;
+      }
+    }
+    note_out_[p] = calls_;
+    note_owed_[p] = false;
+    if (MPI_Isend(&note_out_[p], 1, MPI_LONG_LONG, p, 0, arrivals_, &note_req_[p]) != MPI_SUCCESS)
+      note_req_[p] = MPI_REQUEST_NULL;
+  }
+}
+
+void MpiCommunicator::DrainNotes() {
+  for (;;) {
+    int flag = 0;
+    MPI_Status status;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, 0, arrivals_, &flag, &status) != MPI_SUCCESS || !flag) return;
+    long long seq = 0;
+    if (MPI_Recv(&seq, 1, MPI_LONG_LONG, status.MPI_SOURCE, 0, arrivals_, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
+    seen_[status.MPI_SOURCE] = std::max(seen_[status.MPI_SOURCE], seq);
+  }
+}
+
+Status MpiCommunicator::Await(MPI_Request* req, const char* name) {
+  calls_++;
+  if (world_ > 1) Announce();
+  const auto t0 = std::chrono::steady_clock::now();
+  int sleep_us = 20;
+  for (;;) {
+    int done = 0;
+    const int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return MpiError(rc, name);
+    if (done) break;
+    // The first millisecond spins: a collective the peers are already in (a large transfer
+    // moving fragment by fragment included) completes at full speed in here.
+    if (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(1)) continue;
+    // The peers are busy (computing, or gone): sleep, doubling up to 0.5 ms, so the waiting
+    // thread does not take a core from the compute threads it waits for.
+    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+    sleep_us = std::min(2 * sleep_us, 500);
+    if (world_ > 1)
+      for (int p = 0; p < world_; p++)
+        if (note_owed_[p]) {
+          Announce();
+          break;
+        }
+    if (timeout_s_ > 0 &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s_)
+      TimedOut(name);
+  }
+  if (world_ > 1) DrainNotes();
+  return Status::OK();
+}
+
+void MpiCommunicator::TimedOut(const char* name) {
+  DrainNotes();
+  std::string missing;
+  for (int p = 0; p < world_; p++)
+    if (p != rank_ && seen_[p] < calls_) missing += (missing.empty() ? "" : ", ") + std::to_string(world_ranks_[p]);
+  const long long step = g_diagnostic_step.load();
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "%s (MPI call %lld on a communicator of %d rank(s), %s%lld) made no progress for %.0f s "
+                "(--comm-timeout): %s%s; ending the job",
+                name, calls_, world_, step >= 0 ? "step " : "before step ", step >= 0 ? step : 1LL, timeout_s_,
+                missing.empty() ? "every rank arrived (MPI itself is stuck)" : "rank(s) ",
+                missing.empty() ? "" : (missing + " did not arrive (stopped, hung or dead)").c_str());
+  std::fprintf(stderr, "shardgpt: error: rank %d: %s\n", world_rank_, buf);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
 }
 
 void MpiCommunicator::Loop() {
@@ -242,16 +359,20 @@ std::shared_ptr<Work> MpiCommunicator::Enqueue(Task task, bool data_plane) {
 
 Status MpiCommunicator::AgreeOnFailure(const Status& local) {
   int first = local.ok() ? world_ : rank_;  // the lowest failing rank, world_ for none
-  int rc = MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm_);
-  if (rc != MPI_SUCCESS) return local.ok() ? MpiError(rc, "MPI_Allreduce(staging outcome)") : local;
+  MPI_Request req = MPI_REQUEST_NULL;
+  int rc = MPI_Iallreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm_, &req);
+  Status waited = rc == MPI_SUCCESS ? Await(&req, "MPI_Allreduce(staging outcome)") : MpiError(rc, "MPI_Allreduce(staging outcome)");
+  if (!waited.ok()) return local.ok() ? waited : local;
   if (first >= world_) return Status::OK();
   // that rank's message to every rank, so that all Works fail with the same text
   std::string msg = first == rank_ ? local.message() : std::string();
   int len = static_cast<int>(msg.size());
-  rc = MPI_Bcast(&len, 1, MPI_INT, first, comm_);
+  rc = MPI_Ibcast(&len, 1, MPI_INT, first, comm_, &req);
+  if (rc == MPI_SUCCESS) rc = Await(&req, "MPI_Bcast(staging outcome)").ok() ? MPI_SUCCESS : MPI_ERR_OTHER;
   if (rc == MPI_SUCCESS) {
     msg.resize(static_cast<size_t>(len));
-    rc = MPI_Bcast(&msg[0], len, MPI_CHAR, first, comm_);
+    rc = MPI_Ibcast(&msg[0], len, MPI_CHAR, first, comm_, &req);
+    if (rc == MPI_SUCCESS) rc = Await(&req, "MPI_Bcast(staging outcome)").ok() ? MPI_SUCCESS : MPI_ERR_OTHER;
   }
   if (rc != MPI_SUCCESS) msg = "a collective failed on rank " + std::to_string(first) + " of this communicator";
   agreed_failure_ = true;
@@ -324,9 +445,9 @@ std::shared_ptr<Work> MpiCommunicator::AllReduce(void* buf, size_t count, DType 
     size_t done = 0;
     do {  // at least one call, so count 0 is a real (empty) collective on every rank
       const size_t n = std::min(kMaxChunk, count - done);
-      SHARDGPT_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, p + done * esize, static_cast<int>(n), MpiType(dtype),
-                                      SumOp(dtype), comm_),
-                        "MPI_Allreduce");
+      SHARDGPT_MPI_AWAIT(MPI_Iallreduce(MPI_IN_PLACE, p + done * esize, static_cast<int>(n), MpiType(dtype),
+                                        SumOp(dtype), comm_, &_req),
+                         "MPI_Allreduce");
       done += n;
     } while (done < count);
     if (op == ReduceOp::kAvg && world_ > 1) DivideInPlace(buf, count, dtype, world_);
@@ -354,9 +475,9 @@ std::shared_ptr<Work> MpiCommunicator::ReduceScatter(const void* send, void* rec
     const bool alias = Overlaps(send, recv_bytes * world_, recv, recv_bytes);
     std::vector<char> tmp(alias ? recv_bytes : 0);
     void* out = alias ? tmp.data() : recv;
-    SHARDGPT_MPI_CALL(MPI_Reduce_scatter_block(send, out, static_cast<int>(recv_count), MpiType(dtype),
-                                               SumOp(dtype), comm_),
-                      "MPI_Reduce_scatter_block");
+    SHARDGPT_MPI_AWAIT(MPI_Ireduce_scatter_block(send, out, static_cast<int>(recv_count), MpiType(dtype),
+                                                 SumOp(dtype), comm_, &_req),
+                       "MPI_Reduce_scatter_block");
     if (alias) std::memcpy(recv, tmp.data(), recv_bytes);
     if (op == ReduceOp::kAvg && world_ > 1) DivideInPlace(recv, recv_count, dtype, world_);
     return Status::OK();
@@ -381,8 +502,8 @@ std::shared_ptr<Work> MpiCommunicator::AllGather(const void* send, void* recv, s
   return Submit(CollKind::kAllGather, [this, send_count, dtype, in_place](const void* send, void* recv) -> Status {
     const MPI_Datatype type = MpiType(dtype);
     const int n = static_cast<int>(send_count);
-    SHARDGPT_MPI_CALL(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, type, recv, n, type, comm_),
-                      "MPI_Allgather");
+    SHARDGPT_MPI_AWAIT(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, n, type, recv, n, type, comm_, &_req),
+                       "MPI_Allgather");
     return Status::OK();
   }, send, send_count * esize, recv, send_count * esize * world_);
 }
@@ -401,7 +522,8 @@ std::shared_ptr<Work> MpiCommunicator::Broadcast(void* buf, size_t count, DType 
     size_t done = 0;
     do {
       const size_t n = std::min(kMaxChunk, count - done);
-      SHARDGPT_MPI_CALL(MPI_Bcast(p + done * esize, static_cast<int>(n), MpiType(dtype), root, comm_), "MPI_Bcast");
+      SHARDGPT_MPI_AWAIT(MPI_Ibcast(p + done * esize, static_cast<int>(n), MpiType(dtype), root, comm_, &_req),
+                         "MPI_Bcast");
       done += n;
     } while (done < count);
     return Status::OK();
@@ -420,6 +542,7 @@ StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Derive(const char* what
   MPI_Comm_free(&derived);
   if (!made.ok()) return made.status();
   made.value()->SetEndJobOnFailure(end_job_on_failure_.load());
+  made.value()->SetTimeout(timeout_s_);
   return std::unique_ptr<Communicator>(std::move(made.value()));
 }
 
@@ -460,8 +583,9 @@ std::shared_ptr<Work> MpiCommunicator::AllToAllV(const void* send, const std::ve
   NoteIssued(CollKind::kAllToAll, s_total);
   return Submit(CollKind::kAllToAll, [this, sc, sd, rc, rd, dtype](const void* send, void* recv) -> Status {
     const MPI_Datatype type = MpiType(dtype);
-    SHARDGPT_MPI_CALL(MPI_Alltoallv(send, sc.data(), sd.data(), type, recv, rc.data(), rd.data(), type, comm_),
-                      "MPI_Alltoallv");
+    SHARDGPT_MPI_AWAIT(
+        MPI_Ialltoallv(send, sc.data(), sd.data(), type, recv, rc.data(), rd.data(), type, comm_, &_req),
+        "MPI_Alltoallv");
     return Status::OK();
   }, send, s_total * esize, recv, r_total * esize);
 }
@@ -469,7 +593,7 @@ std::shared_ptr<Work> MpiCommunicator::AllToAllV(const void* send, const std::ve
 Status MpiCommunicator::Barrier() {
   ledger_.AddControl(0);
   auto work = Enqueue([this]() -> Status {
-    SHARDGPT_MPI_CALL(MPI_Barrier(comm_), "MPI_Barrier");
+    SHARDGPT_MPI_AWAIT(MPI_Ibarrier(comm_, &_req), "MPI_Barrier");
     return Status::OK();
   });
   return work->status();
@@ -479,8 +603,8 @@ bool MpiCommunicator::AllTrue(bool local) {
   ledger_.AddControl(sizeof(int));
   int value = local ? 1 : 0;
   Status s = Enqueue([this, &value]() -> Status {
-               SHARDGPT_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_LAND, comm_),
-                                 "MPI_Allreduce(AllTrue)");
+               SHARDGPT_MPI_AWAIT(MPI_Iallreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_LAND, comm_, &_req),
+                                  "MPI_Allreduce(AllTrue)");
                return Status::OK();
              })->status();
   return s.ok() && value != 0;
@@ -490,8 +614,8 @@ double MpiCommunicator::AllReduceScalar(double value, ReduceOp op) {
   ledger_.AddControl(sizeof(double));
   double v = value;
   Status s = Enqueue([this, &v]() -> Status {
-               SHARDGPT_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, comm_),
-                                 "MPI_Allreduce(AllReduceScalar)");
+               SHARDGPT_MPI_AWAIT(MPI_Iallreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, comm_, &_req),
+                                  "MPI_Allreduce(AllReduceScalar)");
                return Status::OK();
              })->status();
   if (!s.ok()) return std::nan("");
@@ -503,7 +627,8 @@ Status MpiCommunicator::ControlAllGather(const void* send, void* recv, size_t by
   ledger_.AddControl(bytes);
   return Enqueue([this, send, recv, bytes]() -> Status {
            const int n = static_cast<int>(bytes);
-           SHARDGPT_MPI_CALL(MPI_Allgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_), "MPI_Allgather(control)");
+           SHARDGPT_MPI_AWAIT(MPI_Iallgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_, &_req),
+                              "MPI_Allgather(control)");
            return Status::OK();
          })->status();
 }
@@ -515,7 +640,8 @@ Status MpiCommunicator::ControlBroadcast(void* buf, size_t bytes, int root) {
   if (bytes > static_cast<size_t>(INT_MAX)) return Status::InvalidArgument("ControlBroadcast: too many bytes");
   ledger_.AddControl(bytes);
   return Enqueue([this, buf, bytes, root]() -> Status {
-           SHARDGPT_MPI_CALL(MPI_Bcast(buf, static_cast<int>(bytes), MPI_BYTE, root, comm_), "MPI_Bcast(control)");
+           SHARDGPT_MPI_AWAIT(MPI_Ibcast(buf, static_cast<int>(bytes), MPI_BYTE, root, comm_, &_req),
+                              "MPI_Bcast(control)");
            return Status::OK();
          })->status();
 }

@@ -2,9 +2,15 @@
 //
 // Every call (collective or blocking helper) is queued, in call order, to ONE communication
 // thread owned by this object, which runs it with a blocking MPI call (MPI_Allreduce,
-// MPI_Reduce_scatter_block, MPI_Allgather, MPI_Bcast, MPI_Alltoallv, MPI_Barrier). That thread is what makes
-// a collective progress while the caller computes. It sleeps on a condition variable when
-// the queue is empty (no busy spin); inside an MPI call, Open MPI itself may poll.
+// MPI_Reduce_scatter_block, MPI_Allgather, MPI_Bcast, MPI_Alltoallv, MPI_Barrier, each as its
+// nonblocking MPI_I* form). That thread is what makes a collective progress while the caller
+// computes. It sleeps on a condition variable when the queue is empty, and waits for a call
+// with MPI_Test and a backoff sleep (1 ms of spinning, then sleeps doubling to 0.5 ms): a peer
+// that is still computing no longer costs a core spinning inside a blocking MPI call.
+//
+// Watchdog (SetTimeout, --comm-timeout): a call still not complete after that many seconds
+// ends the job (one line naming the call, the step and the ranks that did not arrive, then
+// MPI_Abort): a stopped or hung peer no longer hangs the job.
 //
 // MPI use: the communicator duplicates the given MPI_Comm (so its traffic never matches
 // anyone else's messages) and, after construction, calls MPI only from its thread, one call
@@ -104,6 +110,15 @@ class MpiCommunicator final : public Communicator {
   // DuplicateControl pass it on. Off by default; set before the first collective.
   void SetEndJobOnFailure(bool on) { end_job_on_failure_ = on; }
 
+  // The watchdog (--comm-timeout): an MPI call of this communicator that has not completed
+  // after `seconds` ends the job with one line naming the call, the step and the ranks that
+  // did not arrive at it (each rank notes every call it enters to the others on a side
+  // channel). 0 (the default) waits forever. Split and DuplicateControl pass it on. Set
+  // before the first collective.
+  void SetTimeout(double seconds) { timeout_s_ = seconds; }
+  // The training step the watchdog's line names (process-wide; the training loop sets it).
+  static void SetDiagnosticStep(long long step);
+
  private:
   using Task = std::function<Status()>;  // runs on the communication thread
   struct Item {
@@ -135,6 +150,13 @@ class MpiCommunicator final : public Communicator {
   // Communication thread: one line, then the job ends (SetEndJobOnFailure).
   [[noreturn]] void EndJob(const Status& failure);
   MPI_Op SumOp(DType dtype) const;
+  void StartThread();
+  // Communication thread: waits for a nonblocking MPI call's request with MPI_Test and a
+  // backoff sleep (no core burnt while the peers compute); past timeout_s_ it ends the job.
+  Status Await(MPI_Request* req, const char* name);
+  void Announce();    // the note "I entered call calls_" to every other rank
+  void DrainNotes();  // the others' notes into seen_
+  [[noreturn]] void TimedOut(const char* name);
 
   MPI_Comm comm_;   // our duplicate; freed in the destructor
   const int rank_;
@@ -153,7 +175,16 @@ class MpiCommunicator final : public Communicator {
   std::atomic<uint64_t> busy_ns_{0};  // time the comm thread spent inside collectives
   std::atomic<bool> end_job_on_failure_{false};
   bool agreed_failure_ = false;  // communication thread: the running task's failure is known to every rank
-  std::thread thread_;      // started last in the constructor
+  double timeout_s_ = 0;    // set before the first collective
+  // the watchdog's state, communication thread only
+  MPI_Comm arrivals_ = MPI_COMM_NULL;   // side channel: one note per MPI call per peer
+  std::vector<int> world_ranks_;        // MPI_COMM_WORLD rank of each member
+  long long calls_ = 0;                 // MPI calls entered on comm_
+  std::vector<long long> seen_;         // the latest call each peer noted
+  std::vector<long long> note_out_;     // send buffers of the notes in flight
+  std::vector<MPI_Request> note_req_;
+  std::vector<bool> note_owed_;         // a note not sent (the previous one was in flight)
+  std::thread thread_;      // started last, by Create
 };
 
 }  // namespace shardgpt

@@ -41,14 +41,16 @@ PY
 # ---- a stop while validation runs ----
 for i in $(seq 1 20000); do echo "In the beginning God created the heaven and the earth. And the earth was without form."; done > "$T/big.txt"
 "$BIN" prepare --input "$T/big.txt" --output "$T/big" --val-fraction 0.5 >/dev/null || fail prepare
-# one validation of 1000 micro-batches takes 5-25 s here, a training step a few ms: a signal sent
-# 1 s after the start-up report (printed just before the loop) lands in a validation
+# The signal must land inside a validation whatever the machine's speed (it used to be sent 1 s
+# after the start-up report, assuming a validation takes 5-25 s): SHARDGPT_TEST_HOLD_IN_VALIDATION
+# holds every validation after its first micro-batch until a stop signal has reached a rank, and
+# says so on stdout: the signal is sent after that line.
 V="--data $T/big/train.bin --val-data $T/big/val.bin --seq-len 64 --micro-batch 4 --n-layer 2 --n-embd 64 --n-head 4 --steps 2 --eval-every 1 --ckpt-dir $T/cv --resume auto --log $T/c.jsonl"
 for want in 1 2; do
-  mpirun -np 2 --oversubscribe "$BIN" train $V --val-batches 1000 > "$T/out.txt" 2>&1 &
+  SHARDGPT_TEST_HOLD_IN_VALIDATION=1 mpirun -np 2 --oversubscribe -x SHARDGPT_TEST_HOLD_IN_VALIDATION \
+    "$BIN" train $V --val-batches 1000 > "$T/out.txt" 2>&1 &
   mpid=$!
-  for i in $(seq 1 300); do grep -q "^shardgpt: model" "$T/out.txt" && break; sleep 0.1; done
-  sleep 1
+  for i in $(seq 1 600); do grep -q "^test hook: holding in validation" "$T/out.txt" && break; sleep 0.1; done
   kill -USR1 "$(pgrep -f "shardgpt train.*$T/cv" | grep -v "^$mpid\$" | sort -n | tail -1)"
   for i in $(seq 1 300); do kill -0 $mpid 2>/dev/null || break; sleep 0.1; done
   kill -0 $mpid 2>/dev/null && { kill -9 $mpid; fail "ranks still running 30 s after SIGUSR1 during validation"; }

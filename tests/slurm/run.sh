@@ -63,7 +63,9 @@ check_losses "$T/full/train.jsonl" 1 $N 1e9 || { show "$T/full.out"; fail "srun 
 echo "1. 2-task job (srun --mpi=pmix) COMPLETED 0:0, losses bitwise equal to mpirun -np 2 [$((SECONDS - t0)) s]"
 
 # ---- 2. scancel --signal=USR1 mid-run -> checkpoint, exit 75, requeue, resume, finish ----
-id=$(sbatch_cpu pre -- $A) || fail "sbatch"
+# held at step N/3 until the signal has come (SHARDGPT_TEST_HOLD_AT_STEP; a resumed run is not
+# held): the run cannot end before scancel's signal however fast the machine is
+id=$(SHARDGPT_TEST_HOLD_AT_STEP=$((N / 3)) sbatch_cpu pre -- $A) || fail "sbatch"
 wait_rows "$T/pre/train.jsonl" $((N / 3)) 240 || { show "$T/pre.out"; fail "job $id made no progress"; }
 scancel --signal=USR1 "$id" || fail "scancel --signal=USR1"
 wait_job "$id" 300 || { show "$T/pre.out"; fail "job $id did not end"; }
@@ -141,7 +143,8 @@ for attempt in 1 2 3 4; do
   next=$((lc + 30)); while [ "$next" -lt $(($(date +%s) + lead)) ]; do next=$((next + 30)); done
   sleep $((next - lead - $(date +%s)))
   rm -rf "$T/tl" "$T/tl.out"
-  id=$(sbatch_cpu tl --time=1 --signal=USR1@30 -- $A6) || fail "sbatch"
+  # held at step N/2 until the signal (a fresh run only): it can no longer end before it
+  id=$(SHARDGPT_TEST_HOLD_AT_STEP=$((N / 2)) sbatch_cpu tl --time=1 --signal=USR1@30 -- $A6) || fail "sbatch"
   wait_job "$id" 400 || { show "$T/tl.out"; fail "job $id did not end"; }
   if [ "$(job_field "$id" ExitCode)" = "138:0" ] && ! grep -q "stop signal received" "$T/tl.out"; then
     echo "  (try $attempt: SIGUSR1 came before the tasks had started: signal later)"; lead=$((lead + 2)); continue

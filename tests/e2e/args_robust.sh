@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Issue 23, items 3-5: arguments that used to pass silently or crash are one clear error line
+# with a non-zero exit on every rank, and outputs that would overwrite an input of the same
+# command (by realpath through symlinks, by device+inode for hard links, or inside the
+# checkpoint read) are refused before anything is written; the input is unchanged after.
+set -u
+BIN=$1
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+printf 'In the beginning God created the heaven and the earth. %.0s' $(seq 1 400) > "$T/text.txt"
+"$BIN" prepare --input "$T/text.txt" --output "$T/data" >/dev/null || { echo "prepare failed"; exit 1; }
+M="--n-layer 1 --n-embd 32 --n-head 2 --seq-len 16 --micro-batch 2"
+D="--data $T/data/train.bin --steps 2 $M"
+"$BIN" train $D --ckpt-dir "$T/ck" --save-model "$T/model.bin" --quiet >/dev/null || { echo "setup train failed"; exit 1; }
+CK="$T/ck/$(cat "$T/ck/latest")"
+fails=0
+# check NAME EXPECTED_SUBSTRING NP -- ARGS...: rc != 0, no timeout, exactly one error line containing the substring
+check() {
+  local name=$1 want=$2 np=$3; shift 4
+  local out rc
+  out=$(timeout 120 mpirun -np "$np" --oversubscribe "$BIN" "$@" 2>&1 >/dev/null); rc=$?
+  local n; n=$(grep -c '^shardgpt: error:' <<<"$out")
+  if [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ "$n" -ne 1 ] || ! grep -q -- "$want" <<<"$out"; then
+    echo "FAIL $name: rc=$rc, $n error lines, wanted '$want'"; echo "$out" | head -5; fails=$((fails+1))
+  else
+    echo "ok   $name: $(grep '^shardgpt: error:' <<<"$out")"
+  fi
+}
+# ---- item 4: --threads bounded by the cores this process may use ----
+for n in 0 -1 40000 100000; do check "threads $n" "--threads" 2 -- train $D --threads "$n"; done
+# ---- item 5: sample ----
+S="sample --model-file $T/model.bin"
+check "sample -n -1"          "tokens"        1 -- $S -n -1
+check "sample -n 0"           "tokens"        1 -- $S -n 0
+check "sample temperature<0"  "temperature"   1 -- $S --temperature -0.5
+check "sample top-k<0"        "top-k"         1 -- $S --top-k -3
+check "sample prompt+ids"     "prompt"        1 -- $S --prompt "In the" --prompt-ids 1 2 3
+# ---- item 3: outputs that are inputs ----
+sum_before=$(cat "$T/data/train.bin" "$T/data/val.bin" "$CK"/* | md5sum)
+ln -s "$T/data/val.bin" "$T/val-link.bin"
+ln "$T/data/train.bin" "$T/train-hard.bin"
+ln "$CK/index.h5" "$T/index-hard.h5"
+check "train --log VAL"            "is the input --val-data" 2 -- train $D --val-data "$T/data/val.bin" --log "$T/data/val.bin"
+check "train --log symlink to VAL" "is the input --val-data" 2 -- train $D --val-data "$T/data/val.bin" --log "$T/val-link.bin"
+check "train --save-model TRAIN"   "is the input --data"     2 -- train $D --save-model "$T/data/train.bin"
+check "train --save-model hardlink" "is the input --data"    2 -- train $D --save-model "$T/train-hard.bin"
+check "train --log in resumed ckpt" "inside the input --resume" 2 -- train $D --steps 4 --ckpt-dir "$T/ck" --resume latest --log "$CK/log.jsonl"
+check "export --out CK/rank"       "inside the input checkpoint" 1 -- export "$CK" --out "$CK/rank_00000.h5"
+check "export --llmc CK/index"     "inside the input checkpoint" 1 -- export "$CK" --out "$T/x.h5" --llmc "$CK/index.h5"
+check "export --out via ckpt-dir"  "inside the input checkpoint" 1 -- export "$T/ck" --out "$CK/index.h5"
+check "export --out hardlink"      "inside the input checkpoint" 1 -- export "$CK" --out "$T/index-hard.h5"
+check "export --out = --llmc"      "same file"                   1 -- export "$CK" --out "$T/y.bin" --llmc "$T/y.bin"
+check "prepare over its input"     "is the input --input"        1 -- prepare --input "$T/data/train.bin" --output "$T/data"
+sum_after=$(cat "$T/data/train.bin" "$T/data/val.bin" "$CK"/* | md5sum)
+[ "$sum_before" = "$sum_after" ] || { echo "FAIL: an input changed"; fails=$((fails+1)); }
+"$BIN" ckpt verify "$CK" >/dev/null || { echo "FAIL: the checkpoint no longer verifies"; fails=$((fails+1)); }
+# and the legal neighbours still work: a --threads inside the bound, an export beside the checkpoint
+"$BIN" train $D --threads 1 --quiet >/dev/null || { echo "FAIL: --threads 1 refused"; fails=$((fails+1)); }
+"$BIN" export "$CK" --out "$T/e.h5" --llmc "$T/e.bin" >/dev/null || { echo "FAIL: a legal export failed"; fails=$((fails+1)); }
+[ $fails -eq 0 ] || { echo "$fails case(s) failed"; exit 1; }
+echo "args_robust ok"
