@@ -33,11 +33,12 @@ echo "private cluster up in $((SECONDS - t0)) s"
 
 for i in $(seq 1 300); do echo "In the beginning God created the heaven and the earth. And the earth was without form."; done > "$T/text.txt"
 "$BIN" prepare --input "$T/text.txt" --output "$T/data" >/dev/null || fail prepare
-# The signal is sent once 25 rows are logged: 375 steps before the end (scenario 2 of run.sh
-# leaves 100), so it lands mid-run unless the machine runs ~375 steps in scancel's latency.
+# The first (fresh) run is held after step 25 until the signal has come
+# (SHARDGPT_TEST_HOLD_AT_STEP; a resumed run is not held), so the signal lands mid-run however
+# fast the machine is.
 N=400
 A="--data $T/data/train.bin --seq-len 32 --n-layer 2 --n-embd 32 --n-head 2 --steps $N --lr 3e-3 --seed 5 --quiet --micro-batch 6 --zero-stage 1 --ckpt-every 10 --keep-last 3"
-id=$(sbatch_cpu cr -- $A) || fail "sbatch"
+id=$(SHARDGPT_TEST_HOLD_AT_STEP=25 sbatch_cpu cr -- $A) || fail "sbatch"
 wait_rows "$T/cr/train.jsonl" 25 240 || { show "$T/cr.out"; fail "job $id made no progress"; }
 scancel --signal=USR1 "$id" || fail "scancel --signal=USR1"
 # the requeued job waits (PENDING, BeginTime); nothing starts it early here
