@@ -37,8 +37,11 @@ Status RunPrepare(const std::vector<std::string>& inputs, const std::string& out
 
 Status RunSample(const SampleOptions& o, int threads) {
   // Nonsense used to pass silently: -n -1 printed nothing, a negative temperature acted as
-  // greedy, a negative --top-k as "all".
-  if (o.tokens < 1) return Status::InvalidArgument("sample -n/--tokens " + std::to_string(o.tokens) + ": expected >= 1 token to generate");
+  // greedy, a negative --top-k as "all". -n 0 prints the prompt decoded and generates nothing
+  // (a tokenizer's decode(encode(x)) round trip; tests/e2e/hf_tokenizer.sh uses it).
+  if (o.tokens < 0)
+    return Status::InvalidArgument("sample -n/--tokens " + std::to_string(o.tokens) +
+                                   ": expected >= 0 tokens to generate (0: print the prompt only)");
   if (!(o.temperature >= 0))
     return Status::InvalidArgument("sample --temperature " + std::to_string(o.temperature) + ": expected >= 0 (0: greedy)");
   if (o.top_k < 0) return Status::InvalidArgument("sample --top-k " + std::to_string(o.top_k) + ": expected >= 0 (0: all tokens)");

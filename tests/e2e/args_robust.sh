@@ -31,7 +31,7 @@ for n in 0 -1 40000 100000; do check "threads $n" "--threads" 2 -- train $D --th
 # ---- item 5: sample ----
 S="sample --model-file $T/model.bin"
 check "sample -n -1"          "tokens"        1 -- $S -n -1
-check "sample -n 0"           "tokens"        1 -- $S -n 0
+check "sample -n -5"          "tokens"        1 -- $S -n -5
 check "sample temperature<0"  "temperature"   1 -- $S --temperature -0.5
 check "sample top-k<0"        "top-k"         1 -- $S --top-k -3
 check "sample prompt+ids"     "prompt"        1 -- $S --prompt "In the" --prompt-ids 1 2 3
