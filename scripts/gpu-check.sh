@@ -147,7 +147,14 @@ print(' '.join(random.choice(w) for _ in range(400000)))" > "$T/text.txt"
   for a in own cudnn; do
     limited 120 "$SHARDGPT" train --data "$T/data/train.bin" $TRAIN_SHAPE --dtype bf16 --device cuda \
       --steps "$STEPS" --seed 3 --quiet --attention $a --log "$T/$a.jsonl" >"$T/$a.out" 2>&1 ||
-      { tail -5 "$T/$a.out"; echo "gpu-check: shardgpt train --attention $a failed"; FAILED=1; }
+      if [ $a = cudnn ] && grep -q "this build has no cuDNN frontend" "$T/$a.out"; then
+        # optional: built only where CMake found the cuDNN frontend's headers (never under the
+        # emulation); the report says so, it is not a failed check
+        echo "attention cudnn: not available in this build: $(grep -m1 'no cuDNN frontend' "$T/$a.out")"
+        SUMMARY+="attention cudnn: not available in this build"$'\n'
+      else
+        { tail -5 "$T/$a.out"; echo "gpu-check: shardgpt train --attention $a failed"; FAILED=1; }
+      fi
   done
   cmp=$(python3 - "$T/own.jsonl" "$T/cudnn.jsonl" <<'PY'
 import json, sys, statistics
