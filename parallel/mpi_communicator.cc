@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -72,33 +71,15 @@ Status MpiError(int rc, const char* call) {
     if (_rc != MPI_SUCCESS) return MpiError(_rc, name); \
   } while (0)
 
-// Open MPI 4.1's ob1 PML can crash (SEGV in mca_pml_ob1_add_comm, under MPI_Comm_dup, seen
-// under ThreadSanitizer and AddressSanitizer in the HSDP and resharding tests) when a
-// communicator is created on one thread while another thread of the process drives MPI's
-// progress (MPI_Test, MPI_Iprobe, starting a nonblocking call): fragments for the new
-// communicator's context are queued and drained concurrently. So in this process every
-// communicator creation holds this lock for its whole length, and every progress step of the
-// communication threads (one MPI_Test, one note exchange, one call started) holds it briefly;
-// nothing waits for a peer while holding it except a creation, which is collective and made
-// by every rank in the same program order.
-std::mutex& MpiProgressMutex() {
-  static std::mutex* m = new std::mutex();  // never destroyed: used up to MPI_Finalize
-  return *m;
-}
-
 // A nonblocking MPI call on the communication thread, then Await on its request: the
 // watchdog and the backoff wait instead of MPI's own polling inside a blocking call. `call`
 // names the request `_req`.
-#define SHARDGPT_MPI_AWAIT(call, name)                               \
-  do {                                                               \
-    MPI_Request _req = MPI_REQUEST_NULL;                             \
-    int _rc;                                                         \
-    {                                                                \
-      std::lock_guard<std::mutex> _progress(MpiProgressMutex());     \
-      _rc = (call);                                                  \
-    }                                                                \
-    if (_rc != MPI_SUCCESS) return MpiError(_rc, name);              \
-    SHARDGPT_RETURN_IF_ERROR(Await(&_req, name));                    \
+#define SHARDGPT_MPI_AWAIT(call, name)                  \
+  do {                                                  \
+    MPI_Request _req = MPI_REQUEST_NULL;                \
+    int _rc = (call);                                   \
+    if (_rc != MPI_SUCCESS) return MpiError(_rc, name); \
+    SHARDGPT_RETURN_IF_ERROR(Await(&_req, name));       \
   } while (0)
 
 std::atomic<long long> g_diagnostic_step{-1};
@@ -182,7 +163,6 @@ StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(MPI_Comm comm
         std::to_string(MPI_THREAD_SERIALIZED) + ") or better from MPI_Init_thread");
   }
   if (comm == MPI_COMM_NULL) return Status::InvalidArgument("MpiCommunicator: MPI_COMM_NULL");
-  std::lock_guard<std::mutex> creating(MpiProgressMutex());  // see MpiProgressMutex
   MPI_Comm dup = MPI_COMM_NULL;
   SHARDGPT_MPI_CALL(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup");
   // Errors come back as codes and become Status, instead of aborting the job.
@@ -239,7 +219,6 @@ MpiCommunicator::~MpiCommunicator() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) {
-    std::lock_guard<std::mutex> freeing(MpiProgressMutex());  // see MpiProgressMutex
     for (MPI_Request& r : note_req_)
       if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);  // an 8-byte note: completes on its own
     MPI_Comm_free(&arrivals_);
@@ -281,19 +260,12 @@ void MpiCommunicator::DrainNotes() {
 
 Status MpiCommunicator::Await(MPI_Request* req, const char* name) {
   calls_++;
-  if (world_ > 1) {
-    std::lock_guard<std::mutex> progress(MpiProgressMutex());
-    Announce();
-  }
+  if (world_ > 1) Announce();
   const auto t0 = std::chrono::steady_clock::now();
   int sleep_us = 20;
   for (;;) {
     int done = 0;
-    int rc;
-    {
-      std::lock_guard<std::mutex> progress(MpiProgressMutex());
-      rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
-    }
+    const int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) return MpiError(rc, name);
     if (done) break;
     // The first millisecond spins: a collective the peers are already in (a large transfer
@@ -306,7 +278,6 @@ Status MpiCommunicator::Await(MPI_Request* req, const char* name) {
     if (world_ > 1)
       for (int p = 0; p < world_; p++)
         if (note_owed_[p]) {
-          std::lock_guard<std::mutex> progress(MpiProgressMutex());
           Announce();
           break;
         }
@@ -314,10 +285,7 @@ Status MpiCommunicator::Await(MPI_Request* req, const char* name) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s_)
       TimedOut(name);
   }
-  if (world_ > 1) {
-    std::lock_guard<std::mutex> progress(MpiProgressMutex());
-    DrainNotes();
-  }
+  if (world_ > 1) DrainNotes();
   return Status::OK();
 }
 
@@ -567,7 +535,6 @@ StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Derive(const char* what
   // a collective on comm_: it runs on our thread, in call order
   MPI_Comm derived = MPI_COMM_NULL;
   SHARDGPT_RETURN_IF_ERROR(Enqueue([this, what, &make, &derived]() -> Status {
-                             std::lock_guard<std::mutex> creating(MpiProgressMutex());
                              SHARDGPT_MPI_CALL(make(comm_, &derived), what);
                              return Status::OK();
                            })->status());
