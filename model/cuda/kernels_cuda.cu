@@ -345,30 +345,29 @@ __global__ void sum_squares_kernel(double* partial, const T* x, size_t n) {
 // there with the same expression):
 //   g = grad * grad_scale;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //   p -= lr * (wd * p + (m * c1) / (sqrt(v * c2) + eps)),  c1 = 1/(1-b1^t), c2 = 1/(1-b2^t)
+__device__ __forceinline__ void adamw_element(float* param, const float* grad, float* m, float* v, size_t i, float lr,
+                                              float wd, float b1, float b2, float eps, float c1, float c2,
+                                              float grad_scale) {
+  const float g = grad[i] * grad_scale;
+  const float mi = b1 * m[i] + (1.0f - b1) * g;
+  const float vi = b2 * v[i] + (1.0f - b2) * g * g;
+  m[i] = mi;
+  v[i] = vi;
+  param[i] -= lr * (wd * param[i] + (mi * c1) / (sqrtf(vi * c2) + eps));
+}
+
 __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, size_t n, float lr, float wd,
                              float b1, float b2, float eps, float c1, float c2, float grad_scale) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    const float g = grad[i] * grad_scale;
-    const float mi = b1 * m[i] + (1.0f - b1) * g;
-    const float vi = b2 * v[i] + (1.0f - b2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    param[i] -= lr * (wd * param[i] + (mi * c1) / (sqrtf(vi * c2) + eps));
-  }
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    adamw_element(param, grad, m, v, i, lr, wd, b1, b2, eps, c1, c2, grad_scale);
 }
 
 // adamw_kernel with the gradient scale (the clip factor) read from device memory.
 __global__ void adamw_dev_kernel(float* param, const float* grad, float* m, float* v, size_t n, float lr, float wd,
                                  float b1, float b2, float eps, float c1, float c2, const float* grad_scale) {
   const float scale = *grad_scale;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    const float g = grad[i] * scale;
-    const float mi = b1 * m[i] + (1.0f - b1) * g;
-    const float vi = b2 * v[i] + (1.0f - b2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    param[i] -= lr * (wd * param[i] + (mi * c1) / (sqrtf(vi * c2) + eps));
-  }
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    adamw_element(param, grad, m, v, i, lr, wd, b1, b2, eps, c1, c2, scale);
 }
 
 // *dst = (sum_i src[i]) / divisor, one thread, index order (a handful of values: a step's
