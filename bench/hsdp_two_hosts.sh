@@ -24,6 +24,7 @@ SRC=$(realpath "${2:-$(dirname "$0")/..}")
 RATE=${RATE:-1gbit} STEPS=${STEPS:-12} ROUNDS=${ROUNDS:-2} DTYPE=${DTYPE:-bf16}
 LAYERS=${LAYERS:-4} EMBD=${EMBD:-256} SEQ=${SEQ:-64} CHECK=${CHECK:-0} LOSS_TOL=${LOSS_TOL:-5e-4}
 if [ "$(id -u)" -ne 0 ]; then echo "SKIP: starts Slurm daemons and network namespaces: run as root"; exit 77; fi
+"$SRC/bench/machine.sh"
 source "$SRC/tests/slurm/cluster.sh"
 slurm_install || { echo "FAIL: cannot install slurm-wlm"; exit 1; }
 for c in ip tc nsenter unshare; do command -v $c >/dev/null || { echo "FAIL: needs $c (iproute2, util-linux)"; exit 1; }; done

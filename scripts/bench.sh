@@ -7,25 +7,15 @@ set -euo pipefail
 BUILD=${1:-build}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Every figure below belongs to this hardware: print it first.
-"$(dirname "$0")"/../bench/machine.sh
+BENCH="$(dirname "$0")"/../bench
+"$BENCH"/machine.sh
 echo "== kernels (2 threads)"
 "$BUILD"/bench/bench_kernels --benchmark_min_time=0.2 2>/dev/null | grep -E "^BM_" || true
 echo "== end to end, 1 rank x 2 threads"
 for c in tiny small gpt2; do "$BUILD"/bench/bench_train --config $c --steps 12 --threads 2; done
 echo "== end to end, 1 and 2 ranks x 1 thread, every stage"
-for c in tiny small; do
-  "$BUILD"/bench/bench_train --config $c --steps 12 --threads 1
-  # stage 0 also measures the single-rank references side by side (scaling efficiency)
-  for s in 0 1 2 3; do
-    mpirun -np 2 --oversubscribe "$BUILD"/bench/bench_train --config $c --steps 12 --threads 1 --zero-stage $s \
-      --scaling $([ $s = 0 ] && echo 1 || echo 0)
-  done
-done
-echo "== checkpoint save vs plain sequential write (d6, 2 ranks)"
-mkdir -p "$BUILD"/bench_tmp
-mpirun -np 2 --oversubscribe "$BUILD"/bench/bench_ckpt d6 "$BUILD"/bench_tmp/ckpt 3 || true
-rm -rf "$BUILD"/bench_tmp
+"$BENCH"/zero_stages.sh "$BUILD" | grep -v '^machine:'
+echo "== checkpoint save vs plain sequential write (d6, 1 and 2 ranks)"
+"$BENCH"/ckpt.sh "$BUILD" | grep -v '^machine:'
 echo "== Muon: all_to_all bytes and Newton-Schulz CPU time per rank, 1-4 ranks (fp32 and bf16 on the wire)"
-for b in 0 1; do for n in 1 2 3 4; do
-  OPENBLAS_NUM_THREADS=1 mpirun -np $n --oversubscribe "$BUILD"/bench/bench_muon --zero-stage 1 --bf16 $b | grep -v "^  rank"
-done; done
+"$BENCH"/muon_ranks.sh "$BUILD" | grep -v '^machine:\|^  rank'
