@@ -4,10 +4,8 @@
 # stage 0 with muon, and is refused with one error line (no hang, nothing written) as adamw;
 # `plan` shows Muon's state and traffic; a bad --muon-momentum is one error line.
 set -euo pipefail
-BIN=$1
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-for i in $(seq 1 200); do echo "In the beginning God created the heaven and the earth. And the earth was without form."; done > "$T/text.txt"
+source "$(dirname "$0")/lib/common.sh"  # BIN, T, fail, mpirun as root
+e2e_text 200 "In the beginning God created the heaven and the earth. And the earth was without form."
 "$BIN" prepare --input "$T/text.txt" --output "$T/data" --val-fraction 0.1 >/dev/null
 train() {  # train NP [flags]
   local np=$1; shift

@@ -9,12 +9,8 @@
 #    after it): checkpoint, exit 75; also during the final validation; the resumed runs end with
 #    the losses of an uninterrupted run and the final validation done.
 set -uo pipefail
-BIN=$1
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fail() { echo "FAIL: $*"; exit 1; }
-for i in $(seq 1 300); do echo "In the beginning God created the heaven and the earth. And the earth was without form."; done > "$T/text.txt"
-"$BIN" prepare --input "$T/text.txt" --output "$T/data" >/dev/null || fail prepare
+source "$(dirname "$0")/lib/common.sh"  # BIN, T, fail, mpirun as root
+e2e_prepare 300 "In the beginning God created the heaven and the earth. And the earth was without form."
 
 # ---- log rows across a resume ----
 A="--data $T/data/train.bin --seq-len 32 --micro-batch 6 --steps 20 --lr 3e-3 --seed 5 --quiet --n-layer 2 --n-embd 64 --n-head 4 --ckpt-dir $T/ck --ckpt-every 5 --resume auto"

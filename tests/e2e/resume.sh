@@ -8,10 +8,8 @@
 #  - another model config is refused naming the field;
 #  - kill -9 during training with a checkpoint every step never leaves an unloadable latest.
 set -euo pipefail
-BIN=$1
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-for i in $(seq 1 400); do echo "In the beginning God created the heaven and the earth. And the earth was without form, and void."; done > "$T/text.txt"
+source "$(dirname "$0")/lib/common.sh"  # BIN, T, fail, mpirun as root
+e2e_text 400 "In the beginning God created the heaven and the earth. And the earth was without form, and void."
 "$BIN" prepare --input "$T/text.txt" --output "$T/data" >/dev/null
 COMMON="--data $T/data/train.bin --seq-len 32 --steps 8 --lr 3e-3 --seed 5 --quiet --n-layer 2 --n-embd 64 --n-head 4"
 train() {  # train NP B STAGE LOG [flags]

@@ -5,10 +5,8 @@
 # no longer names the same place (sequence length, shuffle setting, the seed of a shuffled run,
 # other data), refused before anything is written, and accepted by --allow-config-change.
 set -euo pipefail
-BIN=$1
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-for i in $(seq 1 200); do echo "In the beginning God created the heaven and the earth. And the earth was without form, and void."; done > "$T/text.txt"
+source "$(dirname "$0")/lib/common.sh"  # BIN, T, fail, mpirun as root
+e2e_text 200 "In the beginning God created the heaven and the earth. And the earth was without form, and void."
 "$BIN" prepare --input "$T/text.txt" --output "$T/data" >/dev/null
 head -c 10000 "$T/text.txt" > "$T/short.txt"
 "$BIN" prepare --input "$T/short.txt" --output "$T/data2" >/dev/null

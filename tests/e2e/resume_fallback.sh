@@ -14,12 +14,8 @@
 #  - latest empty / a dangling symlink: --resume auto warns and resumes the newest complete
 #    step; --resume latest is an error naming latest.
 set -uo pipefail
-BIN=$1
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fail() { echo "FAIL: $*"; exit 1; }
-for i in $(seq 1 300); do echo "In the beginning God created the heaven and the earth. And the earth was without form."; done > "$T/text.txt"
-"$BIN" prepare --input "$T/text.txt" --output "$T/data" >/dev/null || fail prepare
+source "$(dirname "$0")/lib/common.sh"  # BIN, T, fail, mpirun as root
+e2e_prepare 300 "In the beginning God created the heaven and the earth. And the earth was without form."
 F="--data $T/data/train.bin --seq-len 32 --steps 6 --lr 3e-3 --seed 5 --quiet --n-layer 2 --n-embd 64 --n-head 4"
 # train NP STAGE [flags]: the same global batch (12 sequences) on 2 or 3 ranks
 train() {

@@ -2,10 +2,8 @@
 # SIGUSR1 (or SIGTERM) delivered to ONE rank: every rank agrees at the next step boundary,
 # a checkpoint is written, all ranks exit with status 75, and --resume latest continues.
 set -uo pipefail
-BIN=$1
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-for i in $(seq 1 400); do echo "In the beginning God created the heaven and the earth."; done > "$T/text.txt"
+source "$(dirname "$0")/lib/common.sh"  # BIN, T, fail, mpirun as root
+e2e_text 400 "In the beginning God created the heaven and the earth."
 "$BIN" prepare --input "$T/text.txt" --output "$T/data" >/dev/null || exit 1
 ARGS="--data $T/data/train.bin --seq-len 64 --micro-batch 4 --n-layer 4 --n-embd 256 --n-head 4 --steps 100000 --quiet --ckpt-dir $T/ck"
 for sig in USR1 TERM; do

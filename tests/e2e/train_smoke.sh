@@ -3,10 +3,8 @@
 # sample printed, JSONL fields present) -> the same seed gives bit-identical logs -> the saved
 # llm.c model is read back by `sample` and by `train --init` (same starting loss as the end).
 set -euo pipefail
-BIN=$1
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-for i in $(seq 1 300); do echo "In the beginning God created the heaven and the earth. And the earth was without form."; done > "$T/text.txt"
+source "$(dirname "$0")/lib/common.sh"  # BIN, T, fail, mpirun as root
+e2e_text 300 "In the beginning God created the heaven and the earth. And the earth was without form."
 "$BIN" prepare --input "$T/text.txt" --output "$T/data" --val-fraction 0.1 >/dev/null
 run() {  # run LOGFILE [flags]
   local log=$1; shift

@@ -6,10 +6,8 @@
 # 2e-2 (the bf16 band of train_cuda.sh); two CUDA runs give bitwise equal losses.
 # Exits 77 (skipped) where `--device cuda` has no GPU.
 set -euo pipefail
-BIN=$1
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-for i in $(seq 1 200); do echo "In the beginning God created the heaven and the earth. And the earth was without form."; done > "$T/text.txt"
+source "$(dirname "$0")/../e2e/lib/common.sh"  # BIN, T, fail, mpirun as root
+e2e_text 200 "In the beginning God created the heaven and the earth. And the earth was without form."
 "$BIN" prepare --input "$T/text.txt" --output "$T/data" >/dev/null
 MODEL="--data $T/data/train.bin --seq-len 80 --n-layer 1 --n-embd 128 --n-head 2 --lr 3e-3 --seed 3 --quiet --threads 1
        --micro-batch 2 --dtype bf16 --compute-dtype bf16"

@@ -154,6 +154,29 @@ slurm_stop() {
 }
 
 # ---- scaffolding of a scenario script ----
+# slurm_work_dir TEMPLATE: T = a new folder (mktemp -d TEMPLATE) that munged (user munge) can
+# reach, and C = its cluster/ folder.
+slurm_work_dir() {
+  T=$(mktemp -d "$1") || return 1
+  chmod 755 "$T"
+  C=$T/cluster
+  mkdir -p "$C"
+}
+# slurm_local_cluster_up CLUSTER_DIR [CONF_STEP...]: a one-node cluster on localhost (all this
+# machine's CPUs): slurm.conf written, then each CONF_STEP run as a command (e.g. extra lines
+# or gres), SLURM_CONF exported, munged, slurmctld and slurmd started, the node idle within
+# 60 s. On failure it prints which step failed and returns 1. Not in a $(...): the daemons
+# would hold its pipe.
+slurm_local_cluster_up() {
+  local c=$1 step; shift
+  slurm_write_conf "$c" localhost "localhost 127.0.0.1 $(nproc)" || { echo "slurm.conf"; return 1; }
+  for step in "$@"; do eval "$step" || { echo "$step"; return 1; }; done
+  export SLURM_CONF=$c/slurm.conf
+  slurm_start_munge "$c" || { echo "munged"; return 1; }
+  slurm_start_ctld "$c" || { echo "slurmctld"; return 1; }
+  slurm_start_slurmd "$c" localhost || { echo "slurmd"; return 1; }
+  slurm_wait_idle "$c" 1 60 || { echo "node not idle"; return 1; }
+}
 # slurm_test_scaffold DIR CLUSTER_DIR SECONDS: on exit (whatever happens) stop the cluster's
 # daemons, run the script's own `extra_cleanup` if it defines one, and remove DIR (kept with
 # KEEP_SLURM_TEST=1); a watchdog ends the script after SECONDS. The watchdog holds none of our

@@ -17,18 +17,10 @@ SRC=$(realpath "${2:-$(dirname "$0")/../..}")
 if [ "$(id -u)" -ne 0 ]; then echo "SKIP: the Slurm tests start slurmctld, slurmd and munged: run as root"; exit 77; fi
 source "$SRC/tests/slurm/cluster.sh"
 slurm_install || { echo "FAIL: cannot install slurm-wlm"; exit 1; }
-T=$(mktemp -d /tmp/shardgpt-slurm.XXXXXX)
-chmod 755 "$T"  # munged (user munge) must reach its socket below
-C=$T/cluster
-mkdir -p "$C"
+slurm_work_dir /tmp/shardgpt-slurm.XXXXXX || fail "mktemp"
 slurm_test_scaffold "$T" "$C" 600
 t0=$SECONDS
-slurm_write_conf "$C" localhost "localhost 127.0.0.1 $(nproc)" || fail "slurm.conf"
-export SLURM_CONF=$C/slurm.conf
-slurm_start_munge "$C" || fail "munged"
-slurm_start_ctld "$C" || fail "slurmctld"
-slurm_start_slurmd "$C" localhost || fail "slurmd"
-slurm_wait_idle "$C" 1 60 || fail "node not idle"
+slurm_local_cluster_up "$C" || fail "private one-node cluster (the step above)"
 echo "private cluster up in $((SECONDS - t0)) s"
 
 for i in $(seq 1 300); do echo "In the beginning God created the heaven and the earth. And the earth was without form."; done > "$T/text.txt"

@@ -40,10 +40,7 @@ export SHARDGPT_CUDA_EMU_DEVICES=$GPUS GPU_TASKS=$GPUS
 # started by srun busy-polls unless told to yield (see train_cpu.sbatch). Numerics unchanged;
 # every job and the mpirun reference get it (sbatch exports the environment to the tasks).
 export OMPI_MCA_mpi_yield_when_idle=1
-T=$(mktemp -d /tmp/shardgpt-slurm-gpu.XXXXXX)
-chmod 755 "$T"  # munged (user munge) must reach its socket below
-C=$T/cluster
-mkdir -p "$C"
+slurm_work_dir /tmp/shardgpt-slurm-gpu.XXXXXX || fail "mktemp"
 
 # ---- is BIN the CUDA emulation? (before any daemon starts) ----
 # 1 rank, 6 steps, the second of two emulated GPUs: a few seconds; it names the device and times a step.
@@ -78,13 +75,7 @@ rm -f "$T/mknod-probe"
 slurm_test_scaffold "$T" "$C" 840
 
 t0=$SECONDS
-slurm_write_conf "$C" localhost "localhost 127.0.0.1 $(nproc)" || fail "slurm.conf"
-slurm_add_gpus "$C" $GPUS || fail "gres: placeholder GPU devices (mknod) or slurm.conf"
-export SLURM_CONF=$C/slurm.conf
-slurm_start_munge "$C" || fail "munged"
-slurm_start_ctld "$C" || fail "slurmctld"
-slurm_start_slurmd "$C" localhost || fail "slurmd"
-slurm_wait_idle "$C" 1 60 || fail "node not idle"
+slurm_local_cluster_up "$C" 'slurm_add_gpus "$C" $GPUS' || fail "private one-node cluster with placeholder GPUs (the step above)"
 gres=$(scontrol show node localhost | sed -n 's/^ *Gres=\([^ ]*\).*/\1/p')
 [ "$gres" = "gpu:$GPUS" ] || { tail -5 "$C/log/slurmd-localhost.log"; fail "node has Gres=$gres, expected gpu:$GPUS"; }
 grep -q "not a valid character or block device" "$C/log/slurmd-localhost.log" && { show "$C/log/slurmd-localhost.log" 10; fail "slurmd refused the gres devices"; }

@@ -23,12 +23,9 @@ command -v ip >/dev/null && command -v nsenter >/dev/null && command -v unshare 
   || { echo "FAIL: needs ip (iproute2), nsenter and unshare (util-linux)"; exit 1; }
 
 # Shared storage of the "cluster" outside /tmp (each host has its own /tmp).
-T=$(mktemp -d /var/tmp/shardgpt-slurm-mn.XXXXXX)
-chmod 755 "$T"
+slurm_work_dir /var/tmp/shardgpt-slurm-mn.XXXXXX || fail "mktemp"
 # The binary too: the build may itself live under /tmp (a CI clone), which the hosts cannot see.
 cp "$BIN" "$T/shardgpt" && BIN=$T/shardgpt
-C=$T/cluster
-mkdir -p "$C"
 # a name prefix and a /24 no interface here uses yet
 netns_pick_prefix
 extra_cleanup() { netns_hosts_down "$P" 2; }

@@ -23,20 +23,12 @@ if [ "$(id -u)" -ne 0 ]; then echo "SKIP: the Slurm tests start slurmctld, slurm
 source "$SRC/tests/slurm/cluster.sh"
 slurm_install || { echo "FAIL: cannot install slurm-wlm"; exit 1; }
 
-T=$(mktemp -d /tmp/shardgpt-slurm.XXXXXX)
-chmod 755 "$T"  # munged (user munge) must reach its socket below
-C=$T/cluster
-mkdir -p "$C"
+slurm_work_dir /tmp/shardgpt-slurm.XXXXXX || fail "mktemp"
 slurm_test_scaffold "$T" "$C" 840
 
 t0=$SECONDS
-slurm_write_conf "$C" localhost "localhost 127.0.0.1 $(nproc)" || fail "slurm.conf"
-echo "SlurmctldDebug=debug2" >> "$C/slurm.conf"  # logs each time-limit check (scenario 6)
-export SLURM_CONF=$C/slurm.conf
-slurm_start_munge "$C" || fail "munged"
-slurm_start_ctld "$C" || fail "slurmctld"
-slurm_start_slurmd "$C" localhost || fail "slurmd"
-slurm_wait_idle "$C" 1 60 || fail "node not idle"
+# SlurmctldDebug=debug2 logs each time-limit check (scenario 6)
+slurm_local_cluster_up "$C" 'echo "SlurmctldDebug=debug2" >> "$C/slurm.conf"' || fail "private one-node cluster (the step above)"
 echo "private cluster up in $((SECONDS - t0)) s: $(sinfo -h -o '%P %D %t %N')"
 
 # ---- data, flags, the uninterrupted reference ----
