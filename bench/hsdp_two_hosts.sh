@@ -29,11 +29,8 @@ source "$SRC/tests/slurm/cluster.sh"
 slurm_install || { echo "FAIL: cannot install slurm-wlm"; exit 1; }
 for c in ip tc nsenter unshare; do command -v $c >/dev/null || { echo "FAIL: needs $c (iproute2, util-linux)"; exit 1; }; done
 
-T=$(mktemp -d /var/tmp/shardgpt-hsdp.XXXXXX)
-chmod 755 "$T"
+slurm_work_dir /var/tmp/shardgpt-hsdp.XXXXXX || fail "mktemp"
 cp "$BIN" "$T/shardgpt" && BIN=$T/shardgpt
-C=$T/cluster
-mkdir -p "$C"
 netns_pick_prefix
 extra_cleanup() { netns_hosts_down "$P" 2; }
 slurm_test_scaffold "$T" "$C" 840
