@@ -28,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace shardgpt {
 
@@ -47,6 +48,35 @@ bool OnednnBf16Supported();
 Bf16Gemm CurrentBf16Gemm();
 bool SetBf16Gemm(Bf16Gemm gemm);
 const char* Bf16GemmName(Bf16Gemm gemm);  // "oneDNN" or "emulated"
+
+// The memory formats of the source and weights operands of the oneDNN primitive that the last
+// call of a large product ran: "ab" (dense row-major), "ba" (dense, transposed) or "other";
+// both "" when that product has not run on oneDNN in this process. Taken from the primitive's
+// own descriptors, so tests can check that no product reads a transposed source (oneDNN's
+// brgemm runs one about 2x slower).
+enum class Bf16Product { kForward, kBackwardData, kBackwardWeights };
+struct OnednnOperandFormats {
+  std::string src, weights;
+};
+OnednnOperandFormats LastOnednnFormats(Bf16Product product);
+
+// How many bf16 products ran since the last reset, by where: oneDNN primitive executions and
+// calls of the AVX512-BF16 tile kernel (bench_train --profile prints them per step).
+struct Bf16ProductCounts {
+  int64_t onednn_calls = 0, dot_kernel_calls = 0;
+};
+Bf16ProductCounts GetBf16ProductCounts();
+void ResetBf16ProductCounts();
+
+// True when the CPU has AVX512-BF16 (vdpbf16ps) and the OS enables AVX-512 state: what
+// gemm_bf16_dot needs. Checked once.
+bool Bf16DotKernelSupported();
+// The tile product of bf16 attention on oneDNN-capable CPUs with AVX512-BF16, cblas_sgemm's
+// row-major signature: C[M,N] (ldc) = alpha * bf16(op(A))[M,K] @ bf16(op(B))[K,N] + beta * C,
+// fp32 accumulation (C is not read when beta == 0). Single-threaded, per-thread scratch: safe
+// to call from several threads at once. Precondition: Bf16DotKernelSupported().
+void gemm_bf16_dot(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                   int ldb, float beta, float* C, int ldc);
 
 // out[N,OC] = bf16(inp)[N,C] @ bf16(w)[OC,C]^T + bias[OC]   (bias may be null; fp32 bias)
 void matmul_forward_bf16(float* out, const float* inp, const float* w, const float* bias, int N, int C, int OC);
