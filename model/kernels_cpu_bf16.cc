@@ -124,7 +124,7 @@ struct MatmulEntry {
   OnednnOperandFormats formats;  // of the primitive as built (its own src/weights descs)
 };
 
-std::atomic<int64_t> g_onednn_calls{0}, g_dot_calls{0};
+std::atomic<int64_t> g_onednn_calls{0}, g_dot_calls{0}, g_weight_conversions{0}, g_weight_reuses{0};
 
 // The last formats each large product's primitive used (tests: the layouts cannot regress unseen).
 std::mutex g_formats_mu;
@@ -232,12 +232,15 @@ OnednnOperandFormats LastOnednnFormats(Bf16Product product) {
 }
 
 Bf16ProductCounts GetBf16ProductCounts() {
-  return {g_onednn_calls.load(std::memory_order_relaxed), g_dot_calls.load(std::memory_order_relaxed)};
+  return {g_onednn_calls.load(std::memory_order_relaxed), g_dot_calls.load(std::memory_order_relaxed),
+          g_weight_conversions.load(std::memory_order_relaxed), g_weight_reuses.load(std::memory_order_relaxed)};
 }
 
 void ResetBf16ProductCounts() {
   g_onednn_calls.store(0, std::memory_order_relaxed);
   g_dot_calls.store(0, std::memory_order_relaxed);
+  g_weight_conversions.store(0, std::memory_order_relaxed);
+  g_weight_reuses.store(0, std::memory_order_relaxed);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -291,6 +294,66 @@ void ToBf16AndTransposed(const float* src, int rows, int cols, uint16_t* dst, ui
   }
 }
 
+}  // namespace
+
+// ----------------------------------------------------------------------------------------------
+// Bf16WeightCache
+
+namespace {
+std::atomic<bool> g_weight_reuse{true};
+}  // namespace
+
+void SetBf16WeightReuse(bool on) { g_weight_reuse.store(on); }
+bool Bf16WeightReuse() { return g_weight_reuse.load(); }
+
+void Bf16WeightCache::End() {
+  if (!open()) return;  // (closing twice must not drop the storage kept for the next window)
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->second.window == window_) ++it;  // used in this window: keep the storage
+    else it = entries_.erase(it);
+  }
+  window_ = 0;
+}
+
+Bf16WeightCache::Entry* Bf16WeightCache::Find(const float* w, size_t n, bool bits, bool* fresh) {
+  Entry& e = entries_[{{w, n}, bits}];
+  *fresh = e.window != window_;
+  e.window = window_;
+  return &e;
+}
+
+const uint16_t* Bf16WeightCache::Bits(const float* w, size_t n, std::vector<uint16_t>& scratch) {
+  if (!open()) {
+    g_weight_conversions.fetch_add(1, std::memory_order_relaxed);
+    return ToBf16(w, n, scratch);
+  }
+  bool fresh = false;
+  Entry* e = Find(w, n, true, &fresh);
+  if (!fresh) {
+    g_weight_reuses.fetch_add(1, std::memory_order_relaxed);
+    return e->bits.data();
+  }
+  g_weight_conversions.fetch_add(1, std::memory_order_relaxed);
+  return ToBf16(w, n, e->bits);
+}
+
+const float* Bf16WeightCache::Rounded(const float* w, size_t n, std::vector<float>& scratch) {
+  if (!open()) {
+    g_weight_conversions.fetch_add(1, std::memory_order_relaxed);
+    return RoundBf16(w, n, scratch);
+  }
+  bool fresh = false;
+  Entry* e = Find(w, n, false, &fresh);
+  if (!fresh) {
+    g_weight_reuses.fetch_add(1, std::memory_order_relaxed);
+    return e->rounded.data();
+  }
+  g_weight_conversions.fetch_add(1, std::memory_order_relaxed);
+  return RoundBf16(w, n, e->rounded);
+}
+
+namespace {
+
 // Dense copy of the rows x cols matrix at src (row stride ld), converted by f.
 template <typename T, typename F>
 T* Pack(const float* src, int rows, int cols, int ld, std::vector<T>& buf, F f) {
@@ -328,23 +391,28 @@ thread_local std::vector<float> t_a32, t_b32, t_c32;
 // ----------------------------------------------------------------------------------------------
 // matmul: out[N,OC] = inp[N,C] @ w[OC,C]^T + bias[OC], inputs rounded to bf16
 
-void matmul_forward_bf16(float* out, const float* inp, const float* w, const float* bias, int N, int C, int OC) {
+void matmul_forward_bf16(float* out, const float* inp, const float* w, const float* bias, int N, int C, int OC,
+                         Bf16WeightCache* cache) {
   const size_t NC = static_cast<size_t>(N) * C, OCC = static_cast<size_t>(OC) * C;
+  Bf16WeightCache none;  // never opened: converts
+  Bf16WeightCache& wc = cache ? *cache : none;
   if (CurrentBf16Gemm() == Bf16Gemm::kEmulated) {
-    matmul_forward(out, RoundBf16(inp, NC, t_a32), RoundBf16(w, OCC, t_b32), bias, N, C, OC);
+    matmul_forward(out, RoundBf16(inp, NC, t_a32), wc.Rounded(w, OCC, t_b32), bias, N, C, OC);
     return;
   }
   // w[OC,C] is the [C,OC] operand stored transposed
   static const Bf16Product kProduct = Bf16Product::kForward;
-  OnednnMatmul(N, OC, C, ToBf16(inp, NC, t_a16), false, ToBf16(w, OCC, t_b16), true, bias, false, out, &kProduct);
+  OnednnMatmul(N, OC, C, ToBf16(inp, NC, t_a16), false, wc.Bits(w, OCC, t_b16), true, bias, false, out, &kProduct);
 }
 
 // dinp[N,C] += dout[N,OC] @ w[OC,C];  dw[OC,C] += dout^T @ inp[N,C];  dbias[OC] += sum_n dout[n,:]
 void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                          int N, int C, int OC) {
+                          int N, int C, int OC, Bf16WeightCache* cache) {
   const size_t NC = static_cast<size_t>(N) * C, NOC = static_cast<size_t>(N) * OC, OCC = static_cast<size_t>(OC) * C;
+  Bf16WeightCache none;  // never opened: converts
+  Bf16WeightCache& wc = cache ? *cache : none;
   if (CurrentBf16Gemm() == Bf16Gemm::kEmulated) {
-    const float* rw = dinp ? RoundBf16(w, OCC, t_b32) : w;  // w only feeds dinp
+    const float* rw = dinp ? wc.Rounded(w, OCC, t_b32) : w;  // w only feeds dinp
     matmul_backward(dinp, dw, nullptr, RoundBf16(dout, NOC, t_c32), RoundBf16(inp, NC, t_a32), rw, N, C, OC);
   } else {
     static const Bf16Product kData = Bf16Product::kBackwardData, kWeights = Bf16Product::kBackwardWeights;
@@ -354,7 +422,7 @@ void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dou
     uint16_t* d16t = dw ? cpu_internal::scratch(t_c16t, NOC) : nullptr;
     if (dw) ToBf16AndTransposed(dout, N, OC, d16, d16t);
     else ToBf16(dout, NOC, t_c16);
-    if (dinp) OnednnMatmul(N, C, OC, d16, false, ToBf16(w, OCC, t_b16), false, nullptr, true, dinp, &kData);
+    if (dinp) OnednnMatmul(N, C, OC, d16, false, wc.Bits(w, OCC, t_b16), false, nullptr, true, dinp, &kData);
     if (dw) OnednnMatmul(OC, C, N, d16t, false, ToBf16(inp, NC, t_a16), false, nullptr, true, dw, &kWeights);
   }
   if (dbias) BiasBackward(dbias, dout, N, OC);

@@ -28,7 +28,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace shardgpt {
 
@@ -64,6 +67,8 @@ OnednnOperandFormats LastOnednnFormats(Bf16Product product);
 // calls of the AVX512-BF16 tile kernel (bench_train --profile prints them per step).
 struct Bf16ProductCounts {
   int64_t onednn_calls = 0, dot_kernel_calls = 0;
+  // matmul weights converted to bf16, and weights served from a Bf16WeightCache instead
+  int64_t weight_conversions = 0, weight_reuses = 0;
 };
 Bf16ProductCounts GetBf16ProductCounts();
 void ResetBf16ProductCounts();
@@ -78,12 +83,49 @@ bool Bf16DotKernelSupported();
 void gemm_bf16_dot(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
                    int ldb, float beta, float* C, int ldc);
 
+// One bf16 copy per matmul weight for a reuse window (Kernels::begin_weight_reuse): inside a
+// window whose opener guarantees the weights do not change, a weight is converted on its first
+// use and served from here after (the forward, the backward's dinp, recompute and further
+// micro-batches), keyed by (address, element count, way of computing). Outside a window nothing
+// is served: every call converts. Each Begin opens a new window, so an entry of an earlier one
+// is never served, whatever now lies at its address. End keeps the storage of the weights used
+// in the window just closed (the next window refills it without new allocations) and frees the
+// rest; End when closed does nothing. Memory: 2 bytes per weight element (4 for the emulation's rounded fp32 copies).
+// Thread contract: the training thread only, as the kernels.
+// SetBf16WeightReuse(false) makes Begin open nothing (every call converts): the switch tests and
+// measurements compare against; on by default.
+void SetBf16WeightReuse(bool on);
+bool Bf16WeightReuse();
+
+class Bf16WeightCache {
+ public:
+  void Begin() { window_ = Bf16WeightReuse() ? ++last_window_ : 0; }
+  void End();
+  bool open() const { return window_ != 0; }
+  // w[0, n) rounded to bf16: its bits (kOnednn) or fp32 values (kEmulated); cached when open,
+  // else converted into scratch.
+  const uint16_t* Bits(const float* w, size_t n, std::vector<uint16_t>& scratch);
+  const float* Rounded(const float* w, size_t n, std::vector<float>& scratch);
+
+ private:
+  struct Entry {
+    uint64_t window = 0;
+    std::vector<uint16_t> bits;
+    std::vector<float> rounded;
+  };
+  Entry* Find(const float* w, size_t n, bool bits, bool* fresh);
+  uint64_t window_ = 0, last_window_ = 0;
+  std::map<std::pair<std::pair<const float*, size_t>, bool>, Entry> entries_;
+};
+
 // out[N,OC] = bf16(inp)[N,C] @ bf16(w)[OC,C]^T + bias[OC]   (bias may be null; fp32 bias)
-void matmul_forward_bf16(float* out, const float* inp, const float* w, const float* bias, int N, int C, int OC);
+// cache (optional): where w's bf16 copy may come from (Bf16WeightCache).
+void matmul_forward_bf16(float* out, const float* inp, const float* w, const float* bias, int N, int C, int OC,
+                         Bf16WeightCache* cache = nullptr);
 // dinp[N,C] += bf16(dout) @ bf16(w);  dw[OC,C] += bf16(dout)^T @ bf16(inp);
 // dbias[OC] += sum_n dout[n,:] in fp32 (dbias may be null; dinp may be null).
 void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                          int N, int C, int OC);
+                          int N, int C, int OC, Bf16WeightCache* cache = nullptr);
 
 // attention_forward/backward (kernels_cpu.h) with bf16 inputs to q k^T, P v (forward) and
 // dO v^T, dS k, P^T dO, dS^T q (backward); softmax, lse and D = dO . o in fp32.

@@ -153,5 +153,108 @@ TEST_F(Bf16FastPath, AttentionProductsRunOnTheTileKernel) {
   EXPECT_GT(d, 1e-5) << "bf16 inputs must change the result";
 }
 
+// The bf16 weight cache, on every way of computing bf16 products this CPU has: inside a window
+// a weight is converted once (the forward) and reused (the backward's dinp), with results
+// bitwise those of converting on every call; a weight changed at the same address is never
+// served from an earlier window, nor outside any window.
+class Bf16WeightCacheTest : public ::testing::TestWithParam<Bf16Gemm> {
+ protected:
+  void SetUp() override {
+    saved_gemm_ = CurrentBf16Gemm();
+    if (!SetBf16Gemm(GetParam()))
+      GTEST_SKIP() << "oneDNN cannot run bf16 matmuls on this CPU (it needs AVX-512); the emulated way is tested";
+  }
+  void TearDown() override {
+    SetBf16Gemm(saved_gemm_);
+    SetBf16WeightReuse(true);
+  }
+  Bf16Gemm saved_gemm_ = Bf16Gemm::kEmulated;
+};
+
+constexpr int kN = 24, kC = 40, kOC = 56;
+
+VecF Forward(const VecF& inp, const float* w, Bf16WeightCache* cache) {
+  VecF out((size_t)kN * kOC);
+  matmul_forward_bf16(out.data(), inp.data(), w, nullptr, kN, kC, kOC, cache);
+  return out;
+}
+VecF Dinp(const VecF& dout, const VecF& inp, const float* w, Bf16WeightCache* cache) {
+  VecF dinp((size_t)kN * kC, 0.0f);
+  matmul_backward_bf16(dinp.data(), nullptr, nullptr, dout.data(), inp.data(), w, kN, kC, kOC, cache);
+  return dinp;
+}
+
+TEST_P(Bf16WeightCacheTest, ConvertsOncePerWindowBitwiseAsEveryCall) {
+  const VecF inp = RandomFloats((size_t)kN * kC, 60), w = RandomFloats((size_t)kOC * kC, 61);
+  const VecF dout = RandomFloats((size_t)kN * kOC, 62);
+  const VecF out_ref = Forward(inp, w.data(), nullptr), dinp_ref = Dinp(dout, inp, w.data(), nullptr);
+  Bf16WeightCache cache;
+  cache.Begin();
+  ResetBf16ProductCounts();
+  const VecF out = Forward(inp, w.data(), &cache), dinp = Dinp(dout, inp, w.data(), &cache);
+  const VecF out2 = Forward(inp, w.data(), &cache);  // recompute / a further micro-batch
+  const Bf16ProductCounts n = GetBf16ProductCounts();
+  cache.End();
+  EXPECT_EQ(1, n.weight_conversions);
+  EXPECT_EQ(2, n.weight_reuses);
+  EXPECT_EQ(out_ref, out);
+  EXPECT_EQ(out_ref, out2);
+  EXPECT_EQ(dinp_ref, dinp);
+}
+
+TEST_P(Bf16WeightCacheTest, ChangedWeightAtTheSameAddressIsNeverStale) {
+  const VecF inp = RandomFloats((size_t)kN * kC, 63), dout = RandomFloats((size_t)kN * kOC, 64);
+  VecF w = RandomFloats((size_t)kOC * kC, 65);
+  const VecF w_new = RandomFloats(w.size(), 66);
+  Bf16WeightCache cache;
+  cache.Begin();
+  const VecF out_old = Forward(inp, w.data(), &cache);
+  cache.End();
+  w = w_new;  // the same buffer (no reallocation: same size), new values
+  const float* at = w.data();
+  const VecF out_new_ref = Forward(inp, at, nullptr), dinp_new_ref = Dinp(dout, inp, at, nullptr);
+  ASSERT_NE(out_old, out_new_ref);
+  // outside any window: converted afresh
+  EXPECT_EQ(out_new_ref, Forward(inp, at, &cache)) << "served after End";
+  // a new window at the same address: converted afresh, then reused
+  cache.Begin();
+  EXPECT_EQ(out_new_ref, Forward(inp, at, &cache)) << "served from an earlier window";
+  EXPECT_EQ(dinp_new_ref, Dinp(dout, inp, at, &cache));
+  cache.End();
+  // a Begin while open is a new window too
+  cache.Begin();
+  Forward(inp, at, &cache);
+  for (float& x : w) x = -x;
+  cache.Begin();
+  EXPECT_EQ(Forward(inp, w.data(), nullptr), Forward(inp, w.data(), &cache)) << "served across a Begin";
+  cache.End();
+  // a prefix of a cached weight (same address, fewer elements) is its own entry
+  cache.Begin();
+  Forward(inp, w.data(), &cache);
+  VecF out_prefix((size_t)kN * (kOC / 2)), ref_prefix(out_prefix.size());
+  matmul_forward_bf16(ref_prefix.data(), inp.data(), w.data(), nullptr, kN, kC, kOC / 2, nullptr);
+  matmul_forward_bf16(out_prefix.data(), inp.data(), w.data(), nullptr, kN, kC, kOC / 2, &cache);
+  EXPECT_EQ(ref_prefix, out_prefix);
+  cache.End();
+}
+
+TEST_P(Bf16WeightCacheTest, SwitchedOffConvertsEveryCall) {
+  const VecF inp = RandomFloats((size_t)kN * kC, 67), w = RandomFloats((size_t)kOC * kC, 68);
+  SetBf16WeightReuse(false);
+  Bf16WeightCache cache;
+  cache.Begin();
+  EXPECT_FALSE(cache.open());
+  ResetBf16ProductCounts();
+  Forward(inp, w.data(), &cache), Forward(inp, w.data(), &cache);
+  EXPECT_EQ(2, GetBf16ProductCounts().weight_conversions);
+  EXPECT_EQ(0, GetBf16ProductCounts().weight_reuses);
+  cache.End();
+}
+
+INSTANTIATE_TEST_SUITE_P(Gemm, Bf16WeightCacheTest, ::testing::Values(Bf16Gemm::kOnednn, Bf16Gemm::kEmulated),
+                         [](const ::testing::TestParamInfo<Bf16Gemm>& i) {
+                           return std::string(i.param == Bf16Gemm::kOnednn ? "Onednn" : "Emulated");
+                         });
+
 }  // namespace
 }  // namespace shardgpt
