@@ -1,9 +1,10 @@
 // bf16 matmul kernels of the CPU device (see kernels_cpu_bf16.h): inputs rounded to bf16 (RNE,
 // base/bf16.h), products accumulated in fp32 by oneDNN, or by OpenBLAS on the rounded values.
 //
-// oneDNN is used in its simplest form: dense row-major (or transposed) bf16 operands, a dense
-// fp32 destination, an optional fp32 bias and an optional sum post-op (+=). Primitives are built
-// once per shape and cached per thread (building one costs far more than a small product).
+// oneDNN is used in its simplest form: dense bf16 operands (no transposed source: oneDNN 2.6's
+// brgemm runs one ~2x slower), a dense fp32 destination, an optional fp32 bias and an optional
+// sum post-op (+=). Primitives are built once per shape and cached per thread (building one
+// costs far more than a small product). Attention's tiles use our vdpbf16ps kernel instead.
 #include "model/kernels_cpu_bf16.h"
 
 #include <cpuid.h>
@@ -498,32 +499,93 @@ thread_local std::vector<uint16_t> t_dot_a, t_dot_b;
 
 }  // namespace
 
+namespace {
+
+// 16 floats (the first cnt of src; the rest read as 0) rounded to bf16 bits, one per 32-bit
+// lane (low half): base/bf16.h's FloatToBf16 in vector form, bit for bit (RNE; NaN stays a
+// quiet NaN with its sign; denormals kept).
+__attribute__((target("avx512f,avx512bf16"))) inline __m512i Bf16Lanes(const float* src, int cnt) {
+  const __mmask16 m = static_cast<__mmask16>(cnt >= 16 ? 0xffffu : (1u << cnt) - 1u);
+  const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, src));
+  const __m512i hi = _mm512_srli_epi32(u, 16);
+  const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x0040)));
+}
+
+// Ap[i][k] = bf16(op(A)[i][k]), rows of Kp (a zero in column K when K is odd).
+__attribute__((target("avx512f,avx512bf16"))) void PackDotA(bool ta, int M, int K, int Kp, const float* A, int lda,
+                                                            uint16_t* ap) {
+  if (!ta) {
+    for (int i = 0; i < M; i++) {
+      const float* s = A + static_cast<int64_t>(i) * lda;
+      uint16_t* d = ap + static_cast<int64_t>(i) * Kp;
+      for (int k0 = 0; k0 < K; k0 += 16) {
+        const int cnt = std::min(16, K - k0);
+        _mm512_mask_cvtepi32_storeu_epi16(d + k0, static_cast<__mmask16>(cnt >= 16 ? 0xffffu : (1u << cnt) - 1u),
+                                          Bf16Lanes(s + k0, cnt));
+      }
+      if (K < Kp) d[K] = 0;
+    }
+    return;
+  }
+  // op(A)[i][k] = A[k][i]: rows of A are columns of Ap
+  alignas(32) uint16_t tmp[16];
+  for (int k = 0; k < K; k++) {
+    const float* s = A + static_cast<int64_t>(k) * lda;
+    for (int i0 = 0; i0 < M; i0 += 16) {
+      const int cnt = std::min(16, M - i0);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(tmp), _mm512_cvtepi32_epi16(Bf16Lanes(s + i0, cnt)));
+      for (int j = 0; j < cnt; j++) ap[static_cast<int64_t>(i0 + j) * Kp + k] = tmp[j];
+    }
+  }
+  if (K < Kp)
+    for (int i = 0; i < M; i++) ap[static_cast<int64_t>(i) * Kp + K] = 0;
+}
+
+// Bp[k/2][n][k%2] = bf16(op(B)[k][n]), N padded to Np (a multiple of 16) and K to Kp with zeros.
+__attribute__((target("avx512f,avx512bf16"))) void PackDotB(bool tb, int N, int K, int Kp, int Np, const float* B,
+                                                            int ldb, uint16_t* bp) {
+  if (!tb) {
+    // rows 2kk and 2kk+1 of B interleaved: one 512-bit store is 16 columns' pairs
+    for (int kk = 0; kk < Kp / 2; kk++) {
+      const float* r0 = B + static_cast<int64_t>(2 * kk) * ldb;
+      const float* r1 = 2 * kk + 1 < K ? r0 + ldb : nullptr;
+      for (int n0 = 0; n0 < Np; n0 += 16) {
+        const int cnt = std::max(0, std::min(16, N - n0));
+        const __m512i lo = Bf16Lanes(r0 + n0, cnt);
+        const __m512i hi = r1 ? Bf16Lanes(r1 + n0, cnt) : _mm512_setzero_si512();
+        _mm512_storeu_si512(bp + (static_cast<int64_t>(kk) * Np + n0) * 2, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+      }
+    }
+    return;
+  }
+  // op(B)[k][n] = B[n][k]: row n of B gives column n's pairs, one 32-bit pair per kk
+  if (N < Np) std::memset(bp, 0, static_cast<size_t>(Kp) * Np * sizeof(uint16_t));
+  uint32_t* bp32 = reinterpret_cast<uint32_t*>(bp);
+  alignas(32) uint32_t tmp[8];
+  for (int n = 0; n < N; n++) {
+    const float* s = B + static_cast<int64_t>(n) * ldb;
+    for (int k0 = 0; k0 < K; k0 += 16) {
+      const int cnt = std::min(16, K - k0);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(tmp), _mm512_cvtepi32_epi16(Bf16Lanes(s + k0, cnt)));
+      for (int p = 0; p < (cnt + 1) / 2; p++) bp32[static_cast<int64_t>(k0 / 2 + p) * Np + n] = tmp[p];
+    }
+  }
+}
+
+}  // namespace
+
 void gemm_bf16_dot(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
                    int ldb, float beta, float* C, int ldc) {
   g_dot_calls.fetch_add(1, std::memory_order_relaxed);
   const int Kp = (K + 1) & ~1, Np = (N + 15) & ~15;
   uint16_t* ap = cpu_internal::scratch(t_dot_a, static_cast<size_t>(M) * Kp);
   uint16_t* bp = cpu_internal::scratch(t_dot_b, static_cast<size_t>(Kp) * Np);
-  // A[i][k] = ta ? A[k*lda + i] : A[i*lda + k]
-  for (int i = 0; i < M; i++) {
-    uint16_t* d = ap + static_cast<int64_t>(i) * Kp;
-    for (int k = 0; k < K; k++) d[k] = FloatToBf16(ta ? A[static_cast<int64_t>(k) * lda + i] : A[static_cast<int64_t>(i) * lda + k]);
-    if (K < Kp) d[K] = 0;
-  }
-  // Bp[k/2][n][k%2] = B[k][n], B[k][n] = tb ? B[n*ldb + k] : B[k*ldb + n]; zero padding
-  if (K < Kp || N < Np) std::memset(bp, 0, static_cast<size_t>(Kp) * Np * sizeof(uint16_t));
-  if (tb) {
-    for (int n = 0; n < N; n++) {
-      const float* s = B + static_cast<int64_t>(n) * ldb;
-      for (int k = 0; k < K; k++) bp[(static_cast<int64_t>(k / 2) * Np + n) * 2 + (k & 1)] = FloatToBf16(s[k]);
-    }
-  } else {
-    for (int k = 0; k < K; k++) {
-      const float* s = B + static_cast<int64_t>(k) * ldb;
-      uint16_t* d = bp + static_cast<int64_t>(k / 2) * Np * 2 + (k & 1);
-      for (int n = 0; n < N; n++) d[2 * n] = FloatToBf16(s[n]);
-    }
-  }
+  PackDotA(ta, M, K, Kp, A, lda, ap);
+  PackDotB(tb, N, K, Kp, Np, B, ldb, bp);
   for (int i0 = 0; i0 < M; i0 += 4) {
     const int mr = std::min(4, M - i0);
     for (int j0 = 0; j0 < Np; j0 += 64) DotBlockFor(mr, std::min(4, (Np - j0) / 16))(i0, j0, N, Kp, alpha, ap, bp, Np, beta, C, ldc);

@@ -15,6 +15,11 @@
 //   kEmulated  the inputs rounded to bf16 and kept as fp32, then the fp32 kernels (OpenBLAS).
 //              Runs on every CPU (tests, and --compute-dtype bf16 on CPUs without AVX-512);
 //              slower than plain fp32.
+// Under kOnednn, attention's small tile products run on our own AVX512-BF16 kernel
+// (gemm_bf16_dot) where the CPU has the instruction, not on oneDNN (whose per-call setup costs
+// more than a tile's FLOPs). No oneDNN product is given a transposed source (the weight
+// gradient reads a transposed bf16 copy of dout). A weight's bf16 copy may be kept for a reuse
+// window (Bf16WeightCache).
 //
 // Threading: the same single OpenMP pool as kernels_cpu.h. oneDNN here is built on OpenMP
 // (checked at compile time) and uses the same libgomp, sized by SetComputeThreads: the large

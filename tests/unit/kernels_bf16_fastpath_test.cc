@@ -125,6 +125,32 @@ TEST_F(Bf16FastPath, DotTileKernelMatchesReference) {
   EXPECT_EQ(before.dot_kernel_calls + calls, GetBf16ProductCounts().dot_kernel_calls) << "each call is counted";
 }
 
+// The tile kernel's packing rounds exactly as base/bf16.h (RNE: ties to even, overflow to inf,
+// NaN kept): with K = 1 and the other operand 1, C is each rounded value itself, bit for bit.
+TEST_F(Bf16FastPath, DotTileKernelRoundsAsFloatToBf16) {
+  if (!Bf16DotKernelSupported()) GTEST_SKIP() << "this CPU has no AVX512-BF16 (vdpbf16ps): the tile kernel cannot run";
+  VecF v = RandomFloats(37, 80, -1e3f, 1e3f);
+  const float special[] = {1.0f + 0x1p-8f, 1.0f + 0x3p-8f, -(1.0f + 0x1p-8f), 3.4e38f, -3.4e38f, 0.0f, -0.0f,
+                           1.0f + 0x1p-8f + 0x1p-20f, 0x1.fffffep+127f, INFINITY, NAN};
+  v.insert(v.end(), std::begin(special), std::end(special));
+  const int n = static_cast<int>(v.size());
+  const VecF one(n, 1.0f);
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      // C[n,1] = op(A)[n,1] * 1 (A varies: the A packing) and C[1,n] = 1 * op(B)[1,n] (B packing)
+      VecF ca(n), cb(n);
+      gemm_bf16_dot(ta, tb, n, 1, 1, 1.0f, v.data(), ta ? n : 1, one.data(), 1, 0.0f, ca.data(), 1);
+      gemm_bf16_dot(ta, tb, 1, n, 1, 1.0f, one.data(), 1, v.data(), tb ? 1 : n, 0.0f, cb.data(), n);
+      for (int i = 0; i < n; i++) {
+        const float want = RoundToBf16(v[i]);
+        for (const float got : {ca[i], cb[i]}) {
+          if (std::isnan(want)) EXPECT_TRUE(std::isnan(got)) << "NaN in, NaN out";
+          else EXPECT_EQ(want, got) << "ta" << ta << " tb" << tb << " x = " << v[i];
+        }
+      }
+    }
+}
+
 // Under oneDNN with AVX512-BF16, attention runs its products on the tile kernel: no oneDNN
 // calls (the thousands of tiny primitive executions per step are gone), and each row block's
 // products are counted.
