@@ -50,6 +50,7 @@
 #include "model/device_factory.h"
 #include "model/gpt.h"
 #include "model/kernels_cpu.h"
+#include "model/kernels_cpu_bf16.h"
 #include "model/rng.h"
 #include "parallel/engine.h"
 #include "parallel/comm_factory.h"
@@ -135,7 +136,10 @@ class Runner {
     res_.peak_tracked_bytes = std::max(res_.peak_tracked_bytes, double(engine_->memory().PeakTotal()));
     dt = comm_.AllReduceScalar(dt, ReduceOp::kAvg);
     const StepReport& r = engine_->last_report();
-    if (profiler && s == 1) profiler->profile().Reset();  // profile the measured steps only
+    if (profiler && s == 1) {  // profile the measured steps only
+      profiler->profile().Reset();
+      ResetBf16ProductCounts();
+    }
     if (s >= 2) {  // skip warm-up
       times_.push_back(dt);
       res_.measured_s += dt;
@@ -477,6 +481,15 @@ int main(int argc, char** argv) {
                   "%%peak: TFLOP/s for kernels with FLOPs, GB/s for the rest\n", peak_tflops, peak_gbs);
       PrintProfile(profiler->profile(), run.measured_steps, run.measured_s / run.measured_steps,
                    Peaks{peak_tflops * 1e12, peak_gbs * 1e9});
+      if (!device.is_cuda() && compute.precision == MatmulPrecision::kBf16) {
+        const Bf16ProductCounts n = GetBf16ProductCounts();
+        std::printf("bf16 products per step (%s): %.0f oneDNN primitive calls, %.0f AVX512-BF16 tile-kernel calls "
+                    "(attention's tiles; their time is in the attention rows); weights converted to bf16 %.0f "
+                    "times, reused %.0f times\n",
+                    Bf16GemmName(CurrentBf16Gemm()), double(n.onednn_calls) / run.measured_steps,
+                    double(n.dot_kernel_calls) / run.measured_steps, double(n.weight_conversions) / run.measured_steps,
+                    double(n.weight_reuses) / run.measured_steps);
+      }
     }
   }
   }

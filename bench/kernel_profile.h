@@ -150,6 +150,8 @@ class ProfilingKernels final : public Kernels {
     return r;
   }
   // ---- engine ----
+  void begin_weight_reuse() override { k_.begin_weight_reuse(); }
+  void end_weight_reuse() override { k_.end_weight_reuse(); }
   void convert(const void* src, DType from, void* dst, DType to, size_t n) const override {
     Time("convert (engine)", 0, double(n) * (DTypeSize(from) + DTypeSize(to)),
          [&] { k_.convert(src, from, dst, to, n); });

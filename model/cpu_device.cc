@@ -38,12 +38,12 @@ class CpuKernels final : public Kernels {
   }
   void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C,
                       int OC) const override {
-    if (bf16()) return shardgpt::matmul_forward_bf16(out, inp, w, bias, N, C, OC);
+    if (bf16()) return shardgpt::matmul_forward_bf16(out, inp, w, bias, N, C, OC, &weights_);
     shardgpt::matmul_forward(out, inp, w, bias, N, C, OC);
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                        int N, int C, int OC) const override {
-    if (bf16()) return shardgpt::matmul_backward_bf16(dinp, dw, dbias, dout, inp, w, N, C, OC);
+    if (bf16()) return shardgpt::matmul_backward_bf16(dinp, dw, dbias, dout, inp, w, N, C, OC, &weights_);
     shardgpt::matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
   }
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) const override {
@@ -97,9 +97,14 @@ class CpuKernels final : public Kernels {
                  const AdamWConfig& cfg, int64_t t, const float* grad_scale) const override {
     adamw_update(param, grad, m, v, n, lr, weight_decay, cfg, t, *grad_scale);
   }
+  void begin_weight_reuse() override { weights_.Begin(); }
+  void end_weight_reuse() override { weights_.End(); }
 
  private:
   bool bf16() const { return precision_ == MatmulPrecision::kBf16; }
+  // The bf16 weight copies of the current reuse window (mutable: the kernels are const calls;
+  // the training thread only, as every kernel).
+  mutable Bf16WeightCache weights_;
 };
 
 class DoneEvent final : public DeviceEvent {

@@ -86,6 +86,16 @@ class Kernels {
   virtual void adamw_dev(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
                          const AdamWConfig& cfg, int64_t t, const float* grad_scale) const = 0;
 
+  // ---- weight reuse window ----
+  // Between begin_weight_reuse() and end_weight_reuse() the caller guarantees that no matmul
+  // weight (w of matmul_forward/backward) changes, at any address it was read from. A kernel set
+  // may then keep what it derives from a weight for the rest of the window: the CPU device at
+  // bf16 precision converts each weight to bf16 once per window, not once per call
+  // (Bf16WeightCache, model/kernels_cpu_bf16.h). A begin while open starts a new window. The
+  // default (CUDA, fp32) derives nothing to keep.
+  virtual void begin_weight_reuse() {}
+  virtual void end_weight_reuse() {}
+
   void set_matmul_precision(MatmulPrecision p) { precision_ = p; }
   MatmulPrecision matmul_precision() const { return precision_; }
 

@@ -1,9 +1,10 @@
 // bf16 matmul kernels of the CPU device (see kernels_cpu_bf16.h): inputs rounded to bf16 (RNE,
 // base/bf16.h), products accumulated in fp32 by oneDNN, or by OpenBLAS on the rounded values.
 //
-// oneDNN is used in its simplest form: dense row-major (or transposed) bf16 operands, a dense
-// fp32 destination, an optional fp32 bias and an optional sum post-op (+=). Primitives are built
-// once per shape and cached per thread (building one costs far more than a small product).
+// oneDNN is used in its simplest form: dense bf16 operands (no transposed source: oneDNN 2.6's
+// brgemm runs one ~2x slower), a dense fp32 destination, an optional fp32 bias and an optional
+// sum post-op (+=). Primitives are built once per shape and cached per thread (building one
+// costs far more than a small product). Attention's tiles use our vdpbf16ps kernel instead.
 #include "model/kernels_cpu_bf16.h"
 
 #include <cpuid.h>
@@ -12,7 +13,10 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <immintrin.h>
+#include <mutex>
 #include <unordered_map>
 #include <vector>
 
@@ -67,9 +71,25 @@ int Bf16Dot() {
   return dot;
 }
 
+// AVX512-BF16 itself (vdpbf16ps), usable: what the attention tile kernel below needs. A CPU
+// may have AMX-BF16 (DetectBf16Dot's 2) without it in principle, so it is asked separately.
+bool DetectAvx512Bf16() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;
+  if (__get_cpuid_max(0, nullptr) < 7 || (Xcr0() & 0xe6) != 0xe6) return false;
+  __cpuid_count(7, 0, a, b, c, d);
+  if (!(b & (1u << 16)) || a < 1) return false;
+  __cpuid_count(7, 1, a, b, c, d);
+  return a & (1u << 5);
+}
+
 }  // namespace
 
 bool CpuHasBf16Dot() { return Bf16Dot() != 0; }
+bool Bf16DotKernelSupported() {
+  static const bool ok = DetectAvx512Bf16();
+  return ok;
+}
 const char* CpuBf16DotName() { return Bf16Dot() == 2 ? "AMX-BF16" : Bf16Dot() == 1 ? "AVX512-BF16" : ""; }
 
 // ----------------------------------------------------------------------------------------------
@@ -102,14 +122,32 @@ struct MatmulKeyHash {
 struct MatmulEntry {
   memory::desc a, b, bias, c;
   dnnl::matmul prim;
+  OnednnOperandFormats formats;  // of the primitive as built (its own src/weights descs)
 };
+
+std::atomic<int64_t> g_onednn_calls{0}, g_dot_calls{0}, g_weight_conversions{0}, g_weight_reuses{0};
+
+// The last formats each large product's primitive used (tests: the layouts cannot regress unseen).
+std::mutex g_formats_mu;
+OnednnOperandFormats g_formats[3];
+
+// "ab" (row-major), "ba" (transposed) or "other" for a 2-D bf16 desc, from its strides.
+std::string FormatName(const memory::desc& md) {
+  const dnnl_memory_desc_t& d = md.data;
+  if (d.ndims != 2 || d.format_kind != dnnl_blocked || d.format_desc.blocking.inner_nblks != 0) return "other";
+  const dnnl_dims_t& st = d.format_desc.blocking.strides;
+  if (st[1] == 1 && (st[0] == d.dims[1] || d.dims[0] == 1)) return "ab";
+  if (st[0] == 1 && (st[1] == d.dims[0] || d.dims[1] == 1)) return "ba";
+  return "other";
+}
 
 // C[M,N] (dense fp32) = op(A)[M,K] @ op(B)[K,N] (+ bias[N]) (+ C when accumulate).
 // A is dense bf16 [M,K], or [K,M] when ta; B is dense bf16 [K,N], or [N,K] when tb.
 // Outside a parallel region oneDNN threads the product over the OpenMP pool; inside one it
 // runs on the calling thread (the thread count is part of the cache key).
+// product: which of the large products this is (recorded for LastOnednnFormats), or null.
 void OnednnMatmul(int M, int N, int K, const uint16_t* A, bool ta, const uint16_t* B, bool tb, const float* bias,
-                  bool accumulate, float* C) {
+                  bool accumulate, float* C, const Bf16Product* product = nullptr) {
   thread_local std::unordered_map<MatmulKey, MatmulEntry, MatmulKeyHash> cache;
   thread_local dnnl::stream stream(OnednnEngine());
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
@@ -131,10 +169,17 @@ void OnednnMatmul(int M, int N, int K, const uint16_t* A, bool ta, const uint16_
       attr.set_post_ops(ops);
     }
     const dnnl::matmul::desc d = bias ? dnnl::matmul::desc(e.a, e.b, e.bias, e.c) : dnnl::matmul::desc(e.a, e.b, e.c);
-    e.prim = dnnl::matmul(dnnl::matmul::primitive_desc(d, attr, OnednnEngine()));
+    const dnnl::matmul::primitive_desc pd(d, attr, OnednnEngine());
+    e.formats = {FormatName(pd.src_desc()), FormatName(pd.weights_desc())};
+    e.prim = dnnl::matmul(pd);
     it = cache.emplace(key, std::move(e)).first;
   }
   const MatmulEntry& e = it->second;
+  g_onednn_calls.fetch_add(1, std::memory_order_relaxed);
+  if (product) {
+    std::lock_guard<std::mutex> lock(g_formats_mu);
+    g_formats[static_cast<int>(*product)] = e.formats;
+  }
   dnnl::engine& eng = OnednnEngine();
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(e.a, eng, const_cast<uint16_t*>(A))},
                                        {DNNL_ARG_WEIGHTS, memory(e.b, eng, const_cast<uint16_t*>(B))},
@@ -182,6 +227,23 @@ bool SetBf16Gemm(Bf16Gemm gemm) {
 
 const char* Bf16GemmName(Bf16Gemm gemm) { return gemm == Bf16Gemm::kOnednn ? "oneDNN" : "emulated"; }
 
+OnednnOperandFormats LastOnednnFormats(Bf16Product product) {
+  std::lock_guard<std::mutex> lock(g_formats_mu);
+  return g_formats[static_cast<int>(product)];
+}
+
+Bf16ProductCounts GetBf16ProductCounts() {
+  return {g_onednn_calls.load(std::memory_order_relaxed), g_dot_calls.load(std::memory_order_relaxed),
+          g_weight_conversions.load(std::memory_order_relaxed), g_weight_reuses.load(std::memory_order_relaxed)};
+}
+
+void ResetBf16ProductCounts() {
+  g_onednn_calls.store(0, std::memory_order_relaxed);
+  g_dot_calls.store(0, std::memory_order_relaxed);
+  g_weight_conversions.store(0, std::memory_order_relaxed);
+  g_weight_reuses.store(0, std::memory_order_relaxed);
+}
+
 // ----------------------------------------------------------------------------------------------
 // conversions: fp32 -> bf16 bits (for oneDNN) or -> fp32 holding the bf16 value (emulation)
 
@@ -209,6 +271,89 @@ uint16_t* ToBf16(const float* src, size_t n, std::vector<uint16_t>& buf) {
 float* RoundBf16(const float* src, size_t n, std::vector<float>& buf) {
   return ConvertAll(src, n, buf, [](float x) { return RoundToBf16(x); });
 }
+
+// dst[rows,cols] = bf16(src) and dst_t[cols,rows] = its transpose, in one pass over src: the
+// weight-gradient product then gets dout^T as a dense row-major source (oneDNN's brgemm runs
+// a transposed ("ba") source about 2x slower; measured with ONEDNN_VERBOSE, see the README).
+// 32x32 tiles keep the transposed writes within a few cache lines per row.
+void ToBf16AndTransposed(const float* src, int rows, int cols, uint16_t* dst, uint16_t* dst_t) {
+  constexpr int kTile = 32;
+  const int tr = (rows + kTile - 1) / kTile, tc = (cols + kTile - 1) / kTile;
+#pragma omp parallel for schedule(static) num_threads(ComputeThreads())
+  for (int64_t t = 0; t < static_cast<int64_t>(tr) * tc; t++) {
+    const int r0 = static_cast<int>(t / tc) * kTile, c0 = static_cast<int>(t % tc) * kTile;
+    const int r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
+    for (int r = r0; r < r1; r++) {
+      const float* s = src + static_cast<int64_t>(r) * cols;
+      uint16_t* d = dst + static_cast<int64_t>(r) * cols;
+      for (int c = c0; c < c1; c++) {
+        const uint16_t h = FloatToBf16(s[c]);
+        d[c] = h;
+        dst_t[static_cast<int64_t>(c) * rows + r] = h;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------------------------
+// Bf16WeightCache
+
+namespace {
+std::atomic<bool> g_weight_reuse{true};
+}  // namespace
+
+void SetBf16WeightReuse(bool on) { g_weight_reuse.store(on); }
+bool Bf16WeightReuse() { return g_weight_reuse.load(); }
+
+void Bf16WeightCache::End() {
+  if (!open()) return;  // (closing twice must not drop the storage kept for the next window)
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->second.window == window_) ++it;  // used in this window: keep the storage
+    else it = entries_.erase(it);
+  }
+  window_ = 0;
+}
+
+Bf16WeightCache::Entry* Bf16WeightCache::Find(const float* w, size_t n, bool bits, bool* fresh) {
+  Entry& e = entries_[{{w, n}, bits}];
+  *fresh = e.window != window_;
+  e.window = window_;
+  return &e;
+}
+
+const uint16_t* Bf16WeightCache::Bits(const float* w, size_t n, std::vector<uint16_t>& scratch) {
+  if (!open()) {
+    g_weight_conversions.fetch_add(1, std::memory_order_relaxed);
+    return ToBf16(w, n, scratch);
+  }
+  bool fresh = false;
+  Entry* e = Find(w, n, true, &fresh);
+  if (!fresh) {
+    g_weight_reuses.fetch_add(1, std::memory_order_relaxed);
+    return e->bits.data();
+  }
+  g_weight_conversions.fetch_add(1, std::memory_order_relaxed);
+  return ToBf16(w, n, e->bits);
+}
+
+const float* Bf16WeightCache::Rounded(const float* w, size_t n, std::vector<float>& scratch) {
+  if (!open()) {
+    g_weight_conversions.fetch_add(1, std::memory_order_relaxed);
+    return RoundBf16(w, n, scratch);
+  }
+  bool fresh = false;
+  Entry* e = Find(w, n, false, &fresh);
+  if (!fresh) {
+    g_weight_reuses.fetch_add(1, std::memory_order_relaxed);
+    return e->rounded.data();
+  }
+  g_weight_conversions.fetch_add(1, std::memory_order_relaxed);
+  return RoundBf16(w, n, e->rounded);
+}
+
+namespace {
 
 // Dense copy of the rows x cols matrix at src (row stride ld), converted by f.
 template <typename T, typename F>
@@ -239,7 +384,7 @@ void BiasBackward(float* dbias, const float* dout, int N, int OC) {
 }
 
 // Operand buffers of the large matmuls (training thread only).
-thread_local std::vector<uint16_t> t_a16, t_b16, t_c16;
+thread_local std::vector<uint16_t> t_a16, t_b16, t_c16, t_c16t;
 thread_local std::vector<float> t_a32, t_b32, t_c32;
 
 }  // namespace
@@ -247,36 +392,212 @@ thread_local std::vector<float> t_a32, t_b32, t_c32;
 // ----------------------------------------------------------------------------------------------
 // matmul: out[N,OC] = inp[N,C] @ w[OC,C]^T + bias[OC], inputs rounded to bf16
 
-void matmul_forward_bf16(float* out, const float* inp, const float* w, const float* bias, int N, int C, int OC) {
+void matmul_forward_bf16(float* out, const float* inp, const float* w, const float* bias, int N, int C, int OC,
+                         Bf16WeightCache* cache) {
   const size_t NC = static_cast<size_t>(N) * C, OCC = static_cast<size_t>(OC) * C;
+  Bf16WeightCache none;  // never opened: converts
+  Bf16WeightCache& wc = cache ? *cache : none;
   if (CurrentBf16Gemm() == Bf16Gemm::kEmulated) {
-    matmul_forward(out, RoundBf16(inp, NC, t_a32), RoundBf16(w, OCC, t_b32), bias, N, C, OC);
+    matmul_forward(out, RoundBf16(inp, NC, t_a32), wc.Rounded(w, OCC, t_b32), bias, N, C, OC);
     return;
   }
   // w[OC,C] is the [C,OC] operand stored transposed
-  OnednnMatmul(N, OC, C, ToBf16(inp, NC, t_a16), false, ToBf16(w, OCC, t_b16), true, bias, false, out);
+  static const Bf16Product kProduct = Bf16Product::kForward;
+  OnednnMatmul(N, OC, C, ToBf16(inp, NC, t_a16), false, wc.Bits(w, OCC, t_b16), true, bias, false, out, &kProduct);
 }
 
 // dinp[N,C] += dout[N,OC] @ w[OC,C];  dw[OC,C] += dout^T @ inp[N,C];  dbias[OC] += sum_n dout[n,:]
 void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                          int N, int C, int OC) {
+                          int N, int C, int OC, Bf16WeightCache* cache) {
   const size_t NC = static_cast<size_t>(N) * C, NOC = static_cast<size_t>(N) * OC, OCC = static_cast<size_t>(OC) * C;
+  Bf16WeightCache none;  // never opened: converts
+  Bf16WeightCache& wc = cache ? *cache : none;
   if (CurrentBf16Gemm() == Bf16Gemm::kEmulated) {
-    const float* rw = dinp ? RoundBf16(w, OCC, t_b32) : w;  // w only feeds dinp
+    const float* rw = dinp ? wc.Rounded(w, OCC, t_b32) : w;  // w only feeds dinp
     matmul_backward(dinp, dw, nullptr, RoundBf16(dout, NOC, t_c32), RoundBf16(inp, NC, t_a32), rw, N, C, OC);
   } else {
-    const uint16_t* d16 = ToBf16(dout, NOC, t_c16);
-    if (dinp) OnednnMatmul(N, C, OC, d16, false, ToBf16(w, OCC, t_b16), false, nullptr, true, dinp);
-    // dout[N,OC] is the [OC,N] operand stored transposed
-    if (dw) OnednnMatmul(OC, C, N, d16, true, ToBf16(inp, NC, t_a16), false, nullptr, true, dw);
+    static const Bf16Product kData = Bf16Product::kBackwardData, kWeights = Bf16Product::kBackwardWeights;
+    // dout in bf16 as [N,OC] for dinp and as [OC,N] (written transposed) for dw: no product
+    // reads a transposed source
+    uint16_t* d16 = cpu_internal::scratch(t_c16, NOC);
+    uint16_t* d16t = dw ? cpu_internal::scratch(t_c16t, NOC) : nullptr;
+    if (dw) ToBf16AndTransposed(dout, N, OC, d16, d16t);
+    else ToBf16(dout, NOC, t_c16);
+    if (dinp) OnednnMatmul(N, C, OC, d16, false, wc.Bits(w, OCC, t_b16), false, nullptr, true, dinp, &kData);
+    if (dw) OnednnMatmul(OC, C, N, d16t, false, ToBf16(inp, NC, t_a16), false, nullptr, true, dw, &kWeights);
   }
   if (dbias) BiasBackward(dbias, dout, N, OC);
 }
 
 // ----------------------------------------------------------------------------------------------
-// attention: model/kernels_cpu_internal.h's blocked attention with a bf16 product policy. Each
-// call packs its two (strided) operand tiles densely as bf16, multiplies them on this thread
-// and applies alpha/beta to the strided destination in fp32.
+// The bf16 tile product of attention: our own AVX512-BF16 kernel (vdpbf16ps). Attention's
+// products are small (a row block of 32 or 64 by head size 64): thousands of oneDNN calls per
+// step, each costing more in setup (memory objects, argument map, stream) than its FLOPs.
+//
+// Layout: A packed as bf16 rows [M,Kp] (Kp = K rounded up to even, zero-padded); B packed as
+// bf16 pairs Bp[k/2][n][k%2] with N padded to a multiple of 16, so one 512-bit load is the
+// pairs (B[2kk][n], B[2kk+1][n]) of 16 columns and
+//   vdpbf16ps: acc[n] += A[i][2kk] B[2kk][n] + A[i][2kk+1] B[2kk+1][n]   (fp32 accumulate)
+// with the pair A[i][2kk..2kk+1] broadcast. Register block: MR rows x NV vectors of 16 columns.
+// Products of bf16 values are exact in fp32; vdpbf16ps treats bf16 denormal inputs as zero and
+// flushes denormal results (as oneDNN's kernels on the same instruction do).
+
+namespace {
+
+template <int MR, int NV>
+__attribute__((target("avx512f,avx512bf16"))) void DotBlock(int i0, int j0, int N, int Kp, float alpha,
+                                                             const uint16_t* Ap, const uint16_t* Bp, int Np,
+                                                             float beta, float* C, int ldc) {
+  __m512 acc[MR][NV];
+  for (int r = 0; r < MR; r++)
+    for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
+  for (int kk = 0; kk < Kp / 2; kk++) {
+    __m512i b[NV];
+    for (int v = 0; v < NV; v++) b[v] = _mm512_loadu_si512(Bp + (static_cast<int64_t>(kk) * Np + j0 + 16 * v) * 2);
+    for (int r = 0; r < MR; r++) {
+      uint32_t pair;
+      std::memcpy(&pair, Ap + static_cast<int64_t>(i0 + r) * Kp + 2 * kk, sizeof(pair));
+      const __m512i a = _mm512_set1_epi32(static_cast<int>(pair));
+      for (int v = 0; v < NV; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)a, (__m512bh)b[v]);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  for (int r = 0; r < MR; r++) {
+    float* c = C + static_cast<int64_t>(i0 + r) * ldc;
+    for (int v = 0; v < NV; v++) {
+      const int col = j0 + 16 * v, cnt = std::min(16, N - col);
+      if (cnt <= 0) continue;
+      const __mmask16 mask = static_cast<__mmask16>((1u << cnt) - 1u);
+      __m512 res = _mm512_mul_ps(va, acc[r][v]);
+      if (beta != 0.0f) res = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask, c + col), res);
+      _mm512_mask_storeu_ps(c + col, mask, res);
+    }
+  }
+}
+
+using DotBlockFn = void (*)(int, int, int, int, float, const uint16_t*, const uint16_t*, int, float, float*, int);
+
+template <int MR>
+DotBlockFn DotBlockFor(int nv) {
+  switch (nv) {
+    case 1: return DotBlock<MR, 1>;
+    case 2: return DotBlock<MR, 2>;
+    case 3: return DotBlock<MR, 3>;
+    default: return DotBlock<MR, 4>;
+  }
+}
+DotBlockFn DotBlockFor(int mr, int nv) {
+  switch (mr) {
+    case 1: return DotBlockFor<1>(nv);
+    case 2: return DotBlockFor<2>(nv);
+    case 3: return DotBlockFor<3>(nv);
+    default: return DotBlockFor<4>(nv);
+  }
+}
+
+thread_local std::vector<uint16_t> t_dot_a, t_dot_b;
+
+}  // namespace
+
+namespace {
+
+// 16 floats (the first cnt of src; the rest read as 0) rounded to bf16 bits, one per 32-bit
+// lane (low half): base/bf16.h's FloatToBf16 in vector form, bit for bit (RNE; NaN stays a
+// quiet NaN with its sign; denormals kept).
+__attribute__((target("avx512f,avx512bf16"))) inline __m512i Bf16Lanes(const float* src, int cnt) {
+  const __mmask16 m = static_cast<__mmask16>(cnt >= 16 ? 0xffffu : (1u << cnt) - 1u);
+  const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, src));
+  const __m512i hi = _mm512_srli_epi32(u, 16);
+  const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x0040)));
+}
+
+// Ap[i][k] = bf16(op(A)[i][k]), rows of Kp (a zero in column K when K is odd).
+__attribute__((target("avx512f,avx512bf16"))) void PackDotA(bool ta, int M, int K, int Kp, const float* A, int lda,
+                                                            uint16_t* ap) {
+  if (!ta) {
+    for (int i = 0; i < M; i++) {
+      const float* s = A + static_cast<int64_t>(i) * lda;
+      uint16_t* d = ap + static_cast<int64_t>(i) * Kp;
+      for (int k0 = 0; k0 < K; k0 += 16) {
+        const int cnt = std::min(16, K - k0);
+        _mm512_mask_cvtepi32_storeu_epi16(d + k0, static_cast<__mmask16>(cnt >= 16 ? 0xffffu : (1u << cnt) - 1u),
+                                          Bf16Lanes(s + k0, cnt));
+      }
+      if (K < Kp) d[K] = 0;
+    }
+    return;
+  }
+  // op(A)[i][k] = A[k][i]: rows of A are columns of Ap
+  alignas(32) uint16_t tmp[16];
+  for (int k = 0; k < K; k++) {
+    const float* s = A + static_cast<int64_t>(k) * lda;
+    for (int i0 = 0; i0 < M; i0 += 16) {
+      const int cnt = std::min(16, M - i0);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(tmp), _mm512_cvtepi32_epi16(Bf16Lanes(s + i0, cnt)));
+      for (int j = 0; j < cnt; j++) ap[static_cast<int64_t>(i0 + j) * Kp + k] = tmp[j];
+    }
+  }
+  if (K < Kp)
+    for (int i = 0; i < M; i++) ap[static_cast<int64_t>(i) * Kp + K] = 0;
+}
+
+// Bp[k/2][n][k%2] = bf16(op(B)[k][n]), N padded to Np (a multiple of 16) and K to Kp with zeros.
+__attribute__((target("avx512f,avx512bf16"))) void PackDotB(bool tb, int N, int K, int Kp, int Np, const float* B,
+                                                            int ldb, uint16_t* bp) {
+  if (!tb) {
+    // rows 2kk and 2kk+1 of B interleaved: one 512-bit store is 16 columns' pairs
+    for (int kk = 0; kk < Kp / 2; kk++) {
+      const float* r0 = B + static_cast<int64_t>(2 * kk) * ldb;
+      const float* r1 = 2 * kk + 1 < K ? r0 + ldb : nullptr;
+      for (int n0 = 0; n0 < Np; n0 += 16) {
+        const int cnt = std::max(0, std::min(16, N - n0));
+        const __m512i lo = Bf16Lanes(r0 + n0, cnt);
+        const __m512i hi = r1 ? Bf16Lanes(r1 + n0, cnt) : _mm512_setzero_si512();
+        _mm512_storeu_si512(bp + (static_cast<int64_t>(kk) * Np + n0) * 2, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+      }
+    }
+    return;
+  }
+  // op(B)[k][n] = B[n][k]: row n of B gives column n's pairs, one 32-bit pair per kk
+  if (N < Np) std::memset(bp, 0, static_cast<size_t>(Kp) * Np * sizeof(uint16_t));
+  uint32_t* bp32 = reinterpret_cast<uint32_t*>(bp);
+  alignas(32) uint32_t tmp[8];
+  for (int n = 0; n < N; n++) {
+    const float* s = B + static_cast<int64_t>(n) * ldb;
+    for (int k0 = 0; k0 < K; k0 += 16) {
+      const int cnt = std::min(16, K - k0);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(tmp), _mm512_cvtepi32_epi16(Bf16Lanes(s + k0, cnt)));
+      for (int p = 0; p < (cnt + 1) / 2; p++) bp32[static_cast<int64_t>(k0 / 2 + p) * Np + n] = tmp[p];
+    }
+  }
+}
+
+}  // namespace
+
+void gemm_bf16_dot(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                   int ldb, float beta, float* C, int ldc) {
+  g_dot_calls.fetch_add(1, std::memory_order_relaxed);
+  const int Kp = (K + 1) & ~1, Np = (N + 15) & ~15;
+  uint16_t* ap = cpu_internal::scratch(t_dot_a, static_cast<size_t>(M) * Kp);
+  uint16_t* bp = cpu_internal::scratch(t_dot_b, static_cast<size_t>(Kp) * Np);
+  PackDotA(ta, M, K, Kp, A, lda, ap);
+  PackDotB(tb, N, K, Kp, Np, B, ldb, bp);
+  for (int i0 = 0; i0 < M; i0 += 4) {
+    const int mr = std::min(4, M - i0);
+    for (int j0 = 0; j0 < Np; j0 += 64) DotBlockFor(mr, std::min(4, (Np - j0) / 16))(i0, j0, N, Kp, alpha, ap, bp, Np, beta, C, ldc);
+  }
+}
+
+// ----------------------------------------------------------------------------------------------
+// attention: model/kernels_cpu_internal.h's blocked attention with a bf16 product policy: the
+// AVX512-BF16 tile kernel above where the CPU has it; else (oneDNN chosen on an AVX-512 CPU
+// without it) each call packs its two (strided) operand tiles densely as bf16, multiplies them
+// with oneDNN on this thread and applies alpha/beta to the strided destination in fp32; or the
+// emulation (rounded fp32 tiles, OpenBLAS).
 
 namespace {
 
@@ -285,8 +606,10 @@ thread_local std::vector<float> t_tile_a32, t_tile_b32, t_tile_c;
 
 struct Bf16GemmPolicy {
   Bf16Gemm kind;
+  bool dot = kind == Bf16Gemm::kOnednn && Bf16DotKernelSupported();
   void operator()(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
                   int ldb, float beta, float* C, int ldc) const {
+    if (dot) return gemm_bf16_dot(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     const int a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
     if (kind == Bf16Gemm::kEmulated) {
       const float* a = Pack(A, a_rows, a_cols, lda, t_tile_a32, RoundToBf16);

@@ -15,6 +15,11 @@
 //   kEmulated  the inputs rounded to bf16 and kept as fp32, then the fp32 kernels (OpenBLAS).
 //              Runs on every CPU (tests, and --compute-dtype bf16 on CPUs without AVX-512);
 //              slower than plain fp32.
+// Under kOnednn, attention's small tile products run on our own AVX512-BF16 kernel
+// (gemm_bf16_dot) where the CPU has the instruction, not on oneDNN (whose per-call setup costs
+// more than a tile's FLOPs). No oneDNN product is given a transposed source (the weight
+// gradient reads a transposed bf16 copy of dout). A weight's bf16 copy may be kept for a reuse
+// window (Bf16WeightCache).
 //
 // Threading: the same single OpenMP pool as kernels_cpu.h. oneDNN here is built on OpenMP
 // (checked at compile time) and uses the same libgomp, sized by SetComputeThreads: the large
@@ -28,6 +33,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace shardgpt {
 
@@ -48,12 +57,80 @@ Bf16Gemm CurrentBf16Gemm();
 bool SetBf16Gemm(Bf16Gemm gemm);
 const char* Bf16GemmName(Bf16Gemm gemm);  // "oneDNN" or "emulated"
 
+// The memory formats of the source and weights operands of the oneDNN primitive that the last
+// call of a large product ran: "ab" (dense row-major), "ba" (dense, transposed) or "other";
+// both "" when that product has not run on oneDNN in this process. Taken from the primitive's
+// own descriptors, so tests can check that no product reads a transposed source (oneDNN's
+// brgemm runs one about 2x slower).
+enum class Bf16Product { kForward, kBackwardData, kBackwardWeights };
+struct OnednnOperandFormats {
+  std::string src, weights;
+};
+OnednnOperandFormats LastOnednnFormats(Bf16Product product);
+
+// How many bf16 products ran since the last reset, by where: oneDNN primitive executions and
+// calls of the AVX512-BF16 tile kernel (bench_train --profile prints them per step).
+struct Bf16ProductCounts {
+  int64_t onednn_calls = 0, dot_kernel_calls = 0;
+  // matmul weights converted to bf16, and weights served from a Bf16WeightCache instead
+  int64_t weight_conversions = 0, weight_reuses = 0;
+};
+Bf16ProductCounts GetBf16ProductCounts();
+void ResetBf16ProductCounts();
+
+// True when the CPU has AVX512-BF16 (vdpbf16ps) and the OS enables AVX-512 state: what
+// gemm_bf16_dot needs. Checked once.
+bool Bf16DotKernelSupported();
+// The tile product of bf16 attention on oneDNN-capable CPUs with AVX512-BF16, cblas_sgemm's
+// row-major signature: C[M,N] (ldc) = alpha * bf16(op(A))[M,K] @ bf16(op(B))[K,N] + beta * C,
+// fp32 accumulation (C is not read when beta == 0). Single-threaded, per-thread scratch: safe
+// to call from several threads at once. Precondition: Bf16DotKernelSupported().
+void gemm_bf16_dot(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                   int ldb, float beta, float* C, int ldc);
+
+// One bf16 copy per matmul weight for a reuse window (Kernels::begin_weight_reuse): inside a
+// window whose opener guarantees the weights do not change, a weight is converted on its first
+// use and served from here after (the forward, the backward's dinp, recompute and further
+// micro-batches), keyed by (address, element count, way of computing). Outside a window nothing
+// is served: every call converts. Each Begin opens a new window, so an entry of an earlier one
+// is never served, whatever now lies at its address. End keeps the storage of the weights used
+// in the window just closed (the next window refills it without new allocations) and frees the
+// rest; End when closed does nothing. Memory: 2 bytes per weight element (4 for the emulation's rounded fp32 copies).
+// Thread contract: the training thread only, as the kernels.
+// SetBf16WeightReuse(false) makes Begin open nothing (every call converts): the switch tests and
+// measurements compare against; on by default.
+void SetBf16WeightReuse(bool on);
+bool Bf16WeightReuse();
+
+class Bf16WeightCache {
+ public:
+  void Begin() { window_ = Bf16WeightReuse() ? ++last_window_ : 0; }
+  void End();
+  bool open() const { return window_ != 0; }
+  // w[0, n) rounded to bf16: its bits (kOnednn) or fp32 values (kEmulated); cached when open,
+  // else converted into scratch.
+  const uint16_t* Bits(const float* w, size_t n, std::vector<uint16_t>& scratch);
+  const float* Rounded(const float* w, size_t n, std::vector<float>& scratch);
+
+ private:
+  struct Entry {
+    uint64_t window = 0;
+    std::vector<uint16_t> bits;
+    std::vector<float> rounded;
+  };
+  Entry* Find(const float* w, size_t n, bool bits, bool* fresh);
+  uint64_t window_ = 0, last_window_ = 0;
+  std::map<std::pair<std::pair<const float*, size_t>, bool>, Entry> entries_;
+};
+
 // out[N,OC] = bf16(inp)[N,C] @ bf16(w)[OC,C]^T + bias[OC]   (bias may be null; fp32 bias)
-void matmul_forward_bf16(float* out, const float* inp, const float* w, const float* bias, int N, int C, int OC);
+// cache (optional): where w's bf16 copy may come from (Bf16WeightCache).
+void matmul_forward_bf16(float* out, const float* inp, const float* w, const float* bias, int N, int C, int OC,
+                         Bf16WeightCache* cache = nullptr);
 // dinp[N,C] += bf16(dout) @ bf16(w);  dw[OC,C] += bf16(dout)^T @ bf16(inp);
 // dbias[OC] += sum_n dout[n,:] in fp32 (dbias may be null; dinp may be null).
 void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                          int N, int C, int OC);
+                          int N, int C, int OC, Bf16WeightCache* cache = nullptr);
 
 // attention_forward/backward (kernels_cpu.h) with bf16 inputs to q k^T, P v (forward) and
 // dO v^T, dS k, P^T dO, dS^T q (backward); softmax, lse and D = dO . o in fp32.

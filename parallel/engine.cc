@@ -47,7 +47,21 @@ Engine::Engine(const ParamLayout& layout, Communicator* world, std::unique_ptr<C
   clip_ = DeviceBuffer(&device, nullptr, MemKind::kWorkspace, 2 * sizeof(float), "gradient norm and clip factor");
 }
 
-Engine::~Engine() { ctx_.queue.WaitAll(); }
+Engine::~Engine() {
+  ctx_.queue.WaitAll();
+  CloseWeightReuse();
+}
+
+// The weight reuse window (Kernels::begin_weight_reuse): open from a step's first micro-batch
+// until anything can write parameters. Only where the matmuls read the one persistent parameter
+// buffer (stages 0-2, fp32 storage): stage 3 gathers units into buffers that are freed and
+// reused for other units, and bf16 storage converts each unit into a compute copy that is
+// freed and reallocated, so there an address says nothing about the weights behind it. The
+// window belongs to the device, which engines may share: every engine closes it before it
+// writes parameters, and one that cannot reuse closes it when its micro-batch begins.
+bool Engine::WeightsReusable() const { return ctx_.opt.dtype == DType::kF32 && !ctx_.opt.shards_params(); }
+
+void Engine::CloseWeightReuse() { ctx_.kernels().end_weight_reuse(); }
 
 // ---- UnitHooks: the model calls these around each unit ----
 
@@ -89,6 +103,7 @@ void Engine::ReleaseAll() { params_->ReleaseAll(); }
 
 void Engine::BeginStep() {
   ctx_.queue.WaitAll();
+  CloseWeightReuse();
   grads_->BeginStep();
   ctx_.comm->ledger().Reset();
   if (ctx_.replica) ctx_.replica->ledger().Reset();
@@ -103,6 +118,12 @@ void Engine::BeginMicroBatch(int micro, int num_micro) {
   sync_micro_ = micro == num_micro - 1;
   in_backward_ = false, phase_mark_s_ = ctx_.queue.exposed_seconds();
   grads_->BeginMicroBatch(sync_micro_);
+  if (!WeightsReusable()) {
+    CloseWeightReuse();
+  } else if (micro == 0) {
+    ctx_.queue.WaitAll();  // no publish of the last step still writing parameters (BeginStep waited already)
+    ctx_.kernels().begin_weight_reuse();
+  }
 }
 
 // Global gradient norm: every element counted once. Stage 0 holds the whole averaged gradient
@@ -142,6 +163,7 @@ float Engine::Step(float lr, float grad_clip) {
 }
 
 void Engine::StepDeferred(float lr, float grad_clip) {
+  CloseWeightReuse();  // the optimizer writes the parameters
   const double at_step = ctx_.queue.exposed_seconds();
   ctx_.queue.WaitAll();
   // A GPU keeps the norm and the clip factor on the device (no host wait); the CPU computes
@@ -222,6 +244,7 @@ ShardedMuon::Where Engine::LocateForMuon(int u, size_t at) {
 }
 
 void Engine::StoreAndPublish(int u) {
+  CloseWeightReuse();  // every other write of the parameters (loads, init, SyncParamsFromMaster) comes here
   for (const OwnedPiece& p : ctx_.Pieces(u)) adamw_.StoreFromMaster(u, p, params_->OwnedAt(u, p));
   params_->Publish(u);
 }

@@ -153,7 +153,11 @@ class Engine : public UnitHooks {
   // momentum at the Muon matrices and v is an unpacked copy (zeros there) until
   // SyncParamsFromMaster.
   using OwnedState = ShardedAdamW::Slice;
-  std::vector<OwnedState> OwnedPieces(int unit) { return Pieces(unit, true); }
+  // (Closes the kernels' weight reuse window: the caller may write through these pointers.)
+  std::vector<OwnedState> OwnedPieces(int unit) {
+    CloseWeightReuse();
+    return Pieces(unit, true);
+  }
   void set_step_count(int64_t t) { t_ = t; }
   // After writing master values through Owned(): refresh the compute parameters. Collective.
   void SyncParamsFromMaster();
@@ -170,6 +174,9 @@ class Engine : public UnitHooks {
   ShardedMuon::Where LocateForMuon(int u, size_t at);
 
   double CommBusySeconds() const;
+  // The device's weight reuse window (engine.cc): whether this engine opens one; closing it.
+  bool WeightsReusable() const;
+  void CloseWeightReuse();
   // The host path of the global gradient norm and clip factor (the CPU: bitwise as before).
   float HostNormAndScale(float grad_clip, float* scale);
 

@@ -15,6 +15,7 @@
 #include "io/llmc_model.h"
 #include "model/gpt.h"
 #include "model/kernels_cpu.h"
+#include "model/kernels_cpu_bf16.h"
 #include "model/optimizer.h"
 #include "model/rng.h"
 #include "parallel/engine.h"
@@ -224,6 +225,54 @@ TEST(EngineBf16, Bf16ComputeTracksFp32) {
       const Trajectory fp32_compute = RunEngine(*comm, eo, 2, 1.0f, nullptr);
       EXPECT_NE(got.losses, fp32_compute.losses) << "stage " << stage << ": bf16 compute must differ from fp32";
     }
+}
+
+// The bf16 weight reuse window (engine.cc, Bf16WeightCache): with fp32 storage and bf16
+// compute, the engine opens it at stages 0-2, and training is bitwise what converting every
+// weight on every matmul call gives (losses and final parameters; A = 2: the window spans the
+// micro-batches and closes before the optimizer writes). Stage 3 never opens it.
+TEST(EngineBf16, WeightReuseIsBitwiseConvertingEveryCall) {
+  SetComputeThreads(1);
+  std::unique_ptr<Device> device = NewCpuDevice(false);
+  device->kernels().set_matmul_precision(MatmulPrecision::kBf16);
+  auto comm = MpiCommunicator::Create(MPI_COMM_WORLD, device.get());
+  ASSERT_TRUE(comm.ok());
+  for (int stage : {0, 2, 3}) {
+    EngineOptions eo;
+    eo.zero_stage = stage;
+    eo.dtype = eo.reduce_dtype = DType::kF32;
+    // and one forward after the last step outside any micro-batch (an evaluation): it must see
+    // the optimizer's new weights, so the window must have closed before the optimizer wrote
+    const int B = kGlobalBatch / comm.value()->world_size();
+    std::vector<int32_t> x, y;
+    GlobalBatch(0, &x, &y);
+    const size_t at = static_cast<size_t>(comm.value()->rank()) * B * kT;
+    auto evaluate = [&](Engine& engine) {
+      GPT model(kConfig, B, kT, *device);
+      return model.Forward(engine, x.data() + at, y.data() + at, B, kT, 1.0f);
+    };
+    std::unique_ptr<Engine> engine;
+    SetBf16WeightReuse(false);
+    ResetBf16ProductCounts();
+    const Trajectory every_call = harness::RunEngine(kHarness, *comm.value(), eo, 2, 1.0f, nullptr, *device, &engine);
+    const float eval_every_call = evaluate(*engine);
+    EXPECT_EQ(0, GetBf16ProductCounts().weight_reuses);
+    SetBf16WeightReuse(true);
+    ResetBf16ProductCounts();
+    const Trajectory reused = harness::RunEngine(kHarness, *comm.value(), eo, 2, 1.0f, nullptr, *device, &engine);
+    const Bf16ProductCounts n = GetBf16ProductCounts();
+    EXPECT_EQ(eval_every_call, evaluate(*engine)) << "stage " << stage << ": a forward after the step";
+    engine.reset();
+    ASSERT_EQ(every_call.losses.size(), reused.losses.size());
+    EXPECT_EQ(every_call.losses, reused.losses) << "stage " << stage;
+    EXPECT_EQ(every_call.params, reused.params) << "stage " << stage;
+    if (stage < 3) {
+      // per step: one conversion per weight, every other use of it (dinp, micro-batch 2) reused
+      EXPECT_GT(n.weight_reuses, 2 * n.weight_conversions) << "stage " << stage;
+    } else {
+      EXPECT_EQ(0, n.weight_reuses) << "stage 3 gathers into reused buffers: no window";
+    }
+  }
 }
 
 // Traffic: the ledger equals the plan-derived figure exactly, and the seed's formula within

@@ -1,0 +1,286 @@
+// Tests of the bf16 kernels' fast paths (model/kernels_cpu_bf16.h): the operand layouts each
+// large product hands oneDNN (read back from the primitives' own descriptors, so a transposed
+// source cannot come back unseen), and the AVX512-BF16 tile kernel of attention against a
+// double reference on bf16-rounded inputs, at every transpose combination, odd reductions and
+// column tails. Each skips, with the reason, on CPUs that lack what it needs.
+//
+// Tolerance of the tile kernel: products of bf16 values are exact in fp32, so only the fp32
+// accumulation rounds: |got - ref| <= 1e-5 * sum |a b| + 1e-6 (as kernels_bf16_test.cc).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "base/bf16.h"
+#include "model/kernels_cpu.h"
+#include "model/kernels_cpu_bf16.h"
+#include "tests/common/random_data.h"
+
+namespace shardgpt {
+namespace {
+
+using VecF = std::vector<float>;
+
+class Bf16FastPath : public ::testing::Test {
+ protected:
+  void SetUp() override { saved_gemm_ = CurrentBf16Gemm(); }
+  void TearDown() override { SetBf16Gemm(saved_gemm_); }
+  Bf16Gemm saved_gemm_ = Bf16Gemm::kEmulated;
+};
+
+// Every large product (forward, dinp, dw) reaches oneDNN with a dense row-major source; the
+// weights operand may be transposed (the forward's w[OC,C] is the [C,OC] operand as "ba").
+TEST_F(Bf16FastPath, OnednnProductsSeeNoTransposedSource) {
+  if (!OnednnBf16Supported())
+    GTEST_SKIP() << "oneDNN cannot run bf16 matmuls on this CPU (it needs AVX-512): no primitive to inspect";
+  ASSERT_TRUE(SetBf16Gemm(Bf16Gemm::kOnednn));
+  const int N = 48, C = 40, OC = 72;
+  VecF inp = RandomFloats((size_t)N * C, 1), w = RandomFloats((size_t)OC * C, 2), dout = RandomFloats((size_t)N * OC, 3);
+  VecF out((size_t)N * OC), dinp((size_t)N * C, 0.0f), dw((size_t)OC * C, 0.0f);
+  matmul_forward_bf16(out.data(), inp.data(), w.data(), nullptr, N, C, OC);
+  matmul_backward_bf16(dinp.data(), dw.data(), nullptr, dout.data(), inp.data(), w.data(), N, C, OC);
+  const struct {
+    Bf16Product product;
+    const char* name;
+    const char* weights;
+  } expected[] = {{Bf16Product::kForward, "forward", "ba"},
+                  {Bf16Product::kBackwardData, "dinp", "ab"},
+                  {Bf16Product::kBackwardWeights, "dw", "ab"}};
+  for (const auto& e : expected) {
+    const OnednnOperandFormats f = LastOnednnFormats(e.product);
+    EXPECT_EQ("ab", f.src) << e.name << ": the source must be dense row-major (a transposed source is the slow path)";
+    EXPECT_EQ(e.weights, f.weights) << e.name << ": weights operand format";
+  }
+  // dw alone (the tied LM head's end-of-backward call) takes the same layout
+  matmul_backward_bf16(nullptr, dw.data(), nullptr, dout.data(), inp.data(), w.data(), N, C, OC);
+  EXPECT_EQ("ab", LastOnednnFormats(Bf16Product::kBackwardWeights).src) << "dw without dinp";
+}
+
+// The transposed bf16 copy of dout is what dw multiplies: dw matches the bf16-input reference
+// at shapes whose sides are not multiples of the 32x32 conversion tile.
+TEST_F(Bf16FastPath, WeightGradientFromTransposedCopy) {
+  if (!OnednnBf16Supported()) GTEST_SKIP() << "oneDNN cannot run bf16 matmuls on this CPU (it needs AVX-512)";
+  ASSERT_TRUE(SetBf16Gemm(Bf16Gemm::kOnednn));
+  const int N = 67, C = 19, OC = 45;
+  VecF inp = RandomFloats((size_t)N * C, 4), w = RandomFloats((size_t)OC * C, 5), dout = RandomFloats((size_t)N * OC, 6);
+  VecF dw0 = RandomFloats((size_t)OC * C, 7), dw = dw0;
+  matmul_backward_bf16(nullptr, dw.data(), nullptr, dout.data(), inp.data(), w.data(), N, C, OC);
+  int bad = 0;
+  for (int o = 0; o < OC; o++)
+    for (int c = 0; c < C; c++) {
+      double ref = dw0[(size_t)o * C + c], mag = 0;
+      for (int n = 0; n < N; n++) {
+        const double p = (double)RoundToBf16(dout[(size_t)n * OC + o]) * RoundToBf16(inp[(size_t)n * C + c]);
+        ref += p, mag += std::fabs(p);
+      }
+      if (std::fabs(dw[(size_t)o * C + c] - ref) > 1e-5 * mag + 1e-6 && bad++ < 5)
+        ADD_FAILURE() << "dw[" << o << "," << c << "] = " << dw[(size_t)o * C + c] << ", want " << ref;
+    }
+  EXPECT_EQ(0, bad);
+}
+
+// C = alpha op(A) op(B) + beta C on a strided C, against doubles on rounded inputs.
+void CheckDot(bool ta, bool tb, int M, int N, int K, float alpha, float beta, uint32_t seed) {
+  const int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 7;
+  VecF A = RandomFloats((size_t)(ta ? K : M) * lda, seed), B = RandomFloats((size_t)(tb ? N : K) * ldb, seed + 1);
+  VecF C0 = RandomFloats((size_t)M * ldc, seed + 2), C = C0;
+  if (beta == 0.0f)
+    for (int i = 0; i < M; i++) C[(size_t)i * ldc] = NAN;  // not read when beta == 0
+  gemm_bf16_dot(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+  int bad = 0;
+  for (int i = 0; i < M; i++) {
+    for (int j = 0; j < N; j++) {
+      double acc = 0, mag = 0;
+      for (int k = 0; k < K; k++) {
+        const double a = RoundToBf16(ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]);
+        const double b = RoundToBf16(tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j]);
+        acc += a * b, mag += std::fabs(a * b);
+      }
+      const double ref = alpha * acc + (beta == 0.0f ? 0.0 : beta * C0[(size_t)i * ldc + j]);
+      const double tol = 1e-5 * (std::fabs(alpha) * mag + std::fabs(beta * C0[(size_t)i * ldc + j])) + 1e-6;
+      if (!(std::fabs(C[(size_t)i * ldc + j] - ref) <= tol) && bad++ < 5)
+        ADD_FAILURE() << "ta" << ta << " tb" << tb << " " << M << "x" << N << "x" << K << ": C[" << i << "," << j
+                      << "] = " << C[(size_t)i * ldc + j] << ", want " << ref;
+    }
+    for (int j = N; j < ldc; j++)  // the padding columns of C are left alone
+      if (C[(size_t)i * ldc + j] != C0[(size_t)i * ldc + j] && bad++ < 5)
+        ADD_FAILURE() << "C[" << i << "," << j << "] beyond N was written";
+  }
+  EXPECT_EQ(0, bad);
+}
+
+TEST_F(Bf16FastPath, DotTileKernelMatchesReference) {
+  if (!Bf16DotKernelSupported()) GTEST_SKIP() << "this CPU has no AVX512-BF16 (vdpbf16ps): the tile kernel cannot run";
+  const Bf16ProductCounts before = GetBf16ProductCounts();
+  int calls = 0;
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      CheckDot(ta, tb, 32, 64, 64, 0.125f, 0.0f, 10 + ta * 2 + tb), calls++;  // attention's tile, scaled scores
+      CheckDot(ta, tb, 7, 37, 33, 1.0f, 1.0f, 20 + ta * 2 + tb), calls++;     // odd K, column tail, accumulate
+      CheckDot(ta, tb, 5, 16, 1, -0.5f, 1.0f, 30 + ta * 2 + tb), calls++;     // K = 1
+      CheckDot(ta, tb, 64, 130, 96, 1.0f, 0.0f, 40 + ta * 2 + tb), calls++;  // several register blocks
+    }
+  EXPECT_EQ(before.dot_kernel_calls + calls, GetBf16ProductCounts().dot_kernel_calls) << "each call is counted";
+}
+
+// The tile kernel's packing rounds exactly as base/bf16.h (RNE: ties to even, overflow to inf,
+// NaN kept): with K = 1 and the other operand 1, C is each rounded value itself, bit for bit.
+TEST_F(Bf16FastPath, DotTileKernelRoundsAsFloatToBf16) {
+  if (!Bf16DotKernelSupported()) GTEST_SKIP() << "this CPU has no AVX512-BF16 (vdpbf16ps): the tile kernel cannot run";
+  VecF v = RandomFloats(37, 80, -1e3f, 1e3f);
+  const float special[] = {1.0f + 0x1p-8f, 1.0f + 0x3p-8f, -(1.0f + 0x1p-8f), 3.4e38f, -3.4e38f, 0.0f, -0.0f,
+                           1.0f + 0x1p-8f + 0x1p-20f, 0x1.fffffep+127f, INFINITY, NAN};
+  v.insert(v.end(), std::begin(special), std::end(special));
+  const int n = static_cast<int>(v.size());
+  const VecF one(n, 1.0f);
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      // C[n,1] = op(A)[n,1] * 1 (A varies: the A packing) and C[1,n] = 1 * op(B)[1,n] (B packing)
+      VecF ca(n), cb(n);
+      gemm_bf16_dot(ta, tb, n, 1, 1, 1.0f, v.data(), ta ? n : 1, one.data(), 1, 0.0f, ca.data(), 1);
+      gemm_bf16_dot(ta, tb, 1, n, 1, 1.0f, one.data(), 1, v.data(), tb ? 1 : n, 0.0f, cb.data(), n);
+      for (int i = 0; i < n; i++) {
+        const float want = RoundToBf16(v[i]);
+        for (const float got : {ca[i], cb[i]}) {
+          if (std::isnan(want)) EXPECT_TRUE(std::isnan(got)) << "NaN in, NaN out";
+          else EXPECT_EQ(want, got) << "ta" << ta << " tb" << tb << " x = " << v[i];
+        }
+      }
+    }
+}
+
+// Under oneDNN with AVX512-BF16, attention runs its products on the tile kernel: no oneDNN
+// calls (the thousands of tiny primitive executions per step are gone), and each row block's
+// products are counted.
+TEST_F(Bf16FastPath, AttentionProductsRunOnTheTileKernel) {
+  if (!OnednnBf16Supported()) GTEST_SKIP() << "oneDNN cannot run bf16 matmuls on this CPU (it needs AVX-512)";
+  if (!Bf16DotKernelSupported()) GTEST_SKIP() << "this CPU has no AVX512-BF16: attention's tiles run on oneDNN";
+  ASSERT_TRUE(SetBf16Gemm(Bf16Gemm::kOnednn));
+  const int B = 2, T = 40, C = 32, NH = 2;  // row blocks of 32: two per (b, h)
+  VecF qkv = RandomFloats((size_t)B * T * 3 * C, 50), dout = RandomFloats((size_t)B * T * C, 51);
+  VecF out((size_t)B * T * C), lse((size_t)B * NH * T), dqkv(qkv.size(), 0.0f);
+  ResetBf16ProductCounts();
+  attention_forward_bf16(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+  const Bf16ProductCounts fwd = GetBf16ProductCounts();
+  attention_backward_bf16(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
+  const Bf16ProductCounts all = GetBf16ProductCounts();
+  EXPECT_EQ(0, all.onednn_calls);
+  EXPECT_EQ(B * NH * 2 * 2, fwd.dot_kernel_calls) << "forward: 2 products per row block";
+  EXPECT_EQ(B * NH * (2 * 2 + 2 * 3 + 2 * 2), all.dot_kernel_calls) << "backward: 3 per row block, 2 per column block";
+  // and the results agree with the fp32 kernel within bf16's rounding (kernels_bf16_test.cc
+  // checks this at more shapes)
+  VecF out32(out.size()), lse32(lse.size());
+  attention_forward(out32.data(), lse32.data(), qkv.data(), B, T, C, NH);
+  double d = 0;
+  for (size_t i = 0; i < out.size(); i++) d = std::max(d, (double)std::fabs(out[i] - out32[i]));
+  EXPECT_LT(d, 1e-2);
+  EXPECT_GT(d, 1e-5) << "bf16 inputs must change the result";
+}
+
+// The bf16 weight cache, on every way of computing bf16 products this CPU has: inside a window
+// a weight is converted once (the forward) and reused (the backward's dinp), with results
+// bitwise those of converting on every call; a weight changed at the same address is never
+// served from an earlier window, nor outside any window.
+class Bf16WeightCacheTest : public ::testing::TestWithParam<Bf16Gemm> {
+ protected:
+  void SetUp() override {
+    saved_gemm_ = CurrentBf16Gemm();
+    if (!SetBf16Gemm(GetParam()))
+      GTEST_SKIP() << "oneDNN cannot run bf16 matmuls on this CPU (it needs AVX-512); the emulated way is tested";
+  }
+  void TearDown() override {
+    SetBf16Gemm(saved_gemm_);
+    SetBf16WeightReuse(true);
+  }
+  Bf16Gemm saved_gemm_ = Bf16Gemm::kEmulated;
+};
+
+constexpr int kN = 24, kC = 40, kOC = 56;
+
+VecF Forward(const VecF& inp, const float* w, Bf16WeightCache* cache) {
+  VecF out((size_t)kN * kOC);
+  matmul_forward_bf16(out.data(), inp.data(), w, nullptr, kN, kC, kOC, cache);
+  return out;
+}
+VecF Dinp(const VecF& dout, const VecF& inp, const float* w, Bf16WeightCache* cache) {
+  VecF dinp((size_t)kN * kC, 0.0f);
+  matmul_backward_bf16(dinp.data(), nullptr, nullptr, dout.data(), inp.data(), w, kN, kC, kOC, cache);
+  return dinp;
+}
+
+TEST_P(Bf16WeightCacheTest, ConvertsOncePerWindowBitwiseAsEveryCall) {
+  const VecF inp = RandomFloats((size_t)kN * kC, 60), w = RandomFloats((size_t)kOC * kC, 61);
+  const VecF dout = RandomFloats((size_t)kN * kOC, 62);
+  const VecF out_ref = Forward(inp, w.data(), nullptr), dinp_ref = Dinp(dout, inp, w.data(), nullptr);
+  Bf16WeightCache cache;
+  cache.Begin();
+  ResetBf16ProductCounts();
+  const VecF out = Forward(inp, w.data(), &cache), dinp = Dinp(dout, inp, w.data(), &cache);
+  const VecF out2 = Forward(inp, w.data(), &cache);  // recompute / a further micro-batch
+  const Bf16ProductCounts n = GetBf16ProductCounts();
+  cache.End();
+  EXPECT_EQ(1, n.weight_conversions);
+  EXPECT_EQ(2, n.weight_reuses);
+  EXPECT_EQ(out_ref, out);
+  EXPECT_EQ(out_ref, out2);
+  EXPECT_EQ(dinp_ref, dinp);
+}
+
+TEST_P(Bf16WeightCacheTest, ChangedWeightAtTheSameAddressIsNeverStale) {
+  const VecF inp = RandomFloats((size_t)kN * kC, 63), dout = RandomFloats((size_t)kN * kOC, 64);
+  VecF w = RandomFloats((size_t)kOC * kC, 65);
+  const VecF w_new = RandomFloats(w.size(), 66);
+  Bf16WeightCache cache;
+  cache.Begin();
+  const VecF out_old = Forward(inp, w.data(), &cache);
+  cache.End();
+  w = w_new;  // the same buffer (no reallocation: same size), new values
+  const float* at = w.data();
+  const VecF out_new_ref = Forward(inp, at, nullptr), dinp_new_ref = Dinp(dout, inp, at, nullptr);
+  ASSERT_NE(out_old, out_new_ref);
+  // outside any window: converted afresh
+  EXPECT_EQ(out_new_ref, Forward(inp, at, &cache)) << "served after End";
+  // a new window at the same address: converted afresh, then reused
+  cache.Begin();
+  EXPECT_EQ(out_new_ref, Forward(inp, at, &cache)) << "served from an earlier window";
+  EXPECT_EQ(dinp_new_ref, Dinp(dout, inp, at, &cache));
+  cache.End();
+  // a Begin while open is a new window too
+  cache.Begin();
+  Forward(inp, at, &cache);
+  for (float& x : w) x = -x;
+  cache.Begin();
+  EXPECT_EQ(Forward(inp, w.data(), nullptr), Forward(inp, w.data(), &cache)) << "served across a Begin";
+  cache.End();
+  // a prefix of a cached weight (same address, fewer elements) is its own entry
+  cache.Begin();
+  Forward(inp, w.data(), &cache);
+  VecF out_prefix((size_t)kN * (kOC / 2)), ref_prefix(out_prefix.size());
+  matmul_forward_bf16(ref_prefix.data(), inp.data(), w.data(), nullptr, kN, kC, kOC / 2, nullptr);
+  matmul_forward_bf16(out_prefix.data(), inp.data(), w.data(), nullptr, kN, kC, kOC / 2, &cache);
+  EXPECT_EQ(ref_prefix, out_prefix);
+  cache.End();
+}
+
+TEST_P(Bf16WeightCacheTest, SwitchedOffConvertsEveryCall) {
+  const VecF inp = RandomFloats((size_t)kN * kC, 67), w = RandomFloats((size_t)kOC * kC, 68);
+  SetBf16WeightReuse(false);
+  Bf16WeightCache cache;
+  cache.Begin();
+  EXPECT_FALSE(cache.open());
+  ResetBf16ProductCounts();
+  Forward(inp, w.data(), &cache), Forward(inp, w.data(), &cache);
+  EXPECT_EQ(2, GetBf16ProductCounts().weight_conversions);
+  EXPECT_EQ(0, GetBf16ProductCounts().weight_reuses);
+  cache.End();
+}
+
+INSTANTIATE_TEST_SUITE_P(Gemm, Bf16WeightCacheTest, ::testing::Values(Bf16Gemm::kOnednn, Bf16Gemm::kEmulated),
+                         [](const ::testing::TestParamInfo<Bf16Gemm>& i) {
+                           return std::string(i.param == Bf16Gemm::kOnednn ? "Onednn" : "Emulated");
+                         });
+
+}  // namespace
+}  // namespace shardgpt
