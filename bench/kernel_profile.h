@@ -141,6 +141,13 @@ class ProfilingKernels final : public Kernels {
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
     Time("residual_forward", 0, a_ * 3.0 * n, [&] { k_.residual_forward(out, a, b, n); });
   }
+  // reads a, b and the LayerNorm's w, bias; writes res and ln, and mean, rstd (fp32): the
+  // residual stream is not read a second time (unfused: residual 3NC + layernorm 2NC)
+  void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* a,
+                                  const float* b, const float* w, const float* bias, int N, int C) const override {
+    Time("residual_layernorm_forward", 0, a_ * (4.0 * N * C + 2.0 * C) + 8.0 * N,
+         [&] { k_.residual_layernorm_forward(res_out, ln_out, mean, rstd, a, b, w, bias, N, C); });
+  }
   // ---- softmax + cross-entropy over the logits, dlogits written in place ----
   double crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                               float dloss_scale) const override {

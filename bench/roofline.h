@@ -40,6 +40,8 @@ class NullKernels final : public Kernels {
   void gelu_forward(float*, const float*, size_t) const override {}
   void gelu_backward(float*, const float*, const float*, size_t) const override {}
   void residual_forward(float*, const float*, const float*, size_t) const override {}
+  void residual_layernorm_forward(float*, float*, float*, float*, const float*, const float*, const float*,
+                                  const float*, int, int) const override {}
   double crossentropy_softmax(float*, float*, const int32_t*, int, int, int, float) const override { return 0; }
   void convert(const void*, DType, void*, DType, size_t) const override {}
   void accumulate(void*, DType, const void*, DType, size_t) const override {}

@@ -123,13 +123,10 @@ __global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int 
 //   m = mean(x), v = mean((x-m)^2), rstd = 1/sqrt(v + 1e-5), y = (x-m)*rstd*w + b
 // One warp per row.
 
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                                         const float* b, int N, int C) {
-  const int lane = threadIdx.x % 32;
-  const int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  if (n >= N) return;
-  const float* x = inp + (size_t)n * C;
-  float* y = out + (size_t)n * C;
+// One row by one warp: lane l takes columns l, l+32, ...; the statistics are warp butterflies.
+// The fused residual kernel runs the same code, so its LayerNorm is bitwise this one's.
+__device__ __forceinline__ void layernorm_row_warp(float* y, float* mean, float* rstd, const float* x, const float* w,
+                                                   const float* b, int C, int lane) {
   float s = 0.0f;
   for (int i = lane; i < C; i += 32) s += x[i];
   const float m = cuda::warp_sum(s) / C;
@@ -138,9 +135,33 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   const float r = 1.0f / sqrtf(cuda::warp_sum(v) / C + 1e-5f);
   for (int i = lane; i < C; i += 32) y[i] = (x[i] - m) * r * w[i] + b[i];
   if (lane == 0) {
-    mean[n] = m;
-    rstd[n] = r;
+    *mean = m;
+    *rstd = r;
   }
+}
+
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                                         const float* b, int N, int C) {
+  const int lane = threadIdx.x % 32;
+  const int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (n >= N) return;
+  layernorm_row_warp(out + (size_t)n * C, mean + n, rstd + n, inp + (size_t)n * C, w, b, C, lane);
+}
+
+// residual + layernorm fused. CPU twin: residual_layernorm_forward.
+//   res = a + b;  ln = layernorm(res)
+// One warp per row. Each lane writes its own columns of res (l, l+32, ...) and the LayerNorm
+// reads back only those same columns before its first butterfly, so no lane reads another's
+// write: no barrier needed, and the re-read comes from L1. Saves the residual's separate
+// pass over the row (llm.c's fused_residual_forward).
+__global__ void residual_layernorm_forward_kernel(float* res, float* ln, float* mean, float* rstd, const float* a,
+                                                  const float* b, const float* w, const float* bias, int N, int C) {
+  const int lane = threadIdx.x % 32;
+  const int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (n >= N) return;
+  const size_t o = (size_t)n * C;
+  for (int i = lane; i < C; i += 32) res[o + i] = a[o + i] + b[o + i];
+  layernorm_row_warp(ln + o, mean + n, rstd + n, res + o, w, bias, C, lane);
 }
 
 // norm = (x-m)*rstd, g = w*dout:  dinp += (g - mean(g) - norm * mean(g*norm)) * rstd
@@ -487,6 +508,16 @@ void CudaKernels::encoder_backward(float* dwte, float* dwpe, const float* dout, 
   SHARDGPT_CUDA_CHECK_LAUNCH("encoder_backward_wte_kernel");
   SHARDGPT_LAUNCH(encoder_backward_wpe_kernel, GridFor((size_t)T * C, kThreads), kThreads, 0, stream_)(dwpe, dout, B, T, C);
   SHARDGPT_CUDA_CHECK_LAUNCH("encoder_backward_wpe_kernel");
+}
+
+void CudaKernels::residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* a,
+                                             const float* b, const float* w, const float* bias, int N, int C) const {
+  if (N == 0) return;
+  Bind();
+  const int rows_per_block = kThreads / 32;
+  SHARDGPT_LAUNCH(residual_layernorm_forward_kernel, (N + rows_per_block - 1) / rows_per_block, kThreads, 0,
+                  stream_)(res_out, ln_out, mean, rstd, a, b, w, bias, N, C);
+  SHARDGPT_CUDA_CHECK_LAUNCH("residual_layernorm_forward_kernel");
 }
 
 void CudaKernels::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,

@@ -260,6 +260,35 @@ TEST_F(GpuTest, Layernorm) {
   }
 }
 
+// The fused residual + LayerNorm against its CPU twin, and bitwise against the GPU's own
+// residual_forward + layernorm_forward (the model fuses them in the forward, and kBlock's
+// re-forward runs layernorm_forward alone on the saved res3: the two must agree bit for bit).
+TEST_F(GpuTest, ResidualLayernormFused) {
+  for (auto [N, C] : {std::pair{70, 96}, std::pair{37, 45}, std::pair{300, 768}}) {
+    SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C));
+    const size_t NC = (size_t)N * C;
+    auto a = Make(RandomFloats(NC, 14, -2.0f, 3.0f), "a");
+    auto b = Make(RandomFloats(NC, 15, -2.0f, 2.0f), "b");
+    auto w = Make(RandomFloats(C, 16), "w");
+    auto bias = Make(RandomFloats(C, 17), "bias");
+    auto res = Zeros(NC, "res"), ln = Zeros(NC, "ln"), mean = Zeros(N, "mean"), rstd = Zeros(N, "rstd");
+    for (bool g : {true, false})
+      k(g).residual_layernorm_forward(res.p(g), ln.p(g), mean.p(g), rstd.p(g), a.p(g), b.p(g), w.p(g), bias.p(g), N,
+                                      C);
+    ExpectBitwise(res.Gpu(), res.Cpu(), "fused res");
+    ExpectNear(ln.Gpu(), ln.Cpu(), kTolF32, "fused ln");
+    ExpectNear(mean.Gpu(), mean.Cpu(), kTolF32, "fused mean");
+    ExpectNear(rstd.Gpu(), rstd.Cpu(), kTolF32, "fused rstd");
+    auto res2 = Zeros(NC, "res2"), ln2 = Zeros(NC, "ln2"), mean2 = Zeros(N, "mean2"), rstd2 = Zeros(N, "rstd2");
+    k(true).residual_forward(res2.p(true), a.p(true), b.p(true), NC);
+    k(true).layernorm_forward(ln2.p(true), mean2.p(true), rstd2.p(true), res2.p(true), w.p(true), bias.p(true), N, C);
+    ExpectBitwise(res.Gpu(), res2.Gpu(), "fused res vs residual_forward");
+    ExpectBitwise(ln.Gpu(), ln2.Gpu(), "fused ln vs layernorm_forward");
+    ExpectBitwise(mean.Gpu(), mean2.Gpu(), "fused mean vs layernorm_forward");
+    ExpectBitwise(rstd.Gpu(), rstd2.Gpu(), "fused rstd vs layernorm_forward");
+  }
+}
+
 struct MatmulCase {
   int N, C, OC;
   bool bias, dinp;
