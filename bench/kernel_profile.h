@@ -271,7 +271,7 @@ inline void PrintProfile(const ProfilingKernels& p, int steps, double step_secon
     total.predicted_s += r.second.predicted_s, total.calls += r.second.calls;
   }
   rows.emplace_back("all kernels", total);
-  std::printf("  %-22s %10s %7s %6s %12s %12s %10s %10s %7s %12s\n", "kernel", "ms/step", "step%", "calls",
+  std::printf("  %-26s %10s %7s %6s %12s %12s %10s %10s %7s %12s\n", "kernel", "ms/step", "step%", "calls",
               "GFLOP/step", "MB/step", "TFLOP/s", "GB/s", "%peak", "roofline_ms");
   for (const auto& [name, e] : rows) {
     const double s = e.seconds / steps;
@@ -280,7 +280,7 @@ inline void PrintProfile(const ProfilingKernels& p, int steps, double step_secon
     double share = -1;
     if (s > 0 && e.flops > 0 && peaks.flops > 0) share = 100 * tf * 1e12 / peaks.flops;
     else if (s > 0 && e.flops == 0 && peaks.bytes_per_s > 0) share = 100 * gbs * 1e9 / peaks.bytes_per_s;
-    std::printf("  %-22s %10.3f %6.1f%% %6ld %12.6g %12.6g %10.4g %10.4g", name.c_str(), 1e3 * s,
+    std::printf("  %-26s %10.3f %6.1f%% %6ld %12.6g %12.6g %10.4g %10.4g", name.c_str(), 1e3 * s,
                 step_seconds > 0 ? 100 * s / step_seconds : 0.0, e.calls / steps, e.flops / steps / 1e9,
                 e.bytes / steps / 1e6, tf, gbs);
     if (share >= 0) std::printf(" %6.1f%%", share);
