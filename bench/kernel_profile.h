@@ -141,6 +141,13 @@ class ProfilingKernels final : public Kernels {
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
     Time("residual_forward", 0, a_ * 3.0 * n, [&] { k_.residual_forward(out, a, b, n); });
   }
+  // reads a, b and the LayerNorm's w, bias; writes res and ln, and mean, rstd (fp32): the
+  // residual stream is not read a second time (unfused: residual 3NC + layernorm 2NC)
+  void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* a,
+                                  const float* b, const float* w, const float* bias, int N, int C) const override {
+    Time("residual_layernorm_forward", 0, a_ * (4.0 * N * C + 2.0 * C) + 8.0 * N,
+         [&] { k_.residual_layernorm_forward(res_out, ln_out, mean, rstd, a, b, w, bias, N, C); });
+  }
   // ---- softmax + cross-entropy over the logits, dlogits written in place ----
   double crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                               float dloss_scale) const override {
@@ -266,7 +273,7 @@ inline void PrintProfile(const ProfilingKernels& p, int steps, double step_secon
     total.predicted_s += r.second.predicted_s, total.calls += r.second.calls;
   }
   rows.emplace_back("all kernels", total);
-  std::printf("  %-22s %10s %7s %6s %12s %12s %10s %10s %7s %12s\n", "kernel", "ms/step", "step%", "calls",
+  std::printf("  %-26s %10s %7s %6s %12s %12s %10s %10s %7s %12s\n", "kernel", "ms/step", "step%", "calls",
               "GFLOP/step", "MB/step", "TFLOP/s", "GB/s", "%peak", "roofline_ms");
   for (const auto& [name, e] : rows) {
     const double s = e.seconds / steps;
@@ -275,7 +282,7 @@ inline void PrintProfile(const ProfilingKernels& p, int steps, double step_secon
     double share = -1;
     if (s > 0 && e.flops > 0 && peaks.flops > 0) share = 100 * tf * 1e12 / peaks.flops;
     else if (s > 0 && e.flops == 0 && peaks.bytes_per_s > 0) share = 100 * gbs * 1e9 / peaks.bytes_per_s;
-    std::printf("  %-22s %10.3f %6.1f%% %6ld %12.6g %12.6g %10.4g %10.4g", name.c_str(), 1e3 * s,
+    std::printf("  %-26s %10.3f %6.1f%% %6ld %12.6g %12.6g %10.4g %10.4g", name.c_str(), 1e3 * s,
                 step_seconds > 0 ? 100 * s / step_seconds : 0.0, e.calls / steps, e.flops / steps / 1e9,
                 e.bytes / steps / 1e6, tf, gbs);
     if (share >= 0) std::printf(" %6.1f%%", share);

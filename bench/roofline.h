@@ -40,6 +40,8 @@ class NullKernels final : public Kernels {
   void gelu_forward(float*, const float*, size_t) const override {}
   void gelu_backward(float*, const float*, const float*, size_t) const override {}
   void residual_forward(float*, const float*, const float*, size_t) const override {}
+  void residual_layernorm_forward(float*, float*, float*, float*, const float*, const float*, const float*,
+                                  const float*, int, int) const override {}
   double crossentropy_softmax(float*, float*, const int32_t*, int, int, int, float) const override { return 0; }
   void convert(const void*, DType, void*, DType, size_t) const override {}
   void accumulate(void*, DType, const void*, DType, size_t) const override {}
@@ -105,15 +107,15 @@ inline void PrintRoofline(const ProfilingKernels& p, const Peaks& peaks, double 
   std::sort(rows.begin(), rows.end(),
             [](const auto& a, const auto& b) { return a.second.predicted_s > b.second.predicted_s; });
   ProfilingKernels::Entry total;
-  std::printf("  %-22s %6s %12s %12s %10s %12s %8s\n", "kernel", "calls", "GFLOP", "MB", "FLOP/byte", "roofline_ms",
+  std::printf("  %-26s %6s %12s %12s %10s %12s %8s\n", "kernel", "calls", "GFLOP", "MB", "FLOP/byte", "roofline_ms",
               "bound");
   for (const auto& [name, e] : rows) {
     total.flops += e.flops, total.bytes += e.bytes, total.predicted_s += e.predicted_s, total.calls += e.calls;
     const bool compute = peaks.flops > 0 && e.flops / peaks.flops >= e.bytes / peaks.bytes_per_s;
-    std::printf("  %-22s %6ld %12.6g %12.6g %10.1f %12.4g %8s\n", name.c_str(), e.calls, e.flops / 1e9, e.bytes / 1e6,
+    std::printf("  %-26s %6ld %12.6g %12.6g %10.1f %12.4g %8s\n", name.c_str(), e.calls, e.flops / 1e9, e.bytes / 1e6,
                 e.bytes > 0 ? e.flops / e.bytes : 0.0, 1e3 * e.predicted_s, compute ? "compute" : "memory");
   }
-  std::printf("  %-22s %6ld %12.6g %12.6g %10.1f %12.4g\n", "all kernels", total.calls, total.flops / 1e9,
+  std::printf("  %-26s %6ld %12.6g %12.6g %10.1f %12.4g\n", "all kernels", total.calls, total.flops / 1e9,
               total.bytes / 1e6, total.bytes > 0 ? total.flops / total.bytes : 0.0, 1e3 * total.predicted_s);
   const double step = total.predicted_s;
   std::printf("predicted step %.1f ms | %.0f tokens/s | model FLOPs (6N + 6LCT per token) %.1f TFLOP/step, MFU %.1f%% "

@@ -62,6 +62,10 @@ class CpuKernels final : public Kernels {
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
     shardgpt::residual_forward(out, a, b, n);
   }
+  void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* a,
+                                  const float* b, const float* w, const float* bias, int N, int C) const override {
+    shardgpt::residual_layernorm_forward(res_out, ln_out, mean, rstd, a, b, w, bias, N, C);
+  }
   double crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                               float dloss_scale) const override {
     return shardgpt::crossentropy_softmax(logits, losses, targets, N, V, Vp, dloss_scale);

@@ -119,20 +119,25 @@ double GPT::RecomputeFlops(const GPTConfig& c, int B, int T, Recompute recompute
 
 // One transformer block, pre-LayerNorm:
 //   res2 = x + attn_proj(attention(qkv(ln_1(x))));  res3 = res2 + mlp_proj(gelu(fc(ln_2(res2))))
-void GPT::BlockForward(const float* p, const float* x, LayerActs& a, int B, int T, bool output) {
+// Each residual add is fused with the LayerNorm that reads its result (residual_layernorm_forward,
+// bitwise the two kernels): res2 with ln_2 here; res3 with the next block's ln_1, or with ln_f
+// after the last block. That LayerNorm's parameters belong to the next unit, so the caller makes
+// the fused call once it holds them (ForwardToLogits): on return with `output`, scratch_ holds
+// mlp_proj(...) and a.res3 is not yet written. ln1_ready: the caller's fused call already wrote
+// a.ln1 and its statistics from x (else, block 0 and kBlock's re-forward, ln_1 runs here).
+void GPT::BlockForward(const float* p, const float* x, LayerActs& a, int B, int T, bool output, bool ln1_ready) {
   const BlockOffsets& o = layout_.block();
   const int C = config_.n_embd, N = B * T;
-  k_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + o.ln1_w, p + o.ln1_b, N, C);
+  if (!ln1_ready) k_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + o.ln1_w, p + o.ln1_b, N, C);
   k_.matmul_forward(a.qkv, a.ln1, p + o.qkv_w, p + o.qkv_b, N, C, 3 * C);
   k_.attention_forward(a.atty, a.lse, a.qkv, B, T, C, config_.n_head);
   k_.matmul_forward(scratch_, a.atty, p + o.attproj_w, p + o.attproj_b, N, C, C);
-  k_.residual_forward(a.res2, x, scratch_, static_cast<size_t>(N) * C);
-  k_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + o.ln2_w, p + o.ln2_b, N, C);
+  k_.residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, scratch_, p + o.ln2_w, p + o.ln2_b, N, C);
   k_.matmul_forward(a.fch, a.ln2, p + o.fc_w, p + o.fc_b, N, C, 4 * C);
   k_.gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C);
   if (!output) return;  // a re-forward (kBlock): the backward needs nothing past the GELU
   k_.matmul_forward(scratch_, a.fch_gelu, p + o.fcproj_w, p + o.fcproj_b, N, 4 * C, C);
-  k_.residual_forward(a.res3, a.res2, scratch_, static_cast<size_t>(N) * C);
+  // a.res3 = a.res2 + scratch_: the caller's residual_layernorm_forward
 }
 
 // Reverse of BlockForward. On entry dres holds dL/dres3; on exit it holds dL/dx. It passes
@@ -188,14 +193,26 @@ void GPT::ForwardToLogits(UnitHooks& hooks, const int32_t* inputs, const int32_t
   const float* pe = hooks.PreForward(E);
   k_.encoder_forward(encoded_, inputs_, pe + layout_.wte_offset(), pe + layout_.wpe_offset(), B, T, C);
   const float* x = encoded_;
+  // The block whose res3 = res2 + scratch_ is still to be written, with the LayerNorm after it.
+  const LayerActs* open = nullptr;
+  const BlockOffsets& o = layout_.block();
   for (int l = 0; l < L; l++) {
     const int u = layout_.block_unit(l);
-    BlockForward(hooks.PreForward(u), x, layers_[l], B, T);
+    const float* p = hooks.PreForward(u);
+    LayerActs& a = layers_[l];
+    if (open)  // kBlock: open->res2 is the working set's res2, a.ln1 its ln1 (distinct slots)
+      k_.residual_layernorm_forward(open->res3, a.ln1, a.ln1_mean, a.ln1_rstd, open->res2, scratch_, p + o.ln1_w,
+                                    p + o.ln1_b, N, C);
+    BlockForward(p, x, a, B, T, /*output=*/true, /*ln1_ready=*/open != nullptr);
     hooks.PostForward(u);
-    x = layers_[l].res3;
+    x = a.res3;
+    open = &a;
   }
   const float* pf = hooks.PreForward(F);
-  k_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, pf, pf + C, N, C);
+  if (open)
+    k_.residual_layernorm_forward(open->res3, lnf_, lnf_mean_, lnf_rstd_, open->res2, scratch_, pf, pf + C, N, C);
+  else
+    k_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, pf, pf + C, N, C);
   // LM head tied to wte: logits[N,Vp] = lnf @ wte^T
   k_.matmul_forward(logits_, lnf_, pe + layout_.wte_offset(), nullptr, N, C, config_.padded_vocab());
   head_w_ = pe + layout_.wte_offset();  // the hooks keep E's parameters until PostBackward(E)
@@ -249,7 +266,8 @@ void GPT::Backward(UnitHooks& hooks) {
     UnitBuffers b = hooks.PreBackward(u);
     const float* x = l > 0 ? layers_[l - 1].res3 : encoded_;
     // kBlock: re-run the block's forward into the working set (the last block's is still there)
-    if (recompute_ == Recompute::kBlock && l < L - 1) BlockForward(b.params, x, layers_[l], B, T, /*output=*/false);
+    if (recompute_ == Recompute::kBlock && l < L - 1)
+      BlockForward(b.params, x, layers_[l], B, T, /*output=*/false, /*ln1_ready=*/false);
     BlockBackward(b.params, b.grads, dres_, x, layers_[l], B, T);
     hooks.PostBackward(u);
   }

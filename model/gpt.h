@@ -117,7 +117,9 @@ class GPT {
   };
   void ForwardToLogits(UnitHooks& hooks, const int32_t* inputs, const int32_t* targets, int B, int T);
   // output = false: stop after the GELU (a re-forward for backward, which needs no res3).
-  void BlockForward(const float* p, const float* x, LayerActs& a, int B, int T, bool output = true);
+  // ln1_ready: a.ln1 and its statistics are already written (fused with the previous block's
+  // last residual add). With output, the block's res3 is left to the caller (see gpt.cc).
+  void BlockForward(const float* p, const float* x, LayerActs& a, int B, int T, bool output, bool ln1_ready);
   void BlockBackward(const float* p, float* g, float* dres, const float* x, const LayerActs& a, int B, int T);
   void Zero(float* p, size_t n) { device_.Zero(p, n * sizeof(float)); }
 

@@ -53,6 +53,11 @@ class Kernels {
   virtual void gelu_forward(float* out, const float* inp, size_t n) const = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const = 0;
   virtual void residual_forward(float* out, const float* a, const float* b, size_t n) const = 0;
+  // res_out = a + b, then ln_out = layernorm(res_out) (residual_forward then layernorm_forward,
+  // one pass: the residual stream is read once). Bitwise the two separate kernels' results.
+  virtual void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* a,
+                                          const float* b, const float* w, const float* bias, int N,
+                                          int C) const = 0;
   // Returns sum_n losses[n] (a host value: waits for the device).
   virtual double crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                                       float dloss_scale) const = 0;

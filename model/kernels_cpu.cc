@@ -104,25 +104,43 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
 // ----------------------------------------------------------------------------------------------
 // layernorm: m = mean(x), v = mean((x-m)^2), rstd = 1/sqrt(v + 1e-5), y = (x-m)*rstd*w + b
 
+namespace {
+// One row of layernorm_forward; residual_layernorm_forward runs the same code, so the two are
+// bitwise equal.
+inline void layernorm_row(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int C) {
+  const float eps = 1e-5f;
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int i = 0; i < C; i++) s += x[i];
+  const float m = s / C;
+  float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+  for (int i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
+  const float r = 1.0f / std::sqrt(v / C + eps);
+#pragma omp simd
+  for (int i = 0; i < C; i++) y[i] = (x[i] - m) * r * w[i] + b[i];
+  *mean = m;
+  *rstd = r;
+}
+}  // namespace
+
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N,
                        int C) {
-  const float eps = 1e-5f;
+#pragma omp parallel for schedule(static) num_threads(nthreads())
+  for (int n = 0; n < N; n++)
+    layernorm_row(out + (int64_t)n * C, mean + n, rstd + n, inp + (int64_t)n * C, w, b, C);
+}
+
+// res = a + b row by row, each row normalised while it is still in cache.
+void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* a,
+                                const float* b, const float* w, const float* bias, int N, int C) {
 #pragma omp parallel for schedule(static) num_threads(nthreads())
   for (int n = 0; n < N; n++) {
-    const float* x = inp + (int64_t)n * C;
-    float* y = out + (int64_t)n * C;
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int i = 0; i < C; i++) s += x[i];
-    const float m = s / C;
-    float v = 0.0f;
-#pragma omp simd reduction(+ : v)
-    for (int i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
-    const float r = 1.0f / std::sqrt(v / C + eps);
+    const int64_t o = (int64_t)n * C;
+    float* x = res_out + o;
 #pragma omp simd
-    for (int i = 0; i < C; i++) y[i] = (x[i] - m) * r * w[i] + b[i];
-    mean[n] = m;
-    rstd[n] = r;
+    for (int i = 0; i < C; i++) x[i] = a[o + i] + b[o + i];
+    layernorm_row(ln_out + o, mean + n, rstd + n, x, w, bias, C);
   }
 }
 

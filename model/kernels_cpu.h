@@ -61,6 +61,12 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
 
 // out[n] = a + b  (writes)
 void residual_forward(float* out, const float* a, const float* b, size_t n);
+// res_out[N,C] = a + b, then ln_out[N,C] = layernorm(res_out) with w, bias; mean, rstd [N]
+// (writes all four). Row by row: each row's sum is added while its statistics are taken, so
+// the residual stream is read once from cache. Bitwise equal to residual_forward followed by
+// layernorm_forward (the same additions and the same per-row LayerNorm code).
+void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* a,
+                                const float* b, const float* w, const float* bias, int N, int C);
 // da += dout; db += dout
 void residual_backward(float* da, float* db, const float* dout, size_t n);
 

@@ -336,6 +336,16 @@ void RunGrid(const GridLaunch& g) {
 
 }  // namespace
 
+void CheckVectorAccess(const void* p, size_t bytes, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % bytes == 0) return;
+  char addr[32];
+  std::snprintf(addr, sizeof(addr), "%p", p);
+  const std::string msg = std::string(what) + ": a " + std::to_string(bytes * 8) + "-bit access at " + addr +
+                          " is not " + std::to_string(bytes) + "-byte aligned (misaligned address on a GPU)";
+  if (tls_block != nullptr) BlockFail(*tls_block, tls_block->current, msg);
+  Fail(msg);
+}
+
 void* DynamicShared() {
   if (tls_block == nullptr) Fail("dynamic shared memory used outside a kernel");
   return tls_block->shared;

@@ -9,6 +9,10 @@
 #include <cmath>
 #include <cstdint>
 
+#ifdef SHARDGPT_CUDA_EMULATION
+#include "cuda_emu.h"
+#endif
+
 namespace shardgpt {
 namespace cuda {
 
@@ -68,6 +72,76 @@ __device__ __forceinline__ float load_f32(const uint16_t* p, size_t i) { return 
 __device__ __forceinline__ void store_f32(float* p, size_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void store_f32(uint16_t* p, size_t i, float v) { p[i] = f32_to_bf16(v); }
 
+// ---- 128-bit loads and stores (the element-wise kernels) ----
+// Packed128<T>: 16 bytes, 4 floats or 8 bf16 (raw bits), moved with one 128-bit access
+// (ld.global.v4 / st.global.v4): a quarter of the memory instructions of scalar fp32 loads.
+// The address must be 16-byte aligned: a GPU faults on a misaligned vector access
+// ("misaligned address"), and the emulation stops the run naming the kernel, block and thread
+// (cuda_emu::CheckVectorAccess). Callers check Aligned16 on the host and otherwise take the
+// scalar path.
+template <typename T>
+struct alignas(16) Packed128 {
+  static constexpr int kSize = 16 / sizeof(T);
+  T v[kSize];
+};
+using f32x4 = Packed128<float>;
+using bf16x8 = Packed128<uint16_t>;
+
+template <typename T>
+__device__ __forceinline__ Packed128<T> load128(const T* p) {
+#ifdef SHARDGPT_CUDA_EMULATION
+  cuda_emu::CheckVectorAccess(p, 16, "load128");
+#endif
+  return *reinterpret_cast<const Packed128<T>*>(p);
+}
+template <typename T>
+__device__ __forceinline__ void store128(T* p, const Packed128<T>& x) {
+#ifdef SHARDGPT_CUDA_EMULATION
+  cuda_emu::CheckVectorAccess(p, 16, "store128");
+#endif
+  *reinterpret_cast<Packed128<T>*>(p) = x;
+}
+
+inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Elements per vector step of the element-wise kernels: 8, one 128-bit access of bf16 or two
+// of fp32, so mixed fp32/bf16 kernels (convert, accumulate) move whole vectors on both sides.
+constexpr int kVec = 8;
+// x[0..8) = p[0..8) as floats (p 16-byte aligned).
+__device__ __forceinline__ void load8(float x[kVec], const float* p) {
+  const f32x4 a = load128(p), b = load128(p + 4);
+  for (int j = 0; j < 4; j++) x[j] = a.v[j], x[4 + j] = b.v[j];
+}
+__device__ __forceinline__ void load8(float x[kVec], const uint16_t* p) {
+  const bf16x8 a = load128(p);
+  for (int j = 0; j < kVec; j++) x[j] = bf16_to_f32(a.v[j]);
+}
+// p[0..8) = x[0..8) (bf16: RNE, as store_f32).
+__device__ __forceinline__ void store8(float* p, const float x[kVec]) {
+  f32x4 a, b;
+  for (int j = 0; j < 4; j++) a.v[j] = x[j], b.v[j] = x[4 + j];
+  store128(p, a);
+  store128(p + 4, b);
+}
+__device__ __forceinline__ void store8(uint16_t* p, const float x[kVec]) {
+  bf16x8 a;
+  for (int j = 0; j < kVec; j++) a.v[j] = f32_to_bf16(x[j]);
+  store128(p, a);
+}
+
+// The grid-stride loop of an element-wise kernel over n elements: with `vec` (every pointer
+// 16-byte aligned, checked by the caller), vec_op(i) for each whole group of kVec elements at
+// i = 0, 8, 16, ..., then scalar_op(i) for the tail; without, scalar_op(i) for every i. The
+// grid is GridFor(vec ? n / kVec + 1 : n, threads) (VecGrid). Each element gets the same
+// expression on either path, so the results do not depend on the alignment.
+template <typename VecOp, typename ScalarOp>
+__device__ __forceinline__ void elementwise(size_t n, bool vec, VecOp vec_op, ScalarOp scalar_op) {
+  const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
+  const size_t nv = vec ? n / kVec * kVec : 0;
+  for (size_t i = tid * kVec; i < nv; i += stride * kVec) vec_op(i);
+  for (size_t i = nv + tid; i < n; i += stride) scalar_op(i);
+}
+
 // Rows per partial sum of the deterministic column reductions (layernorm dw/db, matmul dbias):
 // a fixed number, so the reduction tree depends only on the problem size.
 constexpr int kRowsPerChunk = 256;
@@ -77,6 +151,8 @@ inline unsigned GridFor(size_t n, int threads) {
   const size_t blocks = (n + threads - 1) / threads;
   return static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>(blocks, size_t{1} << 20)));
 }
+
+inline unsigned VecGrid(size_t n, bool vec, int threads) { return GridFor(vec ? n / kVec + 1 : n, threads); }
 
 }  // namespace cuda
 

@@ -123,13 +123,10 @@ __global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int 
 //   m = mean(x), v = mean((x-m)^2), rstd = 1/sqrt(v + 1e-5), y = (x-m)*rstd*w + b
 // One warp per row.
 
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                                         const float* b, int N, int C) {
-  const int lane = threadIdx.x % 32;
-  const int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  if (n >= N) return;
-  const float* x = inp + (size_t)n * C;
-  float* y = out + (size_t)n * C;
+// One row by one warp: lane l takes columns l, l+32, ...; the statistics are warp butterflies.
+// The fused residual kernel runs the same code, so its LayerNorm is bitwise this one's.
+__device__ __forceinline__ void layernorm_row_warp(float* y, float* mean, float* rstd, const float* x, const float* w,
+                                                   const float* b, int C, int lane) {
   float s = 0.0f;
   for (int i = lane; i < C; i += 32) s += x[i];
   const float m = cuda::warp_sum(s) / C;
@@ -138,9 +135,33 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   const float r = 1.0f / sqrtf(cuda::warp_sum(v) / C + 1e-5f);
   for (int i = lane; i < C; i += 32) y[i] = (x[i] - m) * r * w[i] + b[i];
   if (lane == 0) {
-    mean[n] = m;
-    rstd[n] = r;
+    *mean = m;
+    *rstd = r;
   }
+}
+
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                                         const float* b, int N, int C) {
+  const int lane = threadIdx.x % 32;
+  const int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (n >= N) return;
+  layernorm_row_warp(out + (size_t)n * C, mean + n, rstd + n, inp + (size_t)n * C, w, b, C, lane);
+}
+
+// residual + layernorm fused. CPU twin: residual_layernorm_forward.
+//   res = a + b;  ln = layernorm(res)
+// One warp per row. Each lane writes its own columns of res (l, l+32, ...) and the LayerNorm
+// reads back only those same columns before its first butterfly, so no lane reads another's
+// write: no barrier needed, and the re-read comes from L1. Saves the residual's separate
+// pass over the row (llm.c's fused_residual_forward).
+__global__ void residual_layernorm_forward_kernel(float* res, float* ln, float* mean, float* rstd, const float* a,
+                                                  const float* b, const float* w, const float* bias, int N, int C) {
+  const int lane = threadIdx.x % 32;
+  const int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (n >= N) return;
+  const size_t o = (size_t)n * C;
+  for (int i = lane; i < C; i += 32) res[o + i] = a[o + i] + b[o + i];
+  layernorm_row_warp(ln + o, mean + n, rstd + n, res + o, w, bias, C, lane);
 }
 
 // norm = (x-m)*rstd, g = w*dout:  dinp += (g - mean(g) - norm * mean(g*norm)) * rstd
@@ -218,29 +239,56 @@ namespace {
 
 constexpr float kGeluS = 0.7978845608028654f;  // sqrt(2/pi)
 
-__global__ void gelu_forward_kernel(float* out, const float* inp, size_t n) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    const float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + tanhf(kGeluS * (x + 0.044715f * x * x * x)));
-  }
+// The element-wise kernels below move their data in 128-bit accesses (cuda::elementwise, with
+// `vec` when every pointer is 16-byte aligned; the same expression per element either way).
+
+__device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + tanhf(kGeluS * (x + 0.044715f * x * x * x))); }
+__device__ __forceinline__ float gelu_grad(float x) {
+  const float th = tanhf(kGeluS * (x + 0.044715f * x * x * x));
+  return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * kGeluS * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+__global__ void gelu_forward_kernel(float* out, const float* inp, size_t n, bool vec) {
+  cuda::elementwise(
+      n, vec,
+      [&](size_t i) {
+        float x[cuda::kVec];
+        cuda::load8(x, inp + i);
+        for (int j = 0; j < cuda::kVec; j++) x[j] = gelu(x[j]);
+        cuda::store8(out + i, x);
+      },
+      [&](size_t i) { out[i] = gelu(inp[i]); });
 }
 
 // dinp += dout * gelu'(inp)
-__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, size_t n) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    const float x = inp[i];
-    const float th = tanhf(kGeluS * (x + 0.044715f * x * x * x));
-    const float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * kGeluS * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] += grad * dout[i];
-  }
+__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, size_t n, bool vec) {
+  cuda::elementwise(
+      n, vec,
+      [&](size_t i) {
+        float x[cuda::kVec], d[cuda::kVec], g[cuda::kVec];
+        cuda::load8(x, inp + i);
+        cuda::load8(d, dout + i);
+        cuda::load8(g, dinp + i);
+        for (int j = 0; j < cuda::kVec; j++) g[j] += gelu_grad(x[j]) * d[j];
+        cuda::store8(dinp + i, g);
+      },
+      [&](size_t i) { dinp[i] += gelu_grad(inp[i]) * dout[i]; });
 }
 
 // ----------------------------------------------------------------------------------------------
 // residual. CPU twin: residual_forward.  out = a + b
 
-__global__ void residual_forward_kernel(float* out, const float* a, const float* b, size_t n) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-    out[i] = a[i] + b[i];
+__global__ void residual_forward_kernel(float* out, const float* a, const float* b, size_t n, bool vec) {
+  cuda::elementwise(
+      n, vec,
+      [&](size_t i) {
+        float x[cuda::kVec], y[cuda::kVec];
+        cuda::load8(x, a + i);
+        cuda::load8(y, b + i);
+        for (int j = 0; j < cuda::kVec; j++) x[j] += y[j];
+        cuda::store8(out + i, x);
+      },
+      [&](size_t i) { out[i] = a[i] + b[i]; });
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -316,16 +364,30 @@ __global__ void add_mean_loss_kernel(double* acc, const float* losses, int N) {
 
 // dst = src, f32 <-> bf16 (RNE narrowing, bit-identical to base/bf16.h)
 template <typename Dst, typename Src>
-__global__ void convert_kernel(Dst* dst, const Src* src, size_t n) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-    cuda::store_f32(dst, i, cuda::load_f32(src, i));
+__global__ void convert_kernel(Dst* dst, const Src* src, size_t n, bool vec) {
+  cuda::elementwise(
+      n, vec,
+      [&](size_t i) {
+        float x[cuda::kVec];
+        cuda::load8(x, src + i);
+        cuda::store8(dst + i, x);
+      },
+      [&](size_t i) { cuda::store_f32(dst, i, cuda::load_f32(src, i)); });
 }
 
 // dst += src in fp32; a bf16 dst is rounded once: dst = bf16(f32(dst) + f32(src))
 template <typename Dst, typename Src>
-__global__ void accumulate_kernel(Dst* dst, const Src* src, size_t n) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-    cuda::store_f32(dst, i, cuda::load_f32(dst, i) + cuda::load_f32(src, i));
+__global__ void accumulate_kernel(Dst* dst, const Src* src, size_t n, bool vec) {
+  cuda::elementwise(
+      n, vec,
+      [&](size_t i) {
+        float x[cuda::kVec], y[cuda::kVec];
+        cuda::load8(x, dst + i);
+        cuda::load8(y, src + i);
+        for (int j = 0; j < cuda::kVec; j++) x[j] += y[j];
+        cuda::store8(dst + i, x);
+      },
+      [&](size_t i) { cuda::store_f32(dst, i, cuda::load_f32(dst, i) + cuda::load_f32(src, i)); });
 }
 
 // partial[block] = sum of x[i]^2 (in double) over the block's grid-stride elements, fixed order.
@@ -345,29 +407,43 @@ __global__ void sum_squares_kernel(double* partial, const T* x, size_t n) {
 // there with the same expression):
 //   g = grad * grad_scale;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //   p -= lr * (wd * p + (m * c1) / (sqrt(v * c2) + eps)),  c1 = 1/(1-b1^t), c2 = 1/(1-b2^t)
-__device__ __forceinline__ void adamw_element(float* param, const float* grad, float* m, float* v, size_t i, float lr,
-                                              float wd, float b1, float b2, float eps, float c1, float c2,
-                                              float grad_scale) {
-  const float g = grad[i] * grad_scale;
-  const float mi = b1 * m[i] + (1.0f - b1) * g;
-  const float vi = b2 * v[i] + (1.0f - b2) * g * g;
-  m[i] = mi;
-  v[i] = vi;
-  param[i] -= lr * (wd * param[i] + (mi * c1) / (sqrtf(vi * c2) + eps));
+__device__ __forceinline__ void adamw_value(float& p, float grad, float& m, float& v, float lr, float wd, float b1,
+                                            float b2, float eps, float c1, float c2, float grad_scale) {
+  const float g = grad * grad_scale;
+  m = b1 * m + (1.0f - b1) * g;
+  v = b2 * v + (1.0f - b2) * g * g;
+  p -= lr * (wd * p + (m * c1) / (sqrtf(v * c2) + eps));
 }
 
-__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, size_t n, float lr, float wd,
-                             float b1, float b2, float eps, float c1, float c2, float grad_scale) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-    adamw_element(param, grad, m, v, i, lr, wd, b1, b2, eps, c1, c2, grad_scale);
+// All n elements, 8 at a time in 128-bit accesses where the four arrays are 16-byte aligned.
+__device__ __forceinline__ void adamw_all(float* param, const float* grad, float* m, float* v, size_t n, bool vec,
+                                          float lr, float wd, float b1, float b2, float eps, float c1, float c2,
+                                          float grad_scale) {
+  cuda::elementwise(
+      n, vec,
+      [&](size_t i) {
+        float p[cuda::kVec], g[cuda::kVec], mi[cuda::kVec], vi[cuda::kVec];
+        cuda::load8(p, param + i);
+        cuda::load8(g, grad + i);
+        cuda::load8(mi, m + i);
+        cuda::load8(vi, v + i);
+        for (int j = 0; j < cuda::kVec; j++) adamw_value(p[j], g[j], mi[j], vi[j], lr, wd, b1, b2, eps, c1, c2, grad_scale);
+        cuda::store8(m + i, mi);
+        cuda::store8(v + i, vi);
+        cuda::store8(param + i, p);
+      },
+      [&](size_t i) { adamw_value(param[i], grad[i], m[i], v[i], lr, wd, b1, b2, eps, c1, c2, grad_scale); });
+}
+
+__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, size_t n, bool vec, float lr,
+                             float wd, float b1, float b2, float eps, float c1, float c2, float grad_scale) {
+  adamw_all(param, grad, m, v, n, vec, lr, wd, b1, b2, eps, c1, c2, grad_scale);
 }
 
 // adamw_kernel with the gradient scale (the clip factor) read from device memory.
-__global__ void adamw_dev_kernel(float* param, const float* grad, float* m, float* v, size_t n, float lr, float wd,
-                                 float b1, float b2, float eps, float c1, float c2, const float* grad_scale) {
-  const float scale = *grad_scale;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-    adamw_element(param, grad, m, v, i, lr, wd, b1, b2, eps, c1, c2, scale);
+__global__ void adamw_dev_kernel(float* param, const float* grad, float* m, float* v, size_t n, bool vec, float lr,
+                                 float wd, float b1, float b2, float eps, float c1, float c2, const float* grad_scale) {
+  adamw_all(param, grad, m, v, n, vec, lr, wd, b1, b2, eps, c1, c2, *grad_scale);
 }
 
 // *dst = (sum_i src[i]) / divisor, one thread, index order (a handful of values: a step's
@@ -489,6 +565,16 @@ void CudaKernels::encoder_backward(float* dwte, float* dwpe, const float* dout, 
   SHARDGPT_CUDA_CHECK_LAUNCH("encoder_backward_wpe_kernel");
 }
 
+void CudaKernels::residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* a,
+                                             const float* b, const float* w, const float* bias, int N, int C) const {
+  if (N == 0) return;
+  Bind();
+  const int rows_per_block = kThreads / 32;
+  SHARDGPT_LAUNCH(residual_layernorm_forward_kernel, (N + rows_per_block - 1) / rows_per_block, kThreads, 0,
+                  stream_)(res_out, ln_out, mean, rstd, a, b, w, bias, N, C);
+  SHARDGPT_CUDA_CHECK_LAUNCH("residual_layernorm_forward_kernel");
+}
+
 void CudaKernels::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                                     const float* b, int N, int C) const {
   if (N == 0) return;
@@ -523,21 +609,24 @@ void CudaKernels::layernorm_backward(float* dinp, float* dw, float* db, const fl
 void CudaKernels::gelu_forward(float* out, const float* inp, size_t n) const {
   if (n == 0) return;
   Bind();
-  SHARDGPT_LAUNCH(gelu_forward_kernel, GridFor(n, kThreads), kThreads, 0, stream_)(out, inp, n);
+  const bool vec = cuda::Aligned16(out) && cuda::Aligned16(inp);
+  SHARDGPT_LAUNCH(gelu_forward_kernel, cuda::VecGrid(n, vec, kThreads), kThreads, 0, stream_)(out, inp, n, vec);
   SHARDGPT_CUDA_CHECK_LAUNCH("gelu_forward_kernel");
 }
 
 void CudaKernels::gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const {
   if (n == 0) return;
   Bind();
-  SHARDGPT_LAUNCH(gelu_backward_kernel, GridFor(n, kThreads), kThreads, 0, stream_)(dinp, inp, dout, n);
+  const bool vec = cuda::Aligned16(dinp) && cuda::Aligned16(inp) && cuda::Aligned16(dout);
+  SHARDGPT_LAUNCH(gelu_backward_kernel, cuda::VecGrid(n, vec, kThreads), kThreads, 0, stream_)(dinp, inp, dout, n, vec);
   SHARDGPT_CUDA_CHECK_LAUNCH("gelu_backward_kernel");
 }
 
 void CudaKernels::residual_forward(float* out, const float* a, const float* b, size_t n) const {
   if (n == 0) return;
   Bind();
-  SHARDGPT_LAUNCH(residual_forward_kernel, GridFor(n, kThreads), kThreads, 0, stream_)(out, a, b, n);
+  const bool vec = cuda::Aligned16(out) && cuda::Aligned16(a) && cuda::Aligned16(b);
+  SHARDGPT_LAUNCH(residual_forward_kernel, cuda::VecGrid(n, vec, kThreads), kThreads, 0, stream_)(out, a, b, n, vec);
   SHARDGPT_CUDA_CHECK_LAUNCH("residual_forward_kernel");
 }
 
@@ -581,7 +670,8 @@ void CudaKernels::crossentropy_softmax_acc(float* logits, float* losses, const i
 void CudaKernels::convert(const void* src, DType from, void* dst, DType to, size_t n) const {
   if (n == 0) return;
   Bind();
-  const unsigned grid = GridFor(n, kThreads);
+  const bool vec = cuda::Aligned16(src) && cuda::Aligned16(dst);
+  const unsigned grid = cuda::VecGrid(n, vec, kThreads);
   if (from == to) {
     SHARDGPT_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * DTypeSize(from), cudaMemcpyDeviceToDevice, stream_));
     return;
@@ -589,11 +679,11 @@ void CudaKernels::convert(const void* src, DType from, void* dst, DType to, size
   if (from == DType::kF32) {
     auto* const convert_f32_to_bf16_kernel = &convert_kernel<uint16_t, float>;
     SHARDGPT_LAUNCH(convert_f32_to_bf16_kernel, grid, kThreads, 0, stream_)(static_cast<uint16_t*>(dst),
-                                                                            static_cast<const float*>(src), n);
+                                                                            static_cast<const float*>(src), n, vec);
   } else {
     auto* const convert_bf16_to_f32_kernel = &convert_kernel<float, uint16_t>;
     SHARDGPT_LAUNCH(convert_bf16_to_f32_kernel, grid, kThreads, 0, stream_)(static_cast<float*>(dst),
-                                                                            static_cast<const uint16_t*>(src), n);
+                                                                            static_cast<const uint16_t*>(src), n, vec);
   }
   SHARDGPT_CUDA_CHECK_LAUNCH("convert_kernel");
 }
@@ -601,7 +691,8 @@ void CudaKernels::convert(const void* src, DType from, void* dst, DType to, size
 void CudaKernels::accumulate(void* dst, DType dtype, const void* src, DType src_dtype, size_t n) const {
   if (n == 0) return;
   Bind();
-  const unsigned grid = GridFor(n, kThreads);
+  const bool vec = cuda::Aligned16(dst) && cuda::Aligned16(src);
+  const unsigned grid = cuda::VecGrid(n, vec, kThreads);
   const bool df = dtype == DType::kF32, sf = src_dtype == DType::kF32;
   auto* const accumulate_f32_f32_kernel = &accumulate_kernel<float, float>;
   auto* const accumulate_f32_bf16_kernel = &accumulate_kernel<float, uint16_t>;
@@ -612,13 +703,13 @@ void CudaKernels::accumulate(void* dst, DType dtype, const void* src, DType src_
   const float* const f_src = static_cast<const float*>(src);
   const uint16_t* const h_src = static_cast<const uint16_t*>(src);
   if (df && sf) {
-    SHARDGPT_LAUNCH(accumulate_f32_f32_kernel, grid, kThreads, 0, stream_)(f_dst, f_src, n);
+    SHARDGPT_LAUNCH(accumulate_f32_f32_kernel, grid, kThreads, 0, stream_)(f_dst, f_src, n, vec);
   } else if (df) {
-    SHARDGPT_LAUNCH(accumulate_f32_bf16_kernel, grid, kThreads, 0, stream_)(f_dst, h_src, n);
+    SHARDGPT_LAUNCH(accumulate_f32_bf16_kernel, grid, kThreads, 0, stream_)(f_dst, h_src, n, vec);
   } else if (sf) {
-    SHARDGPT_LAUNCH(accumulate_bf16_f32_kernel, grid, kThreads, 0, stream_)(h_dst, f_src, n);
+    SHARDGPT_LAUNCH(accumulate_bf16_f32_kernel, grid, kThreads, 0, stream_)(h_dst, f_src, n, vec);
   } else {
-    SHARDGPT_LAUNCH(accumulate_bf16_bf16_kernel, grid, kThreads, 0, stream_)(h_dst, h_src, n);
+    SHARDGPT_LAUNCH(accumulate_bf16_bf16_kernel, grid, kThreads, 0, stream_)(h_dst, h_src, n, vec);
   }
   SHARDGPT_CUDA_CHECK_LAUNCH("accumulate_kernel");
 }
@@ -678,9 +769,9 @@ void CudaKernels::adamw_dev(float* param, const float* grad, float* m, float* v,
   const float b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps;
   const float c1 = 1.0f / (1.0f - std::pow(b1, static_cast<float>(t)));
   const float c2 = 1.0f / (1.0f - std::pow(b2, static_cast<float>(t)));
-  SHARDGPT_LAUNCH(adamw_dev_kernel, GridFor(n, kThreads), kThreads, 0, stream_)(param, grad, m, v, n, lr,
-                                                                                weight_decay, b1, b2, eps, c1, c2,
-                                                                                grad_scale);
+  const bool vec = cuda::Aligned16(param) && cuda::Aligned16(grad) && cuda::Aligned16(m) && cuda::Aligned16(v);
+  SHARDGPT_LAUNCH(adamw_dev_kernel, cuda::VecGrid(n, vec, kThreads), kThreads, 0, stream_)(
+      param, grad, m, v, n, vec, lr, weight_decay, b1, b2, eps, c1, c2, grad_scale);
   SHARDGPT_CUDA_CHECK_LAUNCH("adamw_dev_kernel");
 }
 
@@ -692,8 +783,9 @@ void CudaKernels::adamw(float* param, const float* grad, float* m, float* v, siz
   // exactly as in adamw_update (model/optimizer.cc)
   const float c1 = 1.0f / (1.0f - std::pow(b1, static_cast<float>(t)));
   const float c2 = 1.0f / (1.0f - std::pow(b2, static_cast<float>(t)));
-  SHARDGPT_LAUNCH(adamw_kernel, GridFor(n, kThreads), kThreads, 0, stream_)(param, grad, m, v, n, lr, weight_decay, b1, b2, eps,
-                                                               c1, c2, grad_scale);
+  const bool vec = cuda::Aligned16(param) && cuda::Aligned16(grad) && cuda::Aligned16(m) && cuda::Aligned16(v);
+  SHARDGPT_LAUNCH(adamw_kernel, cuda::VecGrid(n, vec, kThreads), kThreads, 0, stream_)(
+      param, grad, m, v, n, vec, lr, weight_decay, b1, b2, eps, c1, c2, grad_scale);
   SHARDGPT_CUDA_CHECK_LAUNCH("adamw_kernel");
 }
 

@@ -1,7 +1,7 @@
 // CudaKernels: the Kernels interface (model/kernels.h) on one GPU. Internal to model/cuda/:
 // included only by the .cu files (it needs the CUDA headers).
 //
-// Files: kernels_cuda.cu   encoder, layernorm, gelu, residual, crossentropy, engine kernels
+// Files: kernels_cuda.cu   encoder, layernorm, gelu, residual (+ fused residual+layernorm), crossentropy, engine kernels
 //        matmul_cuda.cu    matmuls through cuBLASLt, bias gradient
 //        attention_cuda.cu flash-style causal attention, forward and backward
 // Each kernel's maths and shapes are those of its CPU twin (model/kernels_cpu.h, same name);
@@ -88,6 +88,8 @@ class CudaKernels final : public Kernels {
   void gelu_forward(float* out, const float* inp, size_t n) const override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override;
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override;
+  void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* a,
+                                  const float* b, const float* w, const float* bias, int N, int C) const override;
   double crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                               float dloss_scale) const override;
   void crossentropy_softmax_acc(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,

@@ -13,6 +13,7 @@
 
 #include "cuda_emu.h"
 #include "cuda_runtime.h"
+#include "model/cuda/device_util.cuh"
 #include "model/cuda/launch.cuh"
 
 namespace {
@@ -84,6 +85,15 @@ __global__ void dynamic_shared_kernel(float* out, int n) {
     for (int i = 0; i < n; i++) s += smem[i];
     out[0] = s;
   }
+}
+
+// x[i..i+8) += 1 through the 128-bit loads and stores of the element-wise kernels.
+__global__ void add_one_vec_kernel(float* x) {
+  float v[shardgpt::cuda::kVec];
+  const size_t i = threadIdx.x * shardgpt::cuda::kVec;
+  shardgpt::cuda::load8(v, x + i);
+  for (float& f : v) f += 1.0f;
+  shardgpt::cuda::store8(x + i, v);
 }
 
 __global__ void add_one_kernel(float* x, int n) {
@@ -185,6 +195,32 @@ TEST(CudaEmulationDeathTest, BarrierNotReachedByEveryThreadNamesTheKernel) {
         cudaDeviceSynchronize();
       },
       "kernel divergent_barrier_kernel.*__syncthreads");
+}
+
+// 128-bit accesses: at a 16-byte aligned address they move 4 floats each; at a misaligned one
+// a GPU faults ("misaligned address"), so the emulation stops naming the kernel and the access.
+TEST(CudaEmulation, VectorAccessesMoveFourFloats) {
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 68 * sizeof(float)), cudaSuccess);
+  std::vector<float> h(68);
+  std::iota(h.begin(), h.end(), 0.0f);
+  CHECK_CUDA(cudaMemcpy(d, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+  SHARDGPT_LAUNCH(add_one_vec_kernel, 1, 8, 0, nullptr)(d + 4);  // 16 bytes in: aligned
+  CHECK_CUDA(cudaMemcpy(h.data(), d, h.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  for (int i = 0; i < 68; i++) EXPECT_EQ(h[i], i + (i >= 4 && i < 68 ? 1.0f : 0.0f)) << i;
+  CHECK_CUDA(cudaFree(d));
+}
+
+TEST(CudaEmulationDeathTest, MisalignedVectorAccessNamesTheKernel) {
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 72 * sizeof(float)), cudaSuccess);
+  EXPECT_DEATH(
+      {
+        SHARDGPT_LAUNCH(add_one_vec_kernel, 1, 8, 0, nullptr)(d + 1);
+        cudaDeviceSynchronize();
+      },
+      "kernel add_one_vec_kernel.*load128: a 128-bit access at .* is not 16-byte aligned");
+  CHECK_CUDA(cudaFree(d));
 }
 
 TEST(CudaEmulationDeathTest, HostPointerArgumentIsRefused) {

@@ -53,7 +53,7 @@ L, C, Vp, B, T = 2, 32, 128, 2, 16
 want = 6 * B * T * (12 * L * C * C + Vp * C) + 6 * L * B * T * T * C
 kernels = ["encoder_forward", "encoder_backward", "layernorm_forward", "layernorm_backward", "matmul_forward",
            "matmul_backward", "attention_forward", "attention_backward", "gelu_forward", "gelu_backward",
-           "residual_forward", "crossentropy_softmax", "adamw (engine)"]
+           "residual_layernorm_forward", "crossentropy_softmax", "adamw (engine)"]
 for name, (cols, rows) in (("per-kernel", prof), ("roofline", roof)):
     for k in kernels:
         need(k in rows, "%s table row %s" % (name, k))

@@ -260,6 +260,35 @@ TEST_F(GpuTest, Layernorm) {
   }
 }
 
+// The fused residual + LayerNorm against its CPU twin, and bitwise against the GPU's own
+// residual_forward + layernorm_forward (the model fuses them in the forward, and kBlock's
+// re-forward runs layernorm_forward alone on the saved res3: the two must agree bit for bit).
+TEST_F(GpuTest, ResidualLayernormFused) {
+  for (auto [N, C] : {std::pair{70, 96}, std::pair{37, 45}, std::pair{300, 768}}) {
+    SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C));
+    const size_t NC = (size_t)N * C;
+    auto a = Make(RandomFloats(NC, 14, -2.0f, 3.0f), "a");
+    auto b = Make(RandomFloats(NC, 15, -2.0f, 2.0f), "b");
+    auto w = Make(RandomFloats(C, 16), "w");
+    auto bias = Make(RandomFloats(C, 17), "bias");
+    auto res = Zeros(NC, "res"), ln = Zeros(NC, "ln"), mean = Zeros(N, "mean"), rstd = Zeros(N, "rstd");
+    for (bool g : {true, false})
+      k(g).residual_layernorm_forward(res.p(g), ln.p(g), mean.p(g), rstd.p(g), a.p(g), b.p(g), w.p(g), bias.p(g), N,
+                                      C);
+    ExpectBitwise(res.Gpu(), res.Cpu(), "fused res");
+    ExpectNear(ln.Gpu(), ln.Cpu(), kTolF32, "fused ln");
+    ExpectNear(mean.Gpu(), mean.Cpu(), kTolF32, "fused mean");
+    ExpectNear(rstd.Gpu(), rstd.Cpu(), kTolF32, "fused rstd");
+    auto res2 = Zeros(NC, "res2"), ln2 = Zeros(NC, "ln2"), mean2 = Zeros(N, "mean2"), rstd2 = Zeros(N, "rstd2");
+    k(true).residual_forward(res2.p(true), a.p(true), b.p(true), NC);
+    k(true).layernorm_forward(ln2.p(true), mean2.p(true), rstd2.p(true), res2.p(true), w.p(true), bias.p(true), N, C);
+    ExpectBitwise(res.Gpu(), res2.Gpu(), "fused res vs residual_forward");
+    ExpectBitwise(ln.Gpu(), ln2.Gpu(), "fused ln vs layernorm_forward");
+    ExpectBitwise(mean.Gpu(), mean2.Gpu(), "fused mean vs layernorm_forward");
+    ExpectBitwise(rstd.Gpu(), rstd2.Gpu(), "fused rstd vs layernorm_forward");
+  }
+}
+
 struct MatmulCase {
   int N, C, OC;
   bool bias, dinp;
@@ -559,6 +588,59 @@ TEST_F(GpuTest, AccumulateIsBitwiseLikeTheCpu) {
         ExpectBitwise(db.Gpu(), db.Cpu(), what);
       }
     }
+  }
+}
+
+// The element-wise kernels move 8 elements per step in 128-bit accesses when every pointer is
+// 16-byte aligned, and fall back to scalar accesses otherwise; a tail shorter than 8 is scalar.
+// At every offset (fp32 0..3 floats: each 4-byte misalignment of a 16-byte vector; bf16 0..7)
+// and a length that is not a multiple of 8, each kernel still matches its CPU twin (bitwise
+// where the twins are bitwise), and the emulation (which stops on a misaligned vector access)
+// runs every path.
+TEST_F(GpuTest, ElementwiseKernelsAtEveryAlignment) {
+  const size_t n = 1003, pad = 8;
+  for (size_t o = 0; o < 8; o++) {
+    SCOPED_TRACE("offset " + std::to_string(o) + " elements");
+    auto x = Make(RandomFloats(n + pad, 100 + o, -4.0f, 4.0f), "x");
+    auto y = Make(RandomFloats(n + pad, 110 + o), "y");
+    auto out = Zeros(n + pad, "out");
+    if (o < 4) {  // fp32 kernels
+      for (bool g : {true, false}) k(g).residual_forward(out.p(g) + o, x.p(g) + o, y.p(g), n);
+      ExpectBitwise(out.Gpu(), out.Cpu(), "residual, only out and a offset");
+      for (bool g : {true, false}) k(g).residual_forward(out.p(g) + o, x.p(g) + o, y.p(g) + o, n);
+      ExpectBitwise(out.Gpu(), out.Cpu(), "residual");
+      for (bool g : {true, false}) k(g).gelu_forward(out.p(g) + o, x.p(g) + o, n);
+      ExpectNear(out.Gpu(), out.Cpu(), kTolF32, "gelu");
+      for (bool g : {true, false}) k(g).gelu_backward(out.p(g) + o, x.p(g) + o, y.p(g) + o, n);
+      ExpectNear(out.Gpu(), out.Cpu(), kTolF32, "gelu backward");
+      out.Set(out.Cpu());  // the same start on both (GELU's results agree only to rounding)
+      for (bool g : {true, false}) k(g).accumulate(out.p(g) + o, DType::kF32, y.p(g) + o, DType::kF32, n);
+      ExpectBitwise(out.Gpu(), out.Cpu(), "accumulate f32 += f32");
+      auto m = Make(RandomFloats(n + pad, 120 + o, -0.01f, 0.01f), "m");
+      auto v = Make(RandomFloats(n + pad, 130 + o, 0.0f, 1e-4f), "v");
+      AdamWConfig cfg;
+      for (bool g : {true, false})
+        k(g).adamw(out.p(g) + o, y.p(g) + o, m.p(g) + o, v.p(g) + o, n, 6e-4f, 0.1f, cfg, 2, 0.7f);
+      ExpectNear(out.Gpu(), out.Cpu(), kTolAdam, "adamw param");
+      ExpectNear(m.Gpu(), m.Cpu(), kTolAdam, "adamw m");
+      ExpectNear(v.Gpu(), v.Cpu(), kTolAdam, "adamw v");
+    }
+    // bf16 <-> fp32: a bf16 offset o is 2o bytes, an fp32 one 4 (o % 4) bytes
+    Twin<uint16_t> h(*gpu_, *cpu_, std::vector<uint16_t>(n + pad), "bf16");
+    const size_t of = o % 4;
+    for (bool g : {true, false}) k(g).convert(x.p(g) + of, DType::kF32, h.p(g) + o, DType::kBF16, n);
+    ExpectBitwise(h.Gpu(), h.Cpu(), "convert f32 -> bf16");
+    for (bool g : {true, false}) k(g).convert(h.p(g) + o, DType::kBF16, out.p(g) + of, DType::kF32, n);
+    ExpectBitwise(out.Gpu(), out.Cpu(), "convert bf16 -> f32");
+    for (bool g : {true, false}) k(g).accumulate(h.p(g) + o, DType::kBF16, y.p(g) + of, DType::kF32, n);
+    ExpectBitwise(h.Gpu(), h.Cpu(), "accumulate bf16 += f32");
+    for (bool g : {true, false}) k(g).accumulate(out.p(g) + of, DType::kF32, h.p(g) + o, DType::kBF16, n);
+    ExpectBitwise(out.Gpu(), out.Cpu(), "accumulate f32 += bf16");
+    std::vector<uint16_t> yb(n + pad);
+    FloatToBf16(y.Cpu().data(), yb.data(), n + pad);
+    Twin<uint16_t> h2(*gpu_, *cpu_, yb, "bf16 src");
+    for (bool g : {true, false}) k(g).accumulate(h.p(g) + o, DType::kBF16, h2.p(g) + (7 - o), DType::kBF16, n);
+    ExpectBitwise(h.Gpu(), h.Cpu(), "accumulate bf16 += bf16");
   }
 }
 

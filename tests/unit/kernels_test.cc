@@ -17,6 +17,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace shardgpt {
@@ -531,6 +532,35 @@ TEST_F(KernelsResidual, ForwardAndBackward) {
   for (size_t i = 0; i < n; i++) {
     ASSERT_EQ(da[i], a[i] + dout[i]) << i;
     ASSERT_EQ(db[i], b[i] + dout[i]) << i;
+  }
+}
+
+// The fused kernel gives bitwise what residual_forward then layernorm_forward give (so fusing
+// it into the model changes no CPU result), at C that is and is not a multiple of the SIMD width.
+TEST_F(KernelsResidual, FusedLayernormBitwiseEqualsTheTwoKernels) {
+  for (int C : {37, 64, 768}) {
+    SCOPED_TRACE("C = " + std::to_string(C));
+    const int N = 45;
+    const size_t NC = (size_t)N * C;
+    VecF a = RandomFloats(NC, 1, -3, 3), b = RandomFloats(NC, 2, -3, 3);
+    VecF w = RandomFloats(C, 3), bias = RandomFloats(C, 4);
+    VecF res(NC, NAN), ln(NC, NAN), mean(N, NAN), rstd(N, NAN);
+    residual_forward(res.data(), a.data(), b.data(), NC);
+    layernorm_forward(ln.data(), mean.data(), rstd.data(), res.data(), w.data(), bias.data(), N, C);
+    VecF fres(NC, NAN), fln(NC, NAN), fmean(N, NAN), frstd(N, NAN);
+    residual_layernorm_forward(fres.data(), fln.data(), fmean.data(), frstd.data(), a.data(), b.data(), w.data(),
+                               bias.data(), N, C);
+    EXPECT_EQ(0, std::memcmp(res.data(), fres.data(), NC * sizeof(float))) << "res";
+    EXPECT_EQ(0, std::memcmp(ln.data(), fln.data(), NC * sizeof(float))) << "ln";
+    EXPECT_EQ(0, std::memcmp(mean.data(), fmean.data(), N * sizeof(float))) << "mean";
+    EXPECT_EQ(0, std::memcmp(rstd.data(), frstd.data(), N * sizeof(float))) << "rstd";
+    // and it is a LayerNorm of a + b: row 0 against a double reference
+    double m = 0, v = 0;
+    for (int i = 0; i < C; i++) m += (double)a[i] + b[i];
+    m /= C;
+    for (int i = 0; i < C; i++) v += ((double)a[i] + b[i] - m) * ((double)a[i] + b[i] - m);
+    const double r = 1.0 / std::sqrt(v / C + 1e-5);
+    for (int i = 0; i < C; i++) ASSERT_NEAR(fln[i], ((double)a[i] + b[i] - m) * r * w[i] + bias[i], 1e-4) << i;
   }
 }
 

@@ -105,6 +105,11 @@ struct Counters {
 };
 Counters GetCounters();
 
+// A vector access of `bytes` (16: a 128-bit load or store) at p, from a kernel: a GPU faults
+// ("misaligned address") unless p is a multiple of `bytes`, so a misaligned one ends the run
+// (Fail) naming `what`, the address, the kernel, the block and the thread.
+void CheckVectorAccess(const void* p, size_t bytes, const char* what);
+
 // Ends the process: prints "shardgpt CUDA emulation: <what>" on stderr and aborts. For a misuse
 // that a real GPU would punish with a crash, a hang or undefined behaviour.
 [[noreturn]] void Fail(const std::string& what);
