@@ -194,6 +194,17 @@ class ProfilingKernels final : public Kernels {
                  const AdamWConfig& cfg, int64_t t, const float* grad_scale) const override {
     Time("adamw (engine)", 0, 4.0 * 7 * n, [&] { k_.adamw_dev(param, grad, m, v, n, lr, weight_decay, cfg, t, grad_scale); });
   }
+  // bytes: read master, m, v (fp32) and grad; write master, m, v and stored (nothing more when
+  // stored is the master)
+  void adamw_mixed(float* master, void* stored, DType stored_dtype, const void* grad, DType grad_dtype, float* m,
+                   float* v, size_t n, float lr, float weight_decay, const AdamWConfig& cfg, int64_t t,
+                   const float* grad_scale_dev, float grad_scale) const override {
+    const double stored_bytes = stored == master ? 0.0 : DTypeSize(stored_dtype);
+    Time("adamw (engine)", 0, double(n) * (4.0 * 6 + DTypeSize(grad_dtype) + stored_bytes), [&] {
+      k_.adamw_mixed(master, stored, stored_dtype, grad, grad_dtype, m, v, n, lr, weight_decay, cfg, t,
+                     grad_scale_dev, grad_scale);
+    });
+  }
 
  private:
   struct Pending {

@@ -54,6 +54,8 @@ class NullKernels final : public Kernels {
   void clip_factor(float*, const double*, float) const override {}
   void adamw_dev(float*, const float*, float*, float*, size_t, float, float, const AdamWConfig&, int64_t,
                  const float*) const override {}
+  void adamw_mixed(float*, void*, DType, const void*, DType, float*, float*, size_t, float, float, const AdamWConfig&,
+                   int64_t, const float*, float) const override {}
 };
 
 // A device that runs nothing: memory is address space reserved with MAP_NORESERVE and never

@@ -103,6 +103,12 @@ class CpuKernels final : public Kernels {
   }
   void begin_weight_reuse() override { weights_.Begin(); }
   void end_weight_reuse() override { weights_.End(); }
+  void adamw_mixed(float* master, void* stored, DType stored_dtype, const void* grad, DType grad_dtype, float* m,
+                   float* v, size_t n, float lr, float weight_decay, const AdamWConfig& cfg, int64_t t,
+                   const float* grad_scale_dev, float grad_scale) const override {
+    shardgpt::adamw_mixed(master, stored, stored_dtype, grad, grad_dtype, m, v, n, lr, weight_decay, cfg, t,
+                          grad_scale_dev ? *grad_scale_dev : grad_scale);
+  }
 
  private:
   bool bf16() const { return precision_ == MatmulPrecision::kBf16; }

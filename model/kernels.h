@@ -100,6 +100,15 @@ class Kernels {
   // default (CUDA, fp32) derives nothing to keep.
   virtual void begin_weight_reuse() {}
   virtual void end_weight_reuse() {}
+  // The optimizer's one pass: adamw_update (model/optimizer.h, per element the same expression)
+  // on fp32 master, m, v with the gradient read in grad_dtype (bf16 widened in the loop), and
+  // the stored parameters written from the new master in the same loop: stored (stored_dtype)
+  // = master, bf16 rounded to nearest even; stored == master (fp32 storage) writes nothing more.
+  // grad_scale_dev: where not null, the gradient scale is read from device memory there (the
+  // clip factor, clip_factor's out + 1; no host wait) and grad_scale is ignored.
+  virtual void adamw_mixed(float* master, void* stored, DType stored_dtype, const void* grad, DType grad_dtype,
+                           float* m, float* v, size_t n, float lr, float weight_decay, const AdamWConfig& cfg,
+                           int64_t t, const float* grad_scale_dev, float grad_scale) const = 0;
 
   void set_matmul_precision(MatmulPrecision p) { precision_ = p; }
   MatmulPrecision matmul_precision() const { return precision_; }

@@ -421,6 +421,48 @@ void sum_f64(double* dst, const double* src, size_t n, double divisor) {
   *dst = total / divisor;
 }
 
+namespace {
+// adamw_mixed for one (gradient type, stored form): the branches are template arguments so
+// each loop is straight-line and vectorises (the bf16 widening is a shift, the narrowing RNE
+// integer arithmetic, base/bf16.h).
+enum class StoreAs { kNothing, kF32, kBf16 };
+inline float GradAt(const float* g, size_t i) { return g[i]; }
+inline float GradAt(const uint16_t* g, size_t i) { return Bf16ToFloat(g[i]); }
+template <typename G, StoreAs S>
+void AdamWMixedLoop(float* master, void* stored, const G* grad, float* m, float* v, size_t n, float lr, float wd,
+                    const AdamWConfig& cfg, int64_t t, float grad_scale) {
+  const float b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps;
+  const float c1 = AdamWC1(cfg, t), c2 = AdamWC2(cfg, t);
+#pragma omp parallel for simd schedule(static) num_threads(nthreads())
+  for (size_t i = 0; i < n; i++) {
+    adamw_element(master + i, GradAt(grad, i), m + i, v + i, lr, wd, b1, b2, eps, c1, c2, grad_scale);
+    if constexpr (S == StoreAs::kBf16) static_cast<uint16_t*>(stored)[i] = FloatToBf16(master[i]);
+    if constexpr (S == StoreAs::kF32) static_cast<float*>(stored)[i] = master[i];
+  }
+}
+template <typename G>
+void AdamWMixedStore(float* master, void* stored, DType stored_dtype, const G* grad, float* m, float* v, size_t n,
+                     float lr, float wd, const AdamWConfig& cfg, int64_t t, float grad_scale) {
+  if (stored_dtype == DType::kBF16)
+    AdamWMixedLoop<G, StoreAs::kBf16>(master, stored, grad, m, v, n, lr, wd, cfg, t, grad_scale);
+  else if (stored == master)
+    AdamWMixedLoop<G, StoreAs::kNothing>(master, stored, grad, m, v, n, lr, wd, cfg, t, grad_scale);
+  else
+    AdamWMixedLoop<G, StoreAs::kF32>(master, stored, grad, m, v, n, lr, wd, cfg, t, grad_scale);
+}
+}  // namespace
+
+void adamw_mixed(float* master, void* stored, DType stored_dtype, const void* grad, DType grad_dtype, float* m,
+                 float* v, size_t n, float lr, float weight_decay, const AdamWConfig& cfg, int64_t t,
+                 float grad_scale) {
+  if (grad_dtype == DType::kBF16)
+    AdamWMixedStore(master, stored, stored_dtype, static_cast<const uint16_t*>(grad), m, v, n, lr, weight_decay, cfg,
+                    t, grad_scale);
+  else
+    AdamWMixedStore(master, stored, stored_dtype, static_cast<const float*>(grad), m, v, n, lr, weight_decay, cfg, t,
+                    grad_scale);
+}
+
 // The expressions of Engine::Step's host path, so both give the same factor.
 void clip_factor(float* out, const double* ss, float grad_clip) {
   const float norm = static_cast<float>(std::sqrt(*ss));

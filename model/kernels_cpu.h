@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "base/dtype.h"
+#include "model/optimizer.h"
 
 namespace shardgpt {
 
@@ -97,5 +98,14 @@ void sum_f64(double* dst, const double* src, size_t n, double divisor);
 // out[0] = norm = float(sqrt(*ss)); out[1] = grad_clip / (norm + 1e-6f) if grad_clip > 0 and
 // norm > grad_clip, else 1.
 void clip_factor(float* out, const double* ss, float grad_clip);
+
+// One AdamW step and the stored parameters in one pass over (master, m, v, grad, stored):
+//   g = fp32(grad[i]);  adamw_element(master[i], g, m[i], v[i])  (model/optimizer.h)
+//   stored[i] = stored_dtype(master[i])   (bf16: RNE; skipped when stored == master, fp32)
+// Bitwise what convert(grad -> fp32), adamw_update, convert(master -> stored) give, without
+// the fp32 gradient copy or the second pass over the master.
+void adamw_mixed(float* master, void* stored, DType stored_dtype, const void* grad, DType grad_dtype, float* m,
+                 float* v, size_t n, float lr, float weight_decay, const AdamWConfig& cfg, int64_t t,
+                 float grad_scale);
 
 }  // namespace shardgpt

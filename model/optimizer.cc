@@ -7,17 +7,10 @@ namespace shardgpt {
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
                   const AdamWConfig& cfg, int64_t t, float grad_scale) {
   const float b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps;
-  const float c1 = 1.0f / (1.0f - std::pow(b1, static_cast<float>(t)));
-  const float c2 = 1.0f / (1.0f - std::pow(b2, static_cast<float>(t)));
+  const float c1 = AdamWC1(cfg, t), c2 = AdamWC2(cfg, t);
 #pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < n; i++) {
-    const float g = grad[i] * grad_scale;
-    const float mi = b1 * m[i] + (1.0f - b1) * g;
-    const float vi = b2 * v[i] + (1.0f - b2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    param[i] -= lr * (weight_decay * param[i] + (mi * c1) / (std::sqrt(vi * c2) + eps));
-  }
+  for (size_t i = 0; i < n; i++)
+    adamw_element(param + i, grad[i], m + i, v + i, lr, weight_decay, b1, b2, eps, c1, c2, grad_scale);
 }
 
 StatusOr<LrSchedule::Kind> LrSchedule::ParseKind(const std::string& name) {

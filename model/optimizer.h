@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include <cmath>
+
 #include "base/status.h"
 
 namespace shardgpt {
@@ -25,6 +27,27 @@ struct AdamWConfig {
 //   p = p - lr * (wd * p + (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps))
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
                   const AdamWConfig& cfg, int64_t t, float grad_scale);
+
+// The bias corrections of step t: c1 = 1/(1-b1^t), c2 = 1/(1-b2^t) (float, as adamw_update).
+inline float AdamWC1(const AdamWConfig& cfg, int64_t t) {
+  return 1.0f / (1.0f - std::pow(cfg.beta1, static_cast<float>(t)));
+}
+inline float AdamWC2(const AdamWConfig& cfg, int64_t t) {
+  return 1.0f / (1.0f - std::pow(cfg.beta2, static_cast<float>(t)));
+}
+
+// adamw_update's per-element step on one element (g already widened to fp32, not yet scaled).
+// Every CPU AdamW loop calls this one expression, so they agree bit for bit (adamw_mixed in
+// model/kernels_cpu.h; the CUDA twin in model/cuda/kernels_cuda.cu repeats it).
+inline void adamw_element(float* p, float grad, float* m, float* v, float lr, float wd, float b1, float b2, float eps,
+                          float c1, float c2, float grad_scale) {
+  const float g = grad * grad_scale;
+  const float mi = b1 * *m + (1.0f - b1) * g;
+  const float vi = b2 * *v + (1.0f - b2) * g * g;
+  *m = mi;
+  *v = vi;
+  *p -= lr * (wd * *p + (mi * c1) / (std::sqrt(vi * c2) + eps));
+}
 
 // Learning rate per step: linear warmup over warmup_steps to max_lr, then
 //   cosine   : cosine decay to min_lr = max_lr * min_lr_frac at the last step

@@ -37,10 +37,6 @@ Engine::Engine(const ParamLayout& layout, Communicator* world, std::unique_ptr<C
       grads_(GradReducer::Create(&ctx_)),
       adamw_(&ctx_) {
   if (options.optimizer == OptimizerKind::kMuon) muon_ = std::make_unique<ShardedMuon>(&ctx_);
-  size_t pieces = 0;
-  for (int u = 0; u < ctx_.plan.num_units(); u++) pieces += ctx_.Pieces(u).size();
-  ss_pieces_ = DeviceBuffer(&device, nullptr, MemKind::kWorkspace, std::max<size_t>(1, pieces) * sizeof(double),
-                            "gradient sum-of-squares partials");
   ss_ = DeviceBuffer(&device, nullptr, MemKind::kWorkspace, sizeof(double), "gradient sum of squares");
   gathered_ = DeviceBuffer(&device, nullptr, MemKind::kWorkspace, world->world_size() * sizeof(double),
                            "per-rank step scalars");
@@ -127,12 +123,13 @@ void Engine::BeginMicroBatch(int micro, int num_micro) {
 }
 
 // Global gradient norm: every element counted once. Stage 0 holds the whole averaged gradient
-// on every rank; stages >= 1 sum their owned slices' squares over ranks.
+// on every rank; stages >= 1 sum their owned slices' squares over ranks. The per-piece sums of
+// squares were taken by the GradReducer as each unit's reduction completed; here they are
+// added in piece order (sum_f64: 0 + s0 + s1 + ..., the order this sum always had).
 float Engine::HostNormAndScale(float grad_clip, float* scale) {
   double ss = 0;
-  for (int u = 0; u < ctx_.plan.num_units(); u++)
-    for (const OwnedPiece& p : ctx_.Pieces(u))
-      ss += ctx_.kernels().sum_squares(grads_->OwnedAt(u, p), ctx_.opt.dtype, p.end - p.begin);
+  ctx_.kernels().sum_f64(ss_.as<double>(), grads_->norm_partials(), grads_->num_norm_partials(), 1.0);
+  ctx_.device->CopyToHost(&ss, ss_.data(), sizeof(double));
   if (ctx_.opt.shards_optimizer()) ss = ctx_.comm->AllReduceScalar(ss, ReduceOp::kSum);
   const float norm = static_cast<float>(std::sqrt(ss));
   *scale = (grad_clip > 0 && norm > grad_clip) ? grad_clip / (norm + 1e-6f) : 1.0f;
@@ -172,12 +169,8 @@ void Engine::StepDeferred(float lr, float grad_clip) {
   float scale = 1.0f;
   const float* scale_dev = nullptr;
   if (on_device) {
-    double* slots = ss_pieces_.as<double>();
-    size_t i = 0;
-    for (int u = 0; u < ctx_.plan.num_units(); u++)
-      for (const OwnedPiece& p : ctx_.Pieces(u))
-        ctx_.kernels().sum_squares_to(slots + i++, grads_->OwnedAt(u, p), ctx_.opt.dtype, p.end - p.begin);
-    ctx_.kernels().sum_f64(ss_.as<double>(), slots, i, 1.0);
+    // the per-piece sums of squares were taken as each unit's reduction completed
+    ctx_.kernels().sum_f64(ss_.as<double>(), grads_->norm_partials(), grads_->num_norm_partials(), 1.0);
     if (ctx_.opt.shards_optimizer()) SumOverRanks(*ctx_.comm, ss_.as<double>(), 1.0);
     ctx_.kernels().clip_factor(clip_.as<float>(), ss_.as<double>(), grad_clip);
     scale_dev = clip_.as<float>() + 1;

@@ -187,10 +187,10 @@ class Engine : public UnitHooks {
   std::unique_ptr<GradReducer> grads_;
   ShardedAdamW adamw_;
   std::unique_ptr<ShardedMuon> muon_;  // --optimizer muon only
-  // Device scalars of Step (persistent, so a step allocates nothing): one sum of squares per
-  // owned piece, their total, the gathered per-rank doubles of SumOverRanks, and (norm, clip
-  // factor) as two floats. Not in the memory ledger (bytes, not model state).
-  DeviceBuffer ss_pieces_, ss_, gathered_, clip_;
+  // Device scalars of Step (persistent, so a step allocates nothing): the total of the
+  // GradReducer's per-piece sums of squares, the gathered per-rank doubles of SumOverRanks, and
+  // (norm, clip factor) as two floats. Not in the memory ledger (bytes, not model state).
+  DeviceBuffer ss_, gathered_, clip_;
   bool sync_micro_ = true;  // this micro-batch reduces gradients
   int64_t t_ = 0;
   StepReport report_;

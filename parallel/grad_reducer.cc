@@ -1,5 +1,6 @@
 #include "parallel/grad_reducer.h"
 
+#include <algorithm>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -56,10 +57,13 @@ void ReduceThenAcrossGroups(EngineContext& ctx, std::shared_ptr<Work> rs, void* 
 // them; bf16 gradients go through an fp32 scratch per unit, added once the unit is done.
 class FullGradients : public GradReducer {
  public:
-  explicit FullGradients(EngineContext* ctx) : ctx_(*ctx), scratch_(ctx->plan.num_units()) {
+  explicit FullGradients(EngineContext* ctx) : GradReducer(ctx), ctx_(*ctx), scratch_(ctx->plan.num_units()) {
     grads_ = ctx_.NewBuffer(MemKind::kGrads, ctx_.plan.total_padded() * ctx_.elt(), "gradients");
   }
-  void BeginStep() override { ctx_.device->Zero(grads_.data(), grads_.bytes()); }
+  void BeginStep() override {
+    ctx_.device->Zero(grads_.data(), grads_.bytes());
+    ZeroNormPartials();
+  }
   void BeginMicroBatch(bool sync) override { sync_ = sync; }
   float* PreBackward(int u) override {
     if (ctx_.opt.dtype == DType::kF32) return static_cast<float*>(Full(u));
@@ -134,7 +138,9 @@ class BucketAllReduce final : public FullGradients {
     const int b = bucket_of_unit_[u];
     if (++ready_[b] < static_cast<int>(buckets_[b].size())) return;
     const UnitShardInfo &lo = ctx_.plan.unit(buckets_[b].back()), &hi = ctx_.plan.unit(buckets_[b].front());
-    AverageInPlace(At(lo.padded_offset), hi.padded_offset + hi.padded - lo.padded_offset, true, 0);
+    AverageInPlace(At(lo.padded_offset), hi.padded_offset + hi.padded - lo.padded_offset, true, 0, [this, b]() {
+      for (int v : buckets_[b]) TakeNormPartials(v);
+    });
   }
   std::vector<std::vector<int>> buckets_;  // unit ids per bucket, backward order
   std::vector<int> bucket_of_unit_, ready_;
@@ -150,7 +156,8 @@ class LastMicroReduceScatter final : public FullGradients {
  private:
   void Reduce(int u) override {
     const UnitShardInfo& s = ctx_.plan.unit(u);
-    if (ctx_.plan.rank_major_is_flat()) return AverageInPlace(Full(u), s.padded, false, s.shard);
+    if (ctx_.plan.rank_major_is_flat())
+      return AverageInPlace(Full(u), s.padded, false, s.shard, [this, u]() { TakeNormPartials(u); });
     const size_t e = ctx_.elt();
     auto rm = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kGrads, s.padded * e, "rank-major gradient"));
     ctx_.device->Zero(rm->data(), rm->bytes());  // padding rows: reduced, never read
@@ -159,16 +166,21 @@ class LastMicroReduceScatter final : public FullGradients {
       const uint8_t* own = rm->as<uint8_t>() + ctx_.rank * ctx_.plan.unit(u).shard * e;
       for (const OwnedPiece& p : ctx_.Pieces(u))
         ctx_.device->Copy(static_cast<uint8_t*>(Full(u)) + p.begin * e, own + p.shard_offset * e, (p.end - p.begin) * e);
+      TakeNormPartials(u);
     });
   }
 };
 
 class EveryMicroReduceScatter final : public GradReducer {
  public:
-  explicit EveryMicroReduceScatter(EngineContext* ctx) : ctx_(*ctx), scratch_(ctx->plan.num_units()) {
+  explicit EveryMicroReduceScatter(EngineContext* ctx)
+      : GradReducer(ctx), ctx_(*ctx), scratch_(ctx->plan.num_units()) {
     shards_ = ctx_.NewBuffer(MemKind::kGrads, ctx_.plan.total_shard() * ctx_.elt(), "gradient shards");
   }
-  void BeginStep() override { ctx_.device->Zero(shards_.data(), shards_.bytes()); }
+  void BeginStep() override {
+    ctx_.device->Zero(shards_.data(), shards_.bytes());
+    ZeroNormPartials();
+  }
   void BeginMicroBatch(bool sync) override { sync_ = sync; }
   float* PreBackward(int u) override {
     scratch_[u] = ctx_.NewBuffer(MemKind::kGrads, ctx_.plan.unit(u).padded * sizeof(float), "fp32 gradient scratch");
@@ -236,16 +248,18 @@ class EveryMicroReduceScatter final : public GradReducer {
     }
   }
   // HSDP: the accumulated shard of unit u (every micro-batch's reduce-scatter done) averaged
-  // across groups once per step, in the reduce dtype.
+  // across groups once per step, in the reduce dtype. Without HSDP the shard is final already.
+  // Either way the norm's partials are taken once it is final.
   void AcrossGroups(int u) {
-    if (ctx_.replica == nullptr) return;
+    if (ctx_.replica == nullptr) return TakeNormPartials(u);
     const size_t n = ctx_.plan.unit(u).shard;
     const DType d = ctx_.opt.dtype, rd = ctx_.opt.reduce_dtype;
-    if (rd == d) return AverageAcrossGroups(ctx_, Shard(u), n, d, nullptr);
+    if (rd == d) return AverageAcrossGroups(ctx_, Shard(u), n, d, [this, u]() { TakeNormPartials(u); });
     auto tmp = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kGrads, n * DTypeSize(rd), "cross-group reduce buffer"));
     ctx_.kernels().convert(Shard(u), d, tmp->data(), rd, n);
     AverageAcrossGroups(ctx_, tmp->data(), n, rd, [this, tmp, u, n, d, rd]() {
       ctx_.kernels().convert(tmp->data(), rd, Shard(u), d, n);
+      TakeNormPartials(u);
     });
   }
   void* Shard(int u) { return shards_.as<uint8_t>() + ctx_.plan.unit(u).shard_offset * ctx_.elt(); }
@@ -260,6 +274,20 @@ class EveryMicroReduceScatter final : public GradReducer {
 };
 
 }  // namespace
+
+GradReducer::GradReducer(EngineContext* ctx) : nctx_(*ctx), first_slot_(ctx->plan.num_units()) {
+  for (int u = 0; u < ctx->plan.num_units(); u++) first_slot_[u] = num_slots_, num_slots_ += ctx->Pieces(u).size();
+  slots_ = DeviceBuffer(ctx->device, nullptr, MemKind::kWorkspace, std::max<size_t>(1, num_slots_) * sizeof(double),
+                        "gradient sum-of-squares partials");
+}
+
+void GradReducer::TakeNormPartials(int u) {
+  double* slot = slots_.as<double>() + first_slot_[u];
+  for (const OwnedPiece& p : nctx_.Pieces(u))
+    nctx_.kernels().sum_squares_to(slot++, OwnedAt(u, p), nctx_.opt.dtype, p.end - p.begin);
+}
+
+void GradReducer::ZeroNormPartials() { nctx_.device->Zero(slots_.data(), slots_.bytes()); }
 
 std::unique_ptr<GradReducer> GradReducer::Create(EngineContext* ctx) {
   if (!ctx->opt.shards_optimizer()) return std::make_unique<BucketAllReduce>(ctx);

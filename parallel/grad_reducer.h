@@ -20,10 +20,16 @@
 // (ctx.CopyIn) before its reduce-scatter; the last-micro policy copies the reduced pieces back
 // into the unit's flat order, where the optimizer reads them.
 //
+// The gradient norm's partial sums are taken here, where each unit's reduced gradient becomes
+// final: in the completion step of its last reduction of the step (after the replica
+// all-reduce with HSDP), one sum of squares per owned piece into a device slot
+// (Kernels::sum_squares_to, no host wait), so the step does not read every gradient again.
+//
 // Rank contract: every method is collective. Thread contract: the training thread.
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "parallel/engine_context.h"
 
@@ -45,6 +51,25 @@ class GradReducer {
   // After every reduction retired: the averaged gradient (dtype) of piece p of unit u (one of
   // ctx.Pieces(u)), the elements the optimizer updates.
   virtual const void* OwnedAt(int u, const OwnedPiece& p) = 0;
+
+  // After every reduction retired: slot k (device memory, double) = sum of squares of the k-th
+  // owned piece's averaged gradient, pieces numbered unit by unit in ctx.Pieces(u) order, so
+  // adding the slots in index order gives the norm's sum in the order the step always used.
+  const double* norm_partials() const { return slots_.as<double>(); }
+  size_t num_norm_partials() const { return num_slots_; }
+
+ protected:
+  explicit GradReducer(EngineContext* ctx);
+  // The completion step in which unit u's averaged gradient became final: its pieces' slots.
+  void TakeNormPartials(int u);
+  // A new step: every slot to 0 (each is set again once its unit is reduced).
+  void ZeroNormPartials();
+
+ private:
+  EngineContext& nctx_;
+  std::vector<size_t> first_slot_;  // per unit
+  size_t num_slots_ = 0;
+  DeviceBuffer slots_;  // not in the memory ledger (a few doubles, not model state)
 };
 
 }  // namespace shardgpt

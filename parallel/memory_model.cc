@@ -56,12 +56,9 @@ class Timeline {
 
 }  // namespace
 
-double OptimizerWorkspaceBytes(const ShardPlan& plan, const EngineOptions& o) {
-  if (o.dtype != DType::kBF16) return 0;
-  size_t largest = 0;  // the largest slice AdamW updates at once: a shard, or a whole unit (stage 0)
-  for (int u = 0; u < plan.num_units(); u++)
-    largest = std::max(largest, o.shards_optimizer() ? plan.unit(u).shard : plan.unit(u).padded);
-  return 4.0 * largest;
+double OptimizerWorkspaceBytes(const ShardPlan&, const EngineOptions&) {
+  // AdamW reads the bf16 gradient in its one pass (Kernels::adamw_mixed): no fp32 copy of it.
+  return 0;
 }
 
 // Replays one step in the engine's order (gpt.h's hook order, ParamStore and GradReducer's

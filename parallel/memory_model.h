@@ -49,8 +49,9 @@ struct MemoryPrediction {
   double peak() const { return persistent() + transient(); }
 };
 
-// Bytes of the optimizer's persistent workspace on one rank (AdamW with bf16 storage: an fp32
-// copy of the largest gradient slice it updates at once). The engine allocates exactly this.
+// Bytes of the optimizer's persistent workspace on one rank. AdamW has none: it reads the
+// gradient in its storage dtype in the same pass that writes the stored parameters
+// (Kernels::adamw_mixed), so no fp32 copy of a gradient slice exists.
 double OptimizerWorkspaceBytes(const ShardPlan& plan, const EngineOptions& o);
 
 // The peak for micro-batches of B x T tokens and `accum` micro-batches per step, activations

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "parallel/memory_model.h"
 #include "parallel/muon_plan.h"
 
 namespace shardgpt {
@@ -52,10 +51,6 @@ ShardedAdamW::ShardedAdamW(EngineContext* ctx) : ctx_(*ctx), runs_(ctx->plan.num
   if (ctx_.opt.dtype == DType::kBF16) master_ = ctx_.NewBuffer(MemKind::kOptimizer, n, "fp32 master weights");
   m_ = ctx_.NewBuffer(MemKind::kOptimizer, n, packed_ ? "AdamW first moments / Muon momentum" : "AdamW first moments");
   v_ = ctx_.NewBuffer(MemKind::kOptimizer, packed_ ? vpos * sizeof(float) : n, "AdamW second moments");
-  // bf16: the fp32 widening of one unit's owned gradient slice at a time (a shard at stages
-  // >= 1, not a whole unit: for a tied 50257-row embedding that is the difference)
-  const size_t ws = static_cast<size_t>(OptimizerWorkspaceBytes(ctx_.plan, ctx_.opt));
-  if (ws > 0) grad32_ = ctx_.NewBuffer(MemKind::kWorkspace, ws, "fp32 gradient slice");
 }
 
 ShardedAdamW::Slice ShardedAdamW::Owned(int u, const OwnedPiece& p, void* stored, bool with_v) {
@@ -93,30 +88,33 @@ void ShardedAdamW::Update(int u, const OwnedPiece& p, const void* grads, void* s
                           int64_t t, const float* grad_scale_dev) {
   v_view_.Free();  // an unpacked copy goes stale now
   const Slice sl = Owned(u, p, stored);
-  const size_t n = sl.end - sl.begin;
-  const float* g = static_cast<const float*>(grads);
-  if (ctx_.opt.dtype == DType::kBF16) {
-    ctx_.kernels().convert(grads, DType::kBF16, grad32_.data(), DType::kF32, n);
-    g = grad32_.as<float>();
-  }
+  const DType d = ctx_.opt.dtype;
+  const size_t e = DTypeSize(d);
+  // One pass per run: the gradient read in dtype, the stored parameters written beside the
+  // master (adamw_mixed). The piece's elements outside every run (Muon's, which ShardedMuon
+  // updated in the master already, and padding) are stored from the master here.
+  size_t at = p.begin;
   for (const Run& r : runs_[u]) {
     if (r.begin < p.begin || r.begin >= p.end) continue;  // another piece's run
+    if (r.begin > at) StoreRange(sl, stored, at - p.begin, r.begin - at);
+    at = r.end;
     const size_t i = r.begin - p.begin;
     const float wd = r.decay ? ctx_.opt.adamw.weight_decay : 0.0f;
-    if (grad_scale_dev)
-      ctx_.kernels().adamw_dev(sl.master + i, g + i, sl.m + i, v_.as<float>() + r.vpos, r.end - r.begin, lr, wd,
-                               ctx_.opt.adamw, t, grad_scale_dev);
-    else
-      ctx_.kernels().adamw(sl.master + i, g + i, sl.m + i, v_.as<float>() + r.vpos, r.end - r.begin, lr, wd,
-                           ctx_.opt.adamw, t, grad_scale);
+    ctx_.kernels().adamw_mixed(sl.master + i, static_cast<uint8_t*>(stored) + i * e, d,
+                               static_cast<const uint8_t*>(grads) + i * e, d, sl.m + i, v_.as<float>() + r.vpos,
+                               r.end - r.begin, lr, wd, ctx_.opt.adamw, t, grad_scale_dev, grad_scale);
   }
-  StoreFromMaster(u, p, stored);
+  if (at < p.end) StoreRange(sl, stored, at - p.begin, p.end - at);
+}
+
+void ShardedAdamW::StoreRange(const Slice& sl, void* stored, size_t i, size_t n) {
+  if (ctx_.opt.dtype == DType::kF32) return;  // the stored parameters are the master
+  ctx_.kernels().convert(sl.master + i, DType::kF32, static_cast<uint8_t*>(stored) + i * DTypeSize(ctx_.opt.dtype),
+                         ctx_.opt.dtype, n);
 }
 
 void ShardedAdamW::StoreFromMaster(int u, const OwnedPiece& p, void* stored) {
-  if (ctx_.opt.dtype == DType::kF32) return;  // the stored parameters are the master
-  const Slice sl = Owned(u, p, stored);
-  ctx_.kernels().convert(sl.master, DType::kF32, stored, ctx_.opt.dtype, sl.end - sl.begin);
+  StoreRange(Owned(u, p, stored), stored, 0, p.end - p.begin);
 }
 
 void ShardedAdamW::ResetMoments() {

@@ -35,8 +35,9 @@ class ShardedAdamW {
     float* v = nullptr;  // null under Muon unless with_v (then the transient unpacked copy)
   };
   Slice Owned(int u, const OwnedPiece& p, void* stored, bool with_v = false);
-  // One AdamW step on piece p of unit u (t >= 1; grad_scale carries the clipping), then its
-  // stored parameters (dtype) are refreshed from the master.
+  // One AdamW step on piece p of unit u (t >= 1; grad_scale carries the clipping) that also
+  // writes its stored parameters (dtype): one pass over master, m, v, the dtype gradient and
+  // the stored values (Kernels::adamw_mixed), no fp32 copy of the gradient.
   // grad_scale_dev: where not null, the scale is read from device memory there instead (the
   // clip factor computed on the GPU; grad_scale is then ignored).
   void Update(int u, const OwnedPiece& p, const void* grads, void* stored, float lr, float grad_scale, int64_t t,
@@ -58,13 +59,14 @@ class ShardedAdamW {
   };
   // Where piece p of unit u starts in master_ / m_ (and the unpacked v).
   size_t StateOffset(int u, const OwnedPiece& p) const;
+  // stored[i, i+n) (dtype) = master[i, i+n) of slice sl (nothing for fp32: one buffer).
+  void StoreRange(const Slice& sl, void* stored, size_t i, size_t n);
 
   EngineContext& ctx_;
   bool packed_ = false;          // v_ holds the AdamW elements only (Muon)
   std::vector<std::vector<Run>> runs_;  // per unit
   DeviceBuffer master_, m_, v_;  // fp32; master_, m_ over the owned elements of every unit
   DeviceBuffer v_view_;          // Muon: transient unpacked v for checkpoints
-  DeviceBuffer grad32_;          // fp32 widening of a bf16 gradient slice (bf16 only)
 };
 
 }  // namespace shardgpt

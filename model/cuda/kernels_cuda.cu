@@ -446,6 +446,40 @@ __global__ void adamw_dev_kernel(float* param, const float* grad, float* m, floa
   adamw_all(param, grad, m, v, n, vec, lr, wd, b1, b2, eps, c1, c2, *grad_scale);
 }
 
+// The scalars of one adamw_mixed call.
+struct AdamWArgs {
+  float lr, wd, b1, b2, eps, c1, c2;
+  const float* grad_scale_dev;  // where not null, the scale is read here (device memory)
+  float grad_scale;
+};
+
+// The optimizer's one pass (CPU twin: adamw_mixed, model/kernels_cpu.h): the gradient read in
+// its dtype G and widened here, adamw_value, then the stored parameters (S: bf16 RNE or fp32;
+// stored null when it is the master itself). The scale: *grad_scale_dev where not null (the
+// clip factor on the device), else grad_scale.
+template <typename G, typename S>
+__global__ void adamw_mixed_kernel(float* master, S* stored, const G* grad, float* m, float* v, size_t n,
+                                   AdamWArgs a) {
+  const float scale = a.grad_scale_dev ? *a.grad_scale_dev : a.grad_scale;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    float p = master[i], mi = m[i], vi = v[i];
+    adamw_value(p, cuda::load_f32(grad, i), mi, vi, a.lr, a.wd, a.b1, a.b2, a.eps, a.c1, a.c2, scale);
+    m[i] = mi;
+    v[i] = vi;
+    master[i] = p;
+    if (stored) cuda::store_f32(stored, i, p);
+  }
+}
+
+template <typename G, typename S>
+void LaunchAdamWMixed(cudaStream_t stream, float* master, S* stored, const void* grad, float* m, float* v, size_t n,
+                      const AdamWArgs& a) {
+  auto* const adamw_mixed = &adamw_mixed_kernel<G, S>;
+  SHARDGPT_LAUNCH(adamw_mixed, GridFor(n, kThreads), kThreads, 0, stream)(master, stored,
+                                                                         static_cast<const G*>(grad), m, v, n, a);
+  SHARDGPT_CUDA_CHECK_LAUNCH("adamw_mixed_kernel");
+}
+
 // *dst = (sum_i src[i]) / divisor, one thread, index order (a handful of values: a step's
 // sum-of-squares partials, pieces, ranks). CPU twin: sum_f64.
 __global__ void sum_f64_kernel(double* dst, const double* src, size_t n, double divisor) {
@@ -787,6 +821,24 @@ void CudaKernels::adamw(float* param, const float* grad, float* m, float* v, siz
   SHARDGPT_LAUNCH(adamw_kernel, cuda::VecGrid(n, vec, kThreads), kThreads, 0, stream_)(
       param, grad, m, v, n, vec, lr, weight_decay, b1, b2, eps, c1, c2, grad_scale);
   SHARDGPT_CUDA_CHECK_LAUNCH("adamw_kernel");
+}
+
+void CudaKernels::adamw_mixed(float* master, void* stored, DType stored_dtype, const void* grad, DType grad_dtype,
+                              float* m, float* v, size_t n, float lr, float weight_decay, const AdamWConfig& cfg,
+                              int64_t t, const float* grad_scale_dev, float grad_scale) const {
+  if (n == 0) return;
+  Bind();
+  const AdamWArgs a{lr, weight_decay, cfg.beta1, cfg.beta2, cfg.eps, AdamWC1(cfg, t), AdamWC2(cfg, t),
+                    grad_scale_dev, grad_scale};  // c1, c2: adamw_update's (model/optimizer.h)
+  const bool bf16_grad = grad_dtype == DType::kBF16;
+  if (stored_dtype == DType::kBF16) {
+    uint16_t* s = static_cast<uint16_t*>(stored);
+    if (bf16_grad) return LaunchAdamWMixed<uint16_t>(stream_, master, s, grad, m, v, n, a);
+    return LaunchAdamWMixed<float>(stream_, master, s, grad, m, v, n, a);
+  }
+  float* s = stored == master ? nullptr : static_cast<float*>(stored);  // fp32 storage: the master itself
+  if (bf16_grad) return LaunchAdamWMixed<uint16_t>(stream_, master, s, grad, m, v, n, a);
+  LaunchAdamWMixed<float>(stream_, master, s, grad, m, v, n, a);
 }
 
 }  // namespace shardgpt

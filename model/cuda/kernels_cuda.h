@@ -105,6 +105,9 @@ class CudaKernels final : public Kernels {
   void clip_factor(float* out, const double* ss, float grad_clip) const override;
   void adamw_dev(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
                  const AdamWConfig& cfg, int64_t t, const float* grad_scale) const override;
+  void adamw_mixed(float* master, void* stored, DType stored_dtype, const void* grad, DType grad_dtype, float* m,
+                   float* v, size_t n, float lr, float weight_decay, const AdamWConfig& cfg, int64_t t,
+                   const float* grad_scale_dev, float grad_scale) const override;
 
   // --attention cudnn: attention through cuDNN's SDPA (attention_cudnn.cc; bf16 products
   // at every precision). Only where CudnnAttentionBuilt() (attention_cudnn.h).

@@ -727,6 +727,56 @@ TEST_F(GpuTest, DeviceScalars) {
   ExpectNear(p2.Gpu(), p2.Cpu(), kTolAdam, "adamw_dev vs its CPU twin");
 }
 
+// The optimizer's one pass: on the GPU, adamw_mixed is bitwise the sequence it replaced there
+// (convert the gradient to fp32, adamw / adamw_dev, convert the master to the stored dtype), for
+// bf16 and fp32 gradients and storage, with the scale as a value and in device memory; and it
+// matches its CPU twin (model/kernels_cpu.h adamw_mixed) as adamw does.
+TEST_F(GpuTest, AdamWMixed) {
+  const size_t n = 50021;
+  AdamWConfig cfg;
+  const auto g32 = RandomFloats(n, 96, -0.1f, 0.1f);
+  std::vector<uint16_t> g16(n);
+  FloatToBf16(g32.data(), g16.data(), n);
+  auto grad32 = Make(g32, "grad f32");
+  auto grad16 = Twin<uint16_t>(*gpu_, *cpu_, g16, "grad bf16");
+  auto factor = Make(std::vector<float>{0.3f, 0.7f}, "factor");
+  for (const DType gd : {DType::kF32, DType::kBF16})
+    for (const DType sd : {DType::kF32, DType::kBF16})
+      for (const bool dev_scale : {false, true}) {
+        const std::string c = std::string(" grad ") + DTypeName(gd) + " stored " + DTypeName(sd) +
+                              (dev_scale ? " device scale" : " host scale");
+        auto ref = Make(RandomFloats(n, 97), "master (old sequence)");
+        auto mix = Make(RandomFloats(n, 97), "master (one pass)");
+        auto m1 = Zeros(n, "m1"), v1 = Zeros(n, "v1"), m2 = Zeros(n, "m2"), v2 = Zeros(n, "v2");
+        auto wide = Zeros(n, "widened gradient");
+        auto s16a = Twin<uint16_t>(*gpu_, *cpu_, n, "stored bf16 a"), s16b = Twin<uint16_t>(*gpu_, *cpu_, n, "stored b");
+        const void* gg = gd == DType::kBF16 ? static_cast<const void*>(grad16.p(true)) : grad32.p(true);
+        for (int64_t t = 1; t <= 2; t++) {
+          // the old sequence, on the GPU
+          k(true).convert(gg, gd, wide.p(true), DType::kF32, n);
+          if (dev_scale)
+            k(true).adamw_dev(ref.p(true), wide.p(true), m1.p(true), v1.p(true), n, 6e-4f, 0.1f, cfg, t,
+                              factor.p(true) + 1);
+          else
+            k(true).adamw(ref.p(true), wide.p(true), m1.p(true), v1.p(true), n, 6e-4f, 0.1f, cfg, t, 0.7f);
+          if (sd == DType::kBF16) k(true).convert(ref.p(true), DType::kF32, s16a.p(true), DType::kBF16, n);
+          // the one pass, on both devices
+          for (bool g : {true, false}) {
+            const void* gr = gd == DType::kBF16 ? static_cast<const void*>(grad16.p(g)) : grad32.p(g);
+            void* st = sd == DType::kBF16 ? static_cast<void*>(s16b.p(g)) : static_cast<void*>(mix.p(g));
+            k(g).adamw_mixed(mix.p(g), st, sd, gr, gd, m2.p(g), v2.p(g), n, 6e-4f, 0.1f, cfg, t,
+                             dev_scale ? factor.p(g) + 1 : nullptr, dev_scale ? 123.0f : 0.7f);
+          }
+        }
+        ExpectBitwise(mix.Gpu(), ref.Gpu(), "adamw_mixed == old sequence (master)" + c);
+        ExpectBitwise(m2.Gpu(), m1.Gpu(), "adamw_mixed == old sequence (m)" + c);
+        ExpectBitwise(v2.Gpu(), v1.Gpu(), "adamw_mixed == old sequence (v)" + c);
+        if (sd == DType::kBF16) ExpectBitwise(s16b.Gpu(), s16a.Gpu(), "adamw_mixed == old sequence (stored)" + c);
+        ExpectNear(mix.Gpu(), mix.Cpu(), kTolAdam, "adamw_mixed vs its CPU twin (master)" + c);
+        ExpectNear(v2.Gpu(), v2.Cpu(), kTolAdam, "adamw_mixed vs its CPU twin (v)" + c);
+      }
+}
+
 // CopyToDeviceAsync: the host buffer is overwritten after every call, and more copies are made
 // than the staging ring has slots, so a slot still being copied would show up as wrong bytes.
 TEST_F(GpuTest, AsyncUploadsThroughTheStagingRing) {

@@ -10,8 +10,10 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "bench/kernel_profile.h"
 #include "io/llmc_model.h"
 #include "model/gpt.h"
 #include "model/kernels_cpu.h"
@@ -383,6 +385,60 @@ TEST(EngineOverlap, BucketsCompleteDuringBackward) {
   }
   int all = comm->AllReduceScalar(overlapped, ReduceOp::kSum);
   EXPECT_GT(all, 0);
+}
+
+// Issue 20's one pass over the optimizer state, seen through the kernel calls (bench's
+// ProfilingDevice counts them), at every stage, both dtypes, two micro-batches:
+//  - the norm reads each owned piece's gradient once per step, in the completion step of its
+//    unit's last reduction. When that runs depends on timing (a collective is retired when the
+//    training thread finds it done, at the latest in Step's wait), except at stages 2 and 3,
+//    where at most one unit's reduce-scatter is in flight: every unit but the last one reduced
+//    (the embedding) has been retired, and its sums taken, before backward returns;
+//  - Step converts nothing: AdamW reads the dtype gradient and writes the stored parameters in
+//    its own loop (no fp32 gradient copy, no separate store pass).
+TEST(EngineOnePass, NormSumsAreTakenAsReductionsCompleteAndTheStepConvertsNothing) {
+  SetComputeThreads(1);
+  auto comm = World();
+  ProfilingDevice prof(CpuDevice());
+  auto calls = [&](const char* name) {
+    const auto& t = prof.profile().table();
+    const auto it = t.find(name);
+    return it == t.end() ? 0L : static_cast<long>(it->second.calls);
+  };
+  for (int stage = 0; stage <= 3; stage++) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + " " + DTypeName(dtype));
+      EngineOptions eo;
+      eo.zero_stage = stage;
+      eo.dtype = eo.reduce_dtype = dtype;
+      std::unique_ptr<Engine> engine = harness::NewEngine(kHarness, *comm, eo, prof);
+      ASSERT_TRUE(engine);
+      long pieces = 0;
+      for (int u = 0; u < static_cast<int>(kHarness.layout.units().size()); u++)
+        pieces += static_cast<long>(engine->OwnedPieces(u).size());
+      const long embed_pieces = static_cast<long>(engine->OwnedPieces(ParamLayout::kEmbedUnit).size());
+      const int A = 2, B = kGlobalBatch / (comm->world_size() * A);
+      GPT model(kConfig, B, kT, prof);
+      std::vector<int32_t> x, y;
+      GlobalBatch(0, &x, &y);
+      engine->BeginStep();
+      prof.profile().Reset();
+      for (int m = 0; m < A; m++) {
+        const size_t at = static_cast<size_t>(m * comm->world_size() + comm->rank()) * B * kT;
+        engine->BeginMicroBatch(m, A);
+        model.Forward(*engine, x.data() + at, y.data() + at, B, kT, 1.0f / A);
+        model.Backward(*engine);
+      }
+      const long in_backward = calls("sum_squares (engine)");
+      if (stage >= 2) EXPECT_GE(in_backward, pieces - embed_pieces) << "sums taken as the reduce-scatters retired";
+      prof.profile().Reset();
+      const float norm = engine->Step(kLr, 1.0f);
+      EXPECT_TRUE(std::isfinite(norm) && norm > 0) << norm;
+      EXPECT_EQ(in_backward + calls("sum_squares (engine)"), pieces) << "each owned piece read once for the norm";
+      EXPECT_EQ(calls("convert (engine)"), 0) << "the step converted gradients or parameters";
+      EXPECT_GT(calls("adamw (engine)"), 0);
+    }
+  }
 }
 
 // The path written for GPU memory (the MPI communicator staging every buffer through host

@@ -714,5 +714,48 @@ TEST_F(KernelsDeterminism, ThreadCountChangesResultsOnlyByRounding) {
   ExpectClose(db2, db1, 1e-5, 1e-5, "db 2 vs 1 threads");
 }
 
+// The optimizer's one pass (adamw_mixed) is bitwise the sequence it replaced in ShardedAdamW:
+// widen the gradient to fp32 (convert), adamw_update, narrow the master to the stored dtype
+// (convert), for every gradient dtype and stored form, at several steps, scales and decays,
+// on lengths that leave vector tails.
+TEST(KernelsAdamWMixed, BitwiseTheConvertAdamWConvertSequence) {
+  SetComputeThreads(2);
+  AdamWConfig cfg;
+  for (const size_t n : {size_t{1}, size_t{37}, size_t{4099}})
+    for (const DType gd : {DType::kF32, DType::kBF16})
+      for (const int store : {0, 1, 2}) {  // 0: stored is the master (fp32), 1: separate fp32, 2: bf16
+        const DType sd = store == 2 ? DType::kBF16 : DType::kF32;
+        SCOPED_TRACE("n=" + std::to_string(n) + " grad " + DTypeName(gd) + " store " + std::to_string(store));
+        VecF master = RandomFloats(n, 1, -2, 2), m = RandomFloats(n, 2, -0.1f, 0.1f),
+             v = RandomFloats(n, 3, 0.0f, 0.01f), g32 = RandomFloats(n, 4, -3, 3);
+        master[0] = 0.0f;  // a zero parameter and gradient
+        g32[0] = 0.0f;
+        std::vector<uint16_t> g16(n);
+        convert(g32.data(), DType::kF32, g16.data(), DType::kBF16, n);
+        const void* grad = gd == DType::kBF16 ? static_cast<const void*>(g16.data()) : g32.data();
+        VecF m1 = master, mm1 = m, v1 = v, m2 = master, mm2 = m, v2 = v, s32a(n), s32b(n);
+        std::vector<uint16_t> s16a(n), s16b(n);
+        for (int t = 1; t <= 3; t++) {
+          const float lr = 1e-3f * t, wd = t == 2 ? 0.0f : 0.1f, scale = t == 3 ? 0.37f : 1.0f;
+          // the old sequence
+          VecF gw(n);
+          convert(grad, gd, gw.data(), DType::kF32, n);
+          adamw_update(m1.data(), gw.data(), mm1.data(), v1.data(), n, lr, wd, cfg, t, scale);
+          if (store == 1) convert(m1.data(), DType::kF32, s32a.data(), DType::kF32, n);
+          if (store == 2) convert(m1.data(), DType::kF32, s16a.data(), DType::kBF16, n);
+          // the one pass
+          void* stored = store == 0 ? static_cast<void*>(m2.data())
+                                    : store == 1 ? static_cast<void*>(s32b.data()) : static_cast<void*>(s16b.data());
+          adamw_mixed(m2.data(), stored, sd, grad, gd, mm2.data(), v2.data(), n, lr, wd, cfg, t, scale);
+        }
+        EXPECT_EQ(0, std::memcmp(m1.data(), m2.data(), n * sizeof(float))) << "master";
+        EXPECT_EQ(0, std::memcmp(mm1.data(), mm2.data(), n * sizeof(float))) << "m";
+        EXPECT_EQ(0, std::memcmp(v1.data(), v2.data(), n * sizeof(float))) << "v";
+        if (store == 1) EXPECT_EQ(0, std::memcmp(s32a.data(), s32b.data(), n * sizeof(float))) << "stored fp32";
+        if (store == 2) EXPECT_EQ(0, std::memcmp(s16a.data(), s16b.data(), n * sizeof(uint16_t))) << "stored bf16";
+        EXPECT_NE(m1[n - 1], master[n - 1]);  // the parameters did move
+      }
+}
+
 }  // namespace
 }  // namespace shardgpt
