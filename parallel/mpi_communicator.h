@@ -156,6 +156,9 @@ class MpiCommunicator final : public Communicator {
   Status Await(MPI_Request* req, const char* name);
   void Announce();    // the note "I entered call calls_" to every other rank
   void DrainNotes();  // the others' notes into seen_
+  // Destructor: hands arrivals_ to the retired side channels (mpi_communicator.cc), which free
+  // it once every peer's closing note came in, so that no note reaches a freed channel.
+  void RetireArrivals();
   [[noreturn]] void TimedOut(const char* name);
 
   MPI_Comm comm_;   // our duplicate; freed in the destructor
