@@ -97,21 +97,23 @@ constexpr long long kClosingNote = -1;
 // it: the SEGV of issue 23 item 10. So each rank ends the channel with a closing note to every
 // peer (after all its other notes: MPI does not let a message overtake an earlier one from the
 // same sender on the same communicator and tag), and the channel is freed only once the closing
-// notes of all peers came in and our own sends completed. Nothing here waits: a peer that is
-// still busy, or gone, only keeps its channel here a little longer (or until MPI_Finalize).
+// notes of all peers came in. Nothing waits for a peer: one that is still busy, or gone, only
+// keeps its channel here a little longer (or until MPI_Finalize).
 struct RetiredChannel {
   MPI_Comm comm = MPI_COMM_NULL;
   int open_peers = 0;               // peers whose closing note has not come in
   std::vector<bool> closed;         // per peer: its closing note came in
-  std::vector<long long> out;       // the closing notes' send buffers
-  std::vector<MPI_Request> sends;   // their requests
+  std::vector<long long> notes;     // the buffers of our notes still in flight (moved here)
+  long long closing = kClosingNote;  // the buffer of our closing notes
+  std::vector<MPI_Request> sends;   // those notes and the closing ones
 };
 
 std::mutex g_retired_mu;
 std::vector<std::unique_ptr<RetiredChannel>> g_retired;  // guarded by g_retired_mu
 
-// Frees every retired channel that nothing can reach any more. Never blocks: it receives only
-// messages already there (MPI_Iprobe first) and tests its own sends.
+// Frees every retired channel that nothing can reach any more and whose own sends completed.
+// Never blocks: it receives only messages already there (MPI_Iprobe first) and tests its sends
+// (an eager send over shared memory completes only once the peer took it in).
 void ReapRetiredChannels() {
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -253,6 +255,7 @@ StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(MPI_Comm comm
   c->arrivals_ = arrivals;
   c->world_ranks_ = std::move(world_ranks);
   c->seen_.assign(static_cast<size_t>(world), 0);
+  c->closed_.assign(static_cast<size_t>(world), false);
   c->note_out_.assign(static_cast<size_t>(world), 0);
   c->note_req_.assign(static_cast<size_t>(world), MPI_REQUEST_NULL);
   c->note_owed_.assign(static_cast<size_t>(world), false);
@@ -287,19 +290,19 @@ void MpiCommunicator::RetireArrivals() {
   auto r = std::make_unique<RetiredChannel>();
   r->comm = arrivals_;
   arrivals_ = MPI_COMM_NULL;
-  r->closed.assign(static_cast<size_t>(world_), false);
+  r->closed = closed_;  // closing notes our communication thread already took in
   r->closed[static_cast<size_t>(rank_)] = true;
-  r->open_peers = world_ - 1;
-  // The notes still in flight first: their buffers are ours, about to be freed. An 8-byte note
-  // is an eager send, which completes locally whatever the peer does.
-  MPI_Waitall(static_cast<int>(note_req_.size()), note_req_.data(), MPI_STATUSES_IGNORE);
-  r->out.assign(static_cast<size_t>(world_), kClosingNote);
+  r->open_peers = static_cast<int>(std::count(r->closed.begin(), r->closed.end(), false));
+  // Our notes still in flight go with the channel (a moved vector keeps its buffer, which those
+  // sends read), then one closing note to every peer. Nothing waits here for a peer.
+  r->notes = std::move(note_out_);
+  r->sends = note_req_;
+  r->sends.resize(2 * static_cast<size_t>(world_), MPI_REQUEST_NULL);  // [world_ + p]: the closing note to p
   for (int p = 0; p < world_; p++) {
-    if (p == rank_) continue;
-    MPI_Request req = MPI_REQUEST_NULL;
-    if (MPI_Isend(&r->out[static_cast<size_t>(p)], 1, MPI_LONG_LONG, p, 0, r->comm, &req) == MPI_SUCCESS)
-      r->sends.push_back(req);
+    MPI_Request& req = r->sends[static_cast<size_t>(world_ + p)];
+    if (p != rank_ && MPI_Isend(&r->closing, 1, MPI_LONG_LONG, p, 0, r->comm, &req) != MPI_SUCCESS) req = MPI_REQUEST_NULL;
   }
+  std::fill(note_req_.begin(), note_req_.end(), MPI_REQUEST_NULL);
   {
     std::lock_guard<std::mutex> lock(g_retired_mu);
     g_retired.push_back(std::move(r));
@@ -308,6 +311,12 @@ void MpiCommunicator::RetireArrivals() {
 }
 
 void MpiCommunicator::SetDiagnosticStep(long long step) { g_diagnostic_step.store(step); }
+
+size_t MpiCommunicator::RetiredChannels() {
+  ReapRetiredChannels();
+  std::lock_guard<std::mutex> lock(g_retired_mu);
+  return g_retired.size();
+}
 
 void MpiCommunicator::Announce() {
   for (int p = 0; p < world_; p++) {
@@ -334,7 +343,10 @@ void MpiCommunicator::DrainNotes() {
     if (MPI_Iprobe(MPI_ANY_SOURCE, 0, arrivals_, &flag, &status) != MPI_SUCCESS || !flag) return;
     long long seq = 0;
     if (MPI_Recv(&seq, 1, MPI_LONG_LONG, status.MPI_SOURCE, 0, arrivals_, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
-    seen_[status.MPI_SOURCE] = std::max(seen_[status.MPI_SOURCE], seq);
+    if (seq == kClosingNote)  // the peer destroyed its side (after this call's last collective)
+      closed_[status.MPI_SOURCE] = true;
+    else
+      seen_[status.MPI_SOURCE] = std::max(seen_[status.MPI_SOURCE], seq);
   }
 }
 

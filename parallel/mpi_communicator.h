@@ -118,6 +118,10 @@ class MpiCommunicator final : public Communicator {
   void SetTimeout(double seconds) { timeout_s_ = seconds; }
   // The training step the watchdog's line names (process-wide; the training loop sets it).
   static void SetDiagnosticStep(long long step);
+  // The side channels of destroyed communicators this process still keeps (each is freed once
+  // every peer's closing note came in, so that no message reaches a freed communicator); frees
+  // those it can first, without waiting. For tests and diagnostics.
+  static size_t RetiredChannels();
 
  private:
   using Task = std::function<Status()>;  // runs on the communication thread
@@ -184,6 +188,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<int> world_ranks_;        // MPI_COMM_WORLD rank of each member
   long long calls_ = 0;                 // MPI calls entered on comm_
   std::vector<long long> seen_;         // the latest call each peer noted
+  std::vector<bool> closed_;            // the peer's closing note came in (it destroyed its side)
   std::vector<long long> note_out_;     // send buffers of the notes in flight
   std::vector<MPI_Request> note_req_;
   std::vector<bool> note_owed_;         // a note not sent (the previous one was in flight)
