@@ -47,7 +47,10 @@
 //
 // Lifetime: create after MPI_Init_thread and destroy before MPI_Finalize. The destructor
 // runs what is still queued (so remote ranks are not left waiting), then joins the thread;
-// like every call it is collective. Not copyable; owned by the caller of Create().
+// like every call it is collective, but it waits for no peer: the watchdog's side channel,
+// whose notes have no matching receive, is kept (retired) until every peer's closing note came
+// in, so that no message ever reaches a freed communicator (Open MPI's ob1 mishandles those:
+// issue 23 item 10). Not copyable; owned by the caller of Create().
 #pragma once
 
 #include <mpi.h>
