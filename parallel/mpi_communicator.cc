@@ -113,7 +113,7 @@ std::vector<std::unique_ptr<RetiredChannel>> g_retired;  // guarded by g_retired
 
 // Frees every retired channel that nothing can reach any more and whose own sends completed.
 // Never blocks: it receives only messages already there (MPI_Iprobe first) and tests its sends
-// (an eager send over shared memory completes only once the peer took it in).
+// (an eager send over shared memory may complete only once the peer took it in).
 void ReapRetiredChannels() {
   int finalized = 0;
   MPI_Finalized(&finalized);
