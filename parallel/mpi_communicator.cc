@@ -84,6 +84,65 @@ Status MpiError(int rc, const char* call) {
 
 std::atomic<long long> g_diagnostic_step{-1};
 
+// The closing note: the last message a rank sends to each peer on a side channel (arrival notes
+// carry call numbers, which start at 1).
+constexpr long long kClosingNote = -1;
+
+// The side channel (arrivals_) of a destroyed communicator, kept until no message can reach it
+// any more. Its notes are sent without a matching receive; freeing the channel while one is still
+// on its way would leave Open MPI's ob1 a message for a context id it no longer knows: ob1 files
+// it on a process-wide list of messages "for communicators not yet created", which the next
+// communicator given that id adopts (a message nobody sent on it) and which a thread creating a
+// communicator (mca_pml_ob1_add_comm) walks unlocked while another thread's progress appends to
+// it: the SEGV of issue 23 item 10. So each rank ends the channel with a closing note to every
+// peer (after all its other notes: MPI does not let a message overtake an earlier one from the
+// same sender on the same communicator and tag), and the channel is freed only once the closing
+// notes of all peers came in. Nothing waits for a peer: one that is still busy, or gone, only
+// keeps its channel here a little longer (or until MPI_Finalize).
+struct RetiredChannel {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int open_peers = 0;               // peers whose closing note has not come in
+  std::vector<bool> closed;         // per peer: its closing note came in
+  std::vector<long long> notes;     // the buffers of our notes still in flight (moved here)
+  long long closing = kClosingNote;  // the buffer of our closing notes
+  std::vector<MPI_Request> sends;   // those notes and the closing ones
+};
+
+std::mutex g_retired_mu;
+std::vector<std::unique_ptr<RetiredChannel>> g_retired;  // guarded by g_retired_mu
+
+// Frees every retired channel that nothing can reach any more and whose own sends completed.
+// Never blocks: it receives only messages already there (MPI_Iprobe first) and tests its sends
+// (an eager send over shared memory may complete only once the peer took it in).
+void ReapRetiredChannels() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  std::lock_guard<std::mutex> lock(g_retired_mu);
+  for (auto it = g_retired.begin(); it != g_retired.end();) {
+    RetiredChannel& r = **it;
+    for (;;) {
+      int flag = 0;
+      MPI_Status status;
+      if (r.open_peers == 0 || MPI_Iprobe(MPI_ANY_SOURCE, 0, r.comm, &flag, &status) != MPI_SUCCESS || !flag) break;
+      long long note = 0;
+      if (MPI_Recv(&note, 1, MPI_LONG_LONG, status.MPI_SOURCE, 0, r.comm, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+      if (note == kClosingNote && !r.closed[status.MPI_SOURCE]) {
+        r.closed[status.MPI_SOURCE] = true;
+        r.open_peers--;
+      }
+    }
+    int sent = 0;
+    if (MPI_Testall(static_cast<int>(r.sends.size()), r.sends.data(), &sent, MPI_STATUSES_IGNORE) != MPI_SUCCESS) sent = 0;
+    if (r.open_peers == 0 && sent) {
+      MPI_Comm_free(&r.comm);
+      it = g_retired.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 MPI_Datatype MpiType(DType dtype) { return dtype == DType::kF32 ? MPI_FLOAT : MPI_UINT16_T; }
 
 // User-defined reduction for bf16 bits: inout[i] = bf16(fp32(in[i]) + fp32(inout[i])).
@@ -163,6 +222,7 @@ StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(MPI_Comm comm
         std::to_string(MPI_THREAD_SERIALIZED) + ") or better from MPI_Init_thread");
   }
   if (comm == MPI_COMM_NULL) return Status::InvalidArgument("MpiCommunicator: MPI_COMM_NULL");
+  ReapRetiredChannels();  // the side channels of destroyed communicators that nothing can reach now
   MPI_Comm dup = MPI_COMM_NULL;
   SHARDGPT_MPI_CALL(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup");
   // Errors come back as codes and become Status, instead of aborting the job.
@@ -195,6 +255,7 @@ StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(MPI_Comm comm
   c->arrivals_ = arrivals;
   c->world_ranks_ = std::move(world_ranks);
   c->seen_.assign(static_cast<size_t>(world), 0);
+  c->closed_.assign(static_cast<size_t>(world), false);
   c->note_out_.assign(static_cast<size_t>(world), 0);
   c->note_req_.assign(static_cast<size_t>(world), MPI_REQUEST_NULL);
   c->note_owed_.assign(static_cast<size_t>(world), false);
@@ -219,15 +280,43 @@ MpiCommunicator::~MpiCommunicator() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) {
-    for (MPI_Request& r : note_req_)
-      if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);  // an 8-byte note: completes on its own
-    MPI_Comm_free(&arrivals_);
+    RetireArrivals();
     MPI_Op_free(&bf16_sum_);
-    MPI_Comm_free(&comm_);
+    MPI_Comm_free(&comm_);  // only collectives ran on it: every message sent on it was received
   }
 }
 
+void MpiCommunicator::RetireArrivals() {
+  auto r = std::make_unique<RetiredChannel>();
+  r->comm = arrivals_;
+  arrivals_ = MPI_COMM_NULL;
+  r->closed = closed_;  // closing notes our communication thread already took in
+  r->closed[static_cast<size_t>(rank_)] = true;
+  r->open_peers = static_cast<int>(std::count(r->closed.begin(), r->closed.end(), false));
+  // Our notes still in flight go with the channel (a moved vector keeps its buffer, which those
+  // sends read), then one closing note to every peer. Nothing waits here for a peer.
+  r->notes = std::move(note_out_);
+  r->sends = note_req_;
+  r->sends.resize(2 * static_cast<size_t>(world_), MPI_REQUEST_NULL);  // [world_ + p]: the closing note to p
+  for (int p = 0; p < world_; p++) {
+    MPI_Request& req = r->sends[static_cast<size_t>(world_ + p)];
+    if (p != rank_ && MPI_Isend(&r->closing, 1, MPI_LONG_LONG, p, 0, r->comm, &req) != MPI_SUCCESS) req = MPI_REQUEST_NULL;
+  }
+  std::fill(note_req_.begin(), note_req_.end(), MPI_REQUEST_NULL);
+  {
+    std::lock_guard<std::mutex> lock(g_retired_mu);
+    g_retired.push_back(std::move(r));
+  }
+  ReapRetiredChannels();
+}
+
 void MpiCommunicator::SetDiagnosticStep(long long step) { g_diagnostic_step.store(step); }
+
+size_t MpiCommunicator::RetiredChannels() {
+  ReapRetiredChannels();
+  std::lock_guard<std::mutex> lock(g_retired_mu);
+  return g_retired.size();
+}
 
 void MpiCommunicator::Announce() {
   for (int p = 0; p < world_; p++) {
@@ -254,7 +343,10 @@ void MpiCommunicator::DrainNotes() {
     if (MPI_Iprobe(MPI_ANY_SOURCE, 0, arrivals_, &flag, &status) != MPI_SUCCESS || !flag) return;
     long long seq = 0;
     if (MPI_Recv(&seq, 1, MPI_LONG_LONG, status.MPI_SOURCE, 0, arrivals_, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
-    seen_[status.MPI_SOURCE] = std::max(seen_[status.MPI_SOURCE], seq);
+    if (seq == kClosingNote)  // the peer destroyed its side (after this call's last collective)
+      closed_[status.MPI_SOURCE] = true;
+    else
+      seen_[status.MPI_SOURCE] = std::max(seen_[status.MPI_SOURCE], seq);
   }
 }
 

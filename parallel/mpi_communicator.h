@@ -47,7 +47,10 @@
 //
 // Lifetime: create after MPI_Init_thread and destroy before MPI_Finalize. The destructor
 // runs what is still queued (so remote ranks are not left waiting), then joins the thread;
-// like every call it is collective. Not copyable; owned by the caller of Create().
+// like every call it is collective, but it waits for no peer: the watchdog's side channel,
+// whose notes have no matching receive, is kept (retired) until every peer's closing note came
+// in, so that no message ever reaches a freed communicator (Open MPI's ob1 mishandles those:
+// issue 23 item 10). Not copyable; owned by the caller of Create().
 #pragma once
 
 #include <mpi.h>
@@ -118,6 +121,10 @@ class MpiCommunicator final : public Communicator {
   void SetTimeout(double seconds) { timeout_s_ = seconds; }
   // The training step the watchdog's line names (process-wide; the training loop sets it).
   static void SetDiagnosticStep(long long step);
+  // The side channels of destroyed communicators this process still keeps (each is freed once
+  // every peer's closing note came in, so that no message reaches a freed communicator); frees
+  // those it can first, without waiting. For tests and diagnostics.
+  static size_t RetiredChannels();
 
  private:
   using Task = std::function<Status()>;  // runs on the communication thread
@@ -156,6 +163,9 @@ class MpiCommunicator final : public Communicator {
   Status Await(MPI_Request* req, const char* name);
   void Announce();    // the note "I entered call calls_" to every other rank
   void DrainNotes();  // the others' notes into seen_
+  // Destructor: hands arrivals_ to the retired side channels (mpi_communicator.cc), which free
+  // it once every peer's closing note came in, so that no note reaches a freed channel.
+  void RetireArrivals();
   [[noreturn]] void TimedOut(const char* name);
 
   MPI_Comm comm_;   // our duplicate; freed in the destructor
@@ -181,6 +191,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<int> world_ranks_;        // MPI_COMM_WORLD rank of each member
   long long calls_ = 0;                 // MPI calls entered on comm_
   std::vector<long long> seen_;         // the latest call each peer noted
+  std::vector<bool> closed_;            // the peer's closing note came in (it destroyed its side)
   std::vector<long long> note_out_;     // send buffers of the notes in flight
   std::vector<MPI_Request> note_req_;
   std::vector<bool> note_owed_;         // a note not sent (the previous one was in flight)
