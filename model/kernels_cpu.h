@@ -91,7 +91,8 @@ void convert(const void* src, DType from, void* dst, DType to, size_t n);
 // dst (dtype) += src (src_dtype), n elements; a bf16 destination: dst = bf16(fp32(dst) + src),
 // rounded once (RNE).
 void accumulate(void* dst, DType dtype, const void* src, DType src_dtype, size_t n);
-// sum_i x[i]^2, accumulated in double.
+// sum_i x[i]^2, accumulated in double: blocks of 32Ki elements (each over 8 interleaved
+// partial sums), the blocks added in index order; the same bits on any thread count.
 double sum_squares(const void* x, DType dtype, size_t n);
 // *dst = (sum_i src[i]) / divisor, added in index order.
 void sum_f64(double* dst, const double* src, size_t n, double divisor);

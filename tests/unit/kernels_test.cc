@@ -6,6 +6,7 @@
 // double backward (itself checked against finite differences) at sizes that span several of
 // the kernel's 64-row blocks. Plus: accumulate semantics, padded vocabulary columns, bitwise
 // determinism for a fixed thread count.
+#include "base/bf16.h"
 #include "model/kernels_cpu.h"
 #include "tests/common/random_data.h"
 
@@ -755,6 +756,34 @@ TEST(KernelsAdamWMixed, BitwiseTheConvertAdamWConvertSequence) {
         if (store == 2) EXPECT_EQ(0, std::memcmp(s16a.data(), s16b.data(), n * sizeof(uint16_t))) << "stored bf16";
         EXPECT_NE(m1[n - 1], master[n - 1]);  // the parameters did move
       }
+}
+
+// The gradient norm's sum of squares: the same bits on 1, 2 and 3 threads (its blocks do not
+// depend on the thread count), within rounding of a long-double sum, fp32 and bf16, over
+// several blocks with a tail and below one block.
+TEST_F(KernelsThreads, SumSquaresIsTheSameOnAnyThreadCountAndMatchesALongDoubleSum) {
+  for (size_t n : {size_t{1}, size_t{7}, size_t{1000}, size_t{3 * 32768 + 5}}) {
+    VecF x = RandomFloats(n, 11);
+    std::vector<uint16_t> xb(n);
+    for (size_t i = 0; i < n; i++) xb[i] = FloatToBf16(x[i]);
+    long double ref = 0, refb = 0;
+    for (size_t i = 0; i < n; i++) {
+      ref += (long double)x[i] * x[i];
+      refb += (long double)Bf16ToFloat(xb[i]) * Bf16ToFloat(xb[i]);
+    }
+    double got[3], gotb[3];
+    for (int t = 1; t <= 3; t++) {
+      SetComputeThreads(t);
+      got[t - 1] = sum_squares(x.data(), DType::kF32, n);
+      gotb[t - 1] = sum_squares(xb.data(), DType::kBF16, n);
+    }
+    for (int t = 1; t < 3; t++) {
+      EXPECT_EQ(got[t], got[0]) << "n=" << n << " threads=" << t + 1;
+      EXPECT_EQ(gotb[t], gotb[0]) << "n=" << n << " threads=" << t + 1;
+    }
+    EXPECT_NEAR(got[0], (double)ref, 1e-12 * (double)ref) << "n=" << n;
+    EXPECT_NEAR(gotb[0], (double)refb, 1e-12 * (double)refb) << "n=" << n;
+  }
 }
 
 }  // namespace
