@@ -14,6 +14,7 @@
 set -euo pipefail
 BIN=$(realpath "$1"); SRC=$(realpath "${2:-$(dirname "$0")/..}")
 VOCAB=${VOCAB:-50257} COPIES=${COPIES:-4} ROUNDS=${ROUNDS:-3}
+"$SRC/bench/machine.sh"
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 PY=$("$SRC/scripts/hf-venv.sh")
 REF=$SRC/tests/e2e/hf_ref.py
