@@ -67,9 +67,25 @@ bool SymbolsToBytesStrict(const std::string& s, const int inverse[512], std::str
   return true;
 }
 
+// o["type"] == type, false for a missing or non-string "type" (json::value would throw there).
+bool TypeIs(const nlohmann::json& o, const char* type) {
+  return o.is_object() && o.contains("type") && o["type"].is_string() && o["type"].get<std::string>() == type;
+}
+
 bool IsNullOrType(const nlohmann::json& j, const char* key, const char* type) {
   if (!j.contains(key) || j[key].is_null()) return true;
-  return j[key].is_object() && j[key].value("type", std::string()) == type;
+  return TypeIs(j[key], type);
+}
+
+// An optional boolean field: absent is `fallback`; any other JSON type is an error naming it
+// (json::value(key, fallback) would throw a type_error through the parser instead).
+StatusOr<bool> OptionalBool(const std::string& what, const nlohmann::json& o, const std::string& where,
+                            const char* key, bool fallback) {
+  if (!o.contains(key)) return fallback;
+  if (!o[key].is_boolean())
+    return Status::InvalidArgument(what + ": " + where + key + " is " + o[key].dump().substr(0, 40) +
+                                   " (expected true or false)");
+  return o[key].get<bool>();
 }
 
 std::string TypeOf(const nlohmann::json& j) {
@@ -123,17 +139,23 @@ StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Parse(const std::str
   if (!j.contains("model") || !j["model"].is_object())
     return Status::InvalidArgument(what + ": no \"model\" object (expected a tokenizer.json)");
   const nlohmann::json& m = j["model"];
-  const std::string type = m.value("type", std::string(m.contains("merges") ? "BPE" : ""));
+  if (m.contains("type") && !m["type"].is_string())
+    return Status::InvalidArgument(what + ": model.type " + m["type"].dump().substr(0, 40) + " is not a string");
+  const std::string type = m.contains("type") ? m["type"].get<std::string>() : (m.contains("merges") ? "BPE" : "");
   if (type != "BPE")
     return Status::InvalidArgument(what + ": unsupported model type \"" + type + "\" (expected \"BPE\", byte-level)");
   if (j.contains("normalizer") && !j["normalizer"].is_null())
     return Status::InvalidArgument(what + ": normalizer " + TypeOf(j["normalizer"]) + " is not supported (expected null)");
   if (!j.contains("pre_tokenizer") || !j["pre_tokenizer"].is_object() ||
-      j["pre_tokenizer"].value("type", std::string()) != "ByteLevel")
+      !TypeIs(j["pre_tokenizer"], "ByteLevel"))
     return Status::InvalidArgument(what + ": pre_tokenizer " + (j.contains("pre_tokenizer") ? TypeOf(j["pre_tokenizer"]) : "missing") +
                                    " is not supported (expected ByteLevel, GPT-2's)");
   const nlohmann::json& pre = j["pre_tokenizer"];
-  if (pre.value("add_prefix_space", false) || !pre.value("use_regex", true))
+  const StatusOr<bool> add_prefix_space = OptionalBool(what, pre, "pre_tokenizer.", "add_prefix_space", false);
+  const StatusOr<bool> use_regex = OptionalBool(what, pre, "pre_tokenizer.", "use_regex", true);
+  if (!add_prefix_space.ok()) return add_prefix_space.status();
+  if (!use_regex.ok()) return use_regex.status();
+  if (add_prefix_space.value() || !use_regex.value())
     return Status::InvalidArgument(what + ": ByteLevel pre_tokenizer with add_prefix_space true or use_regex false is "
                                    "not supported (expected GPT-2's: false, true)");
   if (!IsNullOrType(j, "decoder", "ByteLevel"))
@@ -146,13 +168,17 @@ StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Parse(const std::str
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (m.contains(k) && !m[k].is_null() && m[k] != "")
       return Status::InvalidArgument(what + ": model." + k + " " + m[k].dump() + " is not supported (expected null)");
-  if (m.value("byte_fallback", false))
+  const StatusOr<bool> byte_fallback = OptionalBool(what, m, "model.", "byte_fallback", false);
+  const StatusOr<bool> ignore_merges = OptionalBool(what, m, "model.", "ignore_merges", false);
+  if (!byte_fallback.ok()) return byte_fallback.status();
+  if (!ignore_merges.ok()) return ignore_merges.status();
+  if (byte_fallback.value())
     return Status::InvalidArgument(what + ": model.byte_fallback true is not supported (expected false)");
   if (!m.contains("vocab") || !m["vocab"].is_object()) return Status::InvalidArgument(what + ": model.vocab is not an object");
   if (!m.contains("merges") || !m["merges"].is_array()) return Status::InvalidArgument(what + ": model.merges is not an array");
 
   std::shared_ptr<BpeTokenizer> t(new BpeTokenizer());
-  t->ignore_merges_ = m.value("ignore_merges", false);
+  t->ignore_merges_ = ignore_merges.value();
   uint32_t cp[256];
   ByteToUnicode(cp);
   int inverse[512];
@@ -177,10 +203,13 @@ StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Parse(const std::str
           a["content"].get<std::string>().empty())
         return Status::InvalidArgument(what + ": added token " + a.dump().substr(0, 80) +
                                        " (expected {id: integer in [0, 2^24), content: non-empty string})");
-      for (const char* k : {"lstrip", "rstrip", "single_word"})
-        if (a.value(k, false))
+      for (const char* k : {"lstrip", "rstrip", "single_word"}) {
+        const StatusOr<bool> flag = OptionalBool(what, a, "added token " + a["content"].dump() + " ", k, false);
+        if (!flag.ok()) return flag.status();
+        if (flag.value())
           return Status::InvalidArgument(what + ": added token " + a["content"].dump() + " has " + k +
                                          " true (not supported)");
+      }
       t->added_.push_back(Added{a["content"].get<std::string>(), a["id"].get<int32_t>()});
       max_id = std::max<int64_t>(max_id, a["id"].get<int64_t>());
     }

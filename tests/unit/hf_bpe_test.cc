@@ -120,6 +120,23 @@ TEST(BpeTokenizer, RefusesWhatItDoesNotImplement) {
   j = TinyTokenizer();
   j["added_tokens"].push_back({{"id", 16000000}, {"content", "<|far|>"}});
   refuse(j, "lies beyond the");
+  // optional fields of the wrong JSON type: one error naming the field, never a thrown type_error
+  // (tests/fuzz/regressions/tokenizer_json/)
+  j = TinyTokenizer();
+  j["pre_tokenizer"]["add_prefix_space"] = "n l";
+  refuse(j, "pre_tokenizer.add_prefix_space is \"n l\" (expected true or false)");
+  j = TinyTokenizer();
+  j["model"]["ignore_merges"] = 1;
+  refuse(j, "model.ignore_merges is 1 (expected true or false)");
+  j = TinyTokenizer();
+  j["model"]["type"] = 7;
+  refuse(j, "model.type 7 is not a string");
+  j = TinyTokenizer();
+  j["pre_tokenizer"]["type"] = nullptr;
+  refuse(j, "pre_tokenizer");
+  j = TinyTokenizer();
+  j["decoder"] = {{"type", 3}};
+  refuse(j, "decoder");
 
   auto t = BpeTokenizer::Parse("tok.json", TinyTokenizer().dump());
   ASSERT_TRUE(t.ok());
