@@ -18,6 +18,7 @@
 #include <immintrin.h>
 #include <mutex>
 #include <unordered_map>
+#include <type_traits>
 #include <vector>
 
 #include "base/bf16.h"
@@ -323,34 +324,31 @@ Bf16WeightCache::Entry* Bf16WeightCache::Find(const float* w, size_t n, bool bit
   return &e;
 }
 
-const uint16_t* Bf16WeightCache::Bits(const float* w, size_t n, std::vector<uint16_t>& scratch) {
+// One lookup for both forms: the entry's `slot` (its bits or its rounded floats) when this
+// window filled it already, else `convert` into it (or into scratch when no window is open).
+template <typename T>
+const T* Bf16WeightCache::Lookup(const float* w, size_t n, std::vector<T>& scratch, std::vector<T> Entry::*slot,
+                                 T* (*convert)(const float*, size_t, std::vector<T>&)) {
   if (!open()) {
     g_weight_conversions.fetch_add(1, std::memory_order_relaxed);
-    return ToBf16(w, n, scratch);
+    return convert(w, n, scratch);
   }
   bool fresh = false;
-  Entry* e = Find(w, n, true, &fresh);
+  Entry* e = Find(w, n, std::is_same<T, uint16_t>::value, &fresh);
   if (!fresh) {
     g_weight_reuses.fetch_add(1, std::memory_order_relaxed);
-    return e->bits.data();
+    return (e->*slot).data();
   }
   g_weight_conversions.fetch_add(1, std::memory_order_relaxed);
-  return ToBf16(w, n, e->bits);
+  return convert(w, n, e->*slot);
+}
+
+const uint16_t* Bf16WeightCache::Bits(const float* w, size_t n, std::vector<uint16_t>& scratch) {
+  return Lookup(w, n, scratch, &Entry::bits, &ToBf16);
 }
 
 const float* Bf16WeightCache::Rounded(const float* w, size_t n, std::vector<float>& scratch) {
-  if (!open()) {
-    g_weight_conversions.fetch_add(1, std::memory_order_relaxed);
-    return RoundBf16(w, n, scratch);
-  }
-  bool fresh = false;
-  Entry* e = Find(w, n, false, &fresh);
-  if (!fresh) {
-    g_weight_reuses.fetch_add(1, std::memory_order_relaxed);
-    return e->rounded.data();
-  }
-  g_weight_conversions.fetch_add(1, std::memory_order_relaxed);
-  return RoundBf16(w, n, e->rounded);
+  return Lookup(w, n, scratch, &Entry::rounded, &RoundBf16);
 }
 
 namespace {

@@ -119,6 +119,9 @@ class Bf16WeightCache {
     std::vector<float> rounded;
   };
   Entry* Find(const float* w, size_t n, bool bits, bool* fresh);
+  template <typename T>
+  const T* Lookup(const float* w, size_t n, std::vector<T>& scratch, std::vector<T> Entry::*slot,
+                  T* (*convert)(const float*, size_t, std::vector<T>&));
   uint64_t window_ = 0, last_window_ = 0;
   std::map<std::pair<std::pair<const float*, size_t>, bool>, Entry> entries_;
 };
