@@ -951,9 +951,10 @@ class Trainer {
     // What the step (TrainStep: its micro-batches, the optimizer step, the final synchronise)
     // cost the device, where the device counts it (every rank runs the same device kind):
     // allocations and frees of device memory, host waits on device work. This rank's figure,
-    // then every rank's. Absent on the CPU; on a GPU only CudaDevice's own allocations and
-    // frees, no host_syncs; under the CUDA emulation the whole process's (a background
-    // checkpoint's staging counts in the step it overlaps).
+    // then every rank's. On the CPU the system allocations and frees behind the device's block
+    // cache, no host_syncs; on a GPU only CudaDevice's own allocations and frees, no host_syncs;
+    // under the CUDA emulation the whole process's (a background checkpoint's staging counts in
+    // the step it overlaps).
     if (r.device.known) {
       j["device_allocations"] = r.device.allocations;
       j["device_allocations_per_rank"] = allocs;

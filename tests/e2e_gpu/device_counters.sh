@@ -3,12 +3,9 @@
 # first step has filled the caches (CudaDevice's caching allocator, its pinned staging ring, the
 # kernels' scratch): `train --device cuda` on a tiny model, ZeRO stages 0-3, fp32 and bf16, 1
 # and 2 ranks over NCCL, --log. From step 2 on, on every rank (*_per_rank):
-#   device_frees == 0 in every row;
-#   device_allocations == 0 in every row, but for at most one block per rank over the run:
-#     the engine drops a reduce-scatter's send buffer when a poll (Work::IsCompleted) first sees
-#     the collective complete, so how many of them are alive at once depends on timing (the
-#     NCCL watchdog's polls run the emulated streams too), and a later step may need one more
-#     than step 1 did (stage 2: 1 or 2 unit gradients of a size). That block is kept for good.
+#   device_frees == 0 and device_allocations == 0 in every row, but for at most one block per
+#     rank over the run (tests/e2e/lib/device_counters_check.py says why; the NCCL watchdog's
+#     polls run the emulated streams too, so the timing varies there as well);
 #   host_syncs <= 1: the one read of the step's loss and gradient norm (kept on the device
 #   through the step: the fused classifier's loss, the norm, the clip factor and their sums
 #   over ranks; token ids go up through pinned asynchronous copies; the embedding backward
@@ -39,27 +36,7 @@ train() {  # train NP LOG [flags]
     { echo "FAIL: mpirun -np $np train $* (log $log.out):"; cat "$log.out"; exit 1; }
 }
 check() {  # check LOG WHAT: from step 2 on, on every rank: no free, no allocation (but one late block), <= 1 host sync
-  /usr/bin/python3 - "$@" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-what = sys.argv[2]
-assert [r["step"] for r in rows] == [1, 2, 3, 4], (what, [r["step"] for r in rows])
-def per_step(key):
-    return " ".join("/".join(str(v) for v in r[key + "_per_rank"]) if key + "_per_rank" in r else "?" for r in rows)
-print("%-20s allocations %-24s frees %-16s host syncs %s" %
-      (what, per_step("device_allocations"), per_step("device_frees"), per_step("host_syncs")))
-later = rows[1:]
-ranks = len(rows[0]["device_allocations_per_rank"])
-late = [sum(r["device_allocations_per_rank"][k] for r in later) for k in range(ranks)]
-assert max(late) <= 1, "%s: device memory allocated inside steps after the first (per rank, steps 2-%d): %s" % (
-    what, len(rows), [(r["step"], r["device_allocations_per_rank"]) for r in later if any(r["device_allocations_per_rank"])])
-for key, limit in (("device_frees", 0), ("host_syncs", 1)):
-    if key + "_per_rank" not in rows[0]:
-        assert key == "host_syncs", "%s: no %s_per_rank in the rows" % (what, key)
-        continue  # a real GPU: host syncs are not counted
-    bad = [(r["step"], r[key + "_per_rank"]) for r in later if max(r[key + "_per_rank"]) > limit]
-    assert not bad, "%s: %s above %d inside steps after the first (step, per rank): %s" % (what, key, limit, bad)
-PY
+  /usr/bin/python3 "$(dirname "$0")/../e2e/lib/device_counters_check.py" "$@"
 }
 
 echo "per step 1..4, rank 0/rank 1 (step 1 fills the caches):"
