@@ -159,6 +159,9 @@ class ProfilingKernels final : public Kernels {
   // ---- engine ----
   void begin_weight_reuse() override { k_.begin_weight_reuse(); }
   void end_weight_reuse() override { k_.end_weight_reuse(); }
+  void note_bf16_source(const float* widened, const void* bf16, size_t n) override {
+    k_.note_bf16_source(widened, bf16, n);
+  }
   void convert(const void* src, DType from, void* dst, DType to, size_t n) const override {
     Time("convert (engine)", 0, double(n) * (DTypeSize(from) + DTypeSize(to)),
          [&] { k_.convert(src, from, dst, to, n); });

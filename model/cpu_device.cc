@@ -109,6 +109,11 @@ class CpuKernels final : public Kernels {
   }
   void begin_weight_reuse() override { weights_.Begin(); }
   void end_weight_reuse() override { weights_.End(); }
+  void note_bf16_source(const float* widened, const void* bf16, size_t n) override {
+    weights_.NoteSource(widened, static_cast<const uint16_t*>(bf16), n);
+  }
+  // The device is freeing [p, p + bytes): nothing derived from it may be served again.
+  void ForgetMemory(const void* p, size_t bytes) { weights_.Forget(p, bytes); }
   void adamw_mixed(float* master, void* stored, DType stored_dtype, const void* grad, DType grad_dtype, float* m,
                    float* v, size_t n, float lr, float weight_decay, const AdamWConfig& cfg, int64_t t,
                    const float* grad_scale_dev, float grad_scale) const override {
@@ -172,6 +177,7 @@ class CpuDeviceImpl final : public Device {
       std::abort();
     }
     if (pretend_) allocations_.erase(reinterpret_cast<uintptr_t>(p));
+    kernels_.ForgetMemory(p, it->second);
     ASAN_POISON_MEMORY_REGION(p, it->second);
     cached_.emplace(it->second, p);
     live_.erase(it);

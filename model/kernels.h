@@ -93,13 +93,23 @@ class Kernels {
 
   // ---- weight reuse window ----
   // Between begin_weight_reuse() and end_weight_reuse() the caller guarantees that no matmul
-  // weight (w of matmul_forward/backward) changes, at any address it was read from. A kernel set
+  // weight (w of matmul_forward/backward) changes, at any address it was read from, while the
+  // memory there stays allocated (a kernel set forgets what it derived from memory the device
+  // frees: the CPU device's Free tells its kernels). A kernel set
   // may then keep what it derives from a weight for the rest of the window: the CPU device at
   // bf16 precision converts each weight to bf16 once per window, not once per call
   // (Bf16WeightCache, model/kernels_cpu_bf16.h). A begin while open starts a new window. The
   // default (CUDA, fp32) derives nothing to keep.
   virtual void begin_weight_reuse() {}
   virtual void end_weight_reuse() {}
+  // Inside the window: the n floats at `widened` are exactly the bf16 values at `bf16` (device
+  // memory), and neither changes until the window closes or either is freed (the fp32 compute
+  // copy of bf16-stored parameters, parallel/param_store.cc). A kernel set may then read the
+  // bf16 values for any weight inside `widened` instead of converting it (the CPU device: no
+  // conversion at all at --dtype bf16). Default: nothing kept.
+  virtual void note_bf16_source(const float* widened, const void* bf16, size_t n) {
+    (void)widened, (void)bf16, (void)n;
+  }
   // The optimizer's one pass: adamw_update (model/optimizer.h, per element the same expression)
   // on fp32 master, m, v with the gradient read in grad_dtype (bf16 widened in the loop), and
   // the stored parameters written from the new master in the same loop: stored (stored_dtype)

@@ -126,7 +126,8 @@ struct MatmulEntry {
   OnednnOperandFormats formats;  // of the primitive as built (its own src/weights descs)
 };
 
-std::atomic<int64_t> g_onednn_calls{0}, g_dot_calls{0}, g_weight_conversions{0}, g_weight_reuses{0};
+std::atomic<int64_t> g_onednn_calls{0}, g_dot_calls{0}, g_weight_conversions{0}, g_weight_reuses{0},
+    g_weights_from_stored{0};
 
 // The last formats each large product's primitive used (tests: the layouts cannot regress unseen).
 std::mutex g_formats_mu;
@@ -235,7 +236,8 @@ OnednnOperandFormats LastOnednnFormats(Bf16Product product) {
 
 Bf16ProductCounts GetBf16ProductCounts() {
   return {g_onednn_calls.load(std::memory_order_relaxed), g_dot_calls.load(std::memory_order_relaxed),
-          g_weight_conversions.load(std::memory_order_relaxed), g_weight_reuses.load(std::memory_order_relaxed)};
+          g_weight_conversions.load(std::memory_order_relaxed), g_weight_reuses.load(std::memory_order_relaxed),
+          g_weights_from_stored.load(std::memory_order_relaxed)};
 }
 
 void ResetBf16ProductCounts() {
@@ -243,6 +245,7 @@ void ResetBf16ProductCounts() {
   g_dot_calls.store(0, std::memory_order_relaxed);
   g_weight_conversions.store(0, std::memory_order_relaxed);
   g_weight_reuses.store(0, std::memory_order_relaxed);
+  g_weights_from_stored.store(0, std::memory_order_relaxed);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -309,12 +312,43 @@ void SetBf16WeightReuse(bool on) { g_weight_reuse.store(on); }
 bool Bf16WeightReuse() { return g_weight_reuse.load(); }
 
 void Bf16WeightCache::End() {
+  std::lock_guard<std::mutex> lock(mu_);
+  sources_.clear();
   if (!open()) return;  // (closing twice must not drop the storage kept for the next window)
   for (auto it = entries_.begin(); it != entries_.end();) {
     if (it->second.window == window_) ++it;  // used in this window: keep the storage
     else it = entries_.erase(it);
   }
   window_ = 0;
+}
+
+void Bf16WeightCache::NoteSource(const float* widened, const uint16_t* bf16, size_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (open() && n > 0) sources_.push_back({widened, bf16, n});
+}
+
+const Bf16WeightCache::Source* Bf16WeightCache::SourceOf(const float* w, size_t n) const {
+  for (const Source& s : sources_)
+    if (w >= s.widened && w + n <= s.widened + s.n) return &s;
+  return nullptr;
+}
+
+// Overlap of [a, a + an) and [b, b + bn) in bytes.
+static bool Overlaps(const void* a, size_t an, const void* b, size_t bn) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + bn && y < x + an;
+}
+
+void Bf16WeightCache::Forget(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sources_.erase(std::remove_if(sources_.begin(), sources_.end(),
+                                [&](const Source& s) {
+                                  return Overlaps(s.widened, s.n * sizeof(float), p, bytes) ||
+                                         Overlaps(s.bf16, s.n * sizeof(uint16_t), p, bytes);
+                                }),
+                 sources_.end());
+  for (auto& [key, e] : entries_)  // not served again; the storage stays for the next window
+    if (Overlaps(key.first.first, key.first.second * sizeof(float), p, bytes)) e.window = 0;
 }
 
 Bf16WeightCache::Entry* Bf16WeightCache::Find(const float* w, size_t n, bool bits, bool* fresh) {
@@ -329,9 +363,15 @@ Bf16WeightCache::Entry* Bf16WeightCache::Find(const float* w, size_t n, bool bit
 template <typename T>
 const T* Bf16WeightCache::Lookup(const float* w, size_t n, std::vector<T>& scratch, std::vector<T> Entry::*slot,
                                  T* (*convert)(const float*, size_t, std::vector<T>&)) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (!open()) {
     g_weight_conversions.fetch_add(1, std::memory_order_relaxed);
     return convert(w, n, scratch);
+  }
+  if (const Source* s = SourceOf(w, n)) {  // w is bf16 values already: serve them as they are
+    g_weights_from_stored.fetch_add(1, std::memory_order_relaxed);
+    if constexpr (std::is_same<T, uint16_t>::value) return s->bf16 + (w - s->widened);
+    else return w;
   }
   bool fresh = false;
   Entry* e = Find(w, n, std::is_same<T, uint16_t>::value, &fresh);

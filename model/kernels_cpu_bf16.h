@@ -34,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -72,8 +73,9 @@ OnednnOperandFormats LastOnednnFormats(Bf16Product product);
 // calls of the AVX512-BF16 tile kernel (bench_train --profile prints them per step).
 struct Bf16ProductCounts {
   int64_t onednn_calls = 0, dot_kernel_calls = 0;
-  // matmul weights converted to bf16, and weights served from a Bf16WeightCache instead
-  int64_t weight_conversions = 0, weight_reuses = 0;
+  // matmul weights converted to bf16; weights served from a Bf16WeightCache's copies instead;
+  // weights served from the stored bf16 parameters they were widened from (NoteSource)
+  int64_t weight_conversions = 0, weight_reuses = 0, weights_from_stored = 0;
 };
 Bf16ProductCounts GetBf16ProductCounts();
 void ResetBf16ProductCounts();
@@ -96,7 +98,13 @@ void gemm_bf16_dot(bool ta, bool tb, int M, int N, int K, float alpha, const flo
 // is never served, whatever now lies at its address. End keeps the storage of the weights used
 // in the window just closed (the next window refills it without new allocations) and frees the
 // rest; End when closed does nothing. Memory: 2 bytes per weight element (4 for the emulation's rounded fp32 copies).
-// Thread contract: the training thread only, as the kernels.
+// NoteSource (Kernels::note_bf16_source): inside the window, floats known to be the widening of
+// bf16 parameters are served from those bf16 values themselves: no conversion, no copy (the
+// fp32 compute copies of bf16 storage). Forget(p, bytes) (the CPU device's Free): nothing
+// derived from memory being freed is served again, so a freed and reallocated buffer holding
+// another unit's weights at the same address is converted afresh.
+// Thread contract: lookups, notes, Begin and End on the training thread, as the kernels; Forget
+// from any thread (a mutex).
 // SetBf16WeightReuse(false) makes Begin open nothing (every call converts): the switch tests and
 // measurements compare against; on by default.
 void SetBf16WeightReuse(bool on);
@@ -104,15 +112,28 @@ bool Bf16WeightReuse();
 
 class Bf16WeightCache {
  public:
-  void Begin() { window_ = Bf16WeightReuse() ? ++last_window_ : 0; }
+  void Begin() {
+    std::lock_guard<std::mutex> lock(mu_);
+    sources_.clear();
+    window_ = Bf16WeightReuse() ? ++last_window_ : 0;
+  }
   void End();
   bool open() const { return window_ != 0; }
   // w[0, n) rounded to bf16: its bits (kOnednn) or fp32 values (kEmulated); cached when open,
   // else converted into scratch.
   const uint16_t* Bits(const float* w, size_t n, std::vector<uint16_t>& scratch);
   const float* Rounded(const float* w, size_t n, std::vector<float>& scratch);
+  void NoteSource(const float* widened, const uint16_t* bf16, size_t n);
+  void Forget(const void* p, size_t bytes);
 
  private:
+  struct Source {  // widened[0, n) holds exactly the bf16 values bf16[0, n)
+    const float* widened;
+    const uint16_t* bf16;
+    size_t n;
+  };
+  // The noted source covering w[0, n), or null.
+  const Source* SourceOf(const float* w, size_t n) const;
   struct Entry {
     uint64_t window = 0;
     std::vector<uint16_t> bits;
@@ -124,6 +145,8 @@ class Bf16WeightCache {
                   T* (*convert)(const float*, size_t, std::vector<T>&));
   uint64_t window_ = 0, last_window_ = 0;
   std::map<std::pair<std::pair<const float*, size_t>, bool>, Entry> entries_;
+  std::vector<Source> sources_;  // of the open window
+  std::mutex mu_;                // Forget may come from another thread
 };
 
 // out[N,OC] = bf16(inp)[N,C] @ bf16(w)[OC,C]^T + bias[OC]   (bias may be null; fp32 bias)

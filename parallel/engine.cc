@@ -49,13 +49,17 @@ Engine::~Engine() {
 }
 
 // The weight reuse window (Kernels::begin_weight_reuse): open from a step's first micro-batch
-// until anything can write parameters. Only where the matmuls read the one persistent parameter
-// buffer (stages 0-2, fp32 storage): stage 3 gathers units into buffers that are freed and
-// reused for other units, and bf16 storage converts each unit into a compute copy that is
-// freed and reallocated, so there an address says nothing about the weights behind it. The
+// until anything can write parameters. Where the matmuls read the one persistent parameter
+// buffer (stages 0-2, fp32 storage), a weight converted once serves the whole step. With bf16
+// storage (every stage) each unit's fp32 compute copy is noted as the widening of the stored
+// bf16 parameters (ParamStore::ComputeView), which the matmuls then read directly; compute
+// copies and stage 3's gathered units are freed and reused for other units, but what a kernel
+// set derived from memory is forgotten when that memory is freed. Not at stage 3 with fp32
+// storage: there a copy would be made per gathered unit, kept for the step (2 bytes per
+// parameter: the memory stage 3 is there to save) or made again after every gather. The
 // window belongs to the device, which engines may share: every engine closes it before it
 // writes parameters, and one that cannot reuse closes it when its micro-batch begins.
-bool Engine::WeightsReusable() const { return ctx_.opt.dtype == DType::kF32 && !ctx_.opt.shards_params(); }
+bool Engine::WeightsReusable() const { return ctx_.opt.dtype == DType::kBF16 || !ctx_.opt.shards_params(); }
 
 void Engine::CloseWeightReuse() { ctx_.kernels().end_weight_reuse(); }
 

@@ -137,6 +137,7 @@ const float* ParamStore::ComputeView(int u, const void* full) {
     const size_t n = ctx_.plan.unit(u).padded;
     c = ctx_.NewBuffer(MemKind::kParams, n * sizeof(float), "fp32 compute copy of unit " + ctx_.layout.units()[u].name);
     ctx_.kernels().convert(full, DType::kBF16, c.data(), DType::kF32, n);
+    ctx_.kernels().note_bf16_source(c.as<float>(), full, n);  // the matmuls may read `full` itself
   }
   return c.as<float>();
 }

@@ -229,20 +229,27 @@ TEST(EngineBf16, Bf16ComputeTracksFp32) {
     }
 }
 
-// The bf16 weight reuse window (engine.cc, Bf16WeightCache): with fp32 storage and bf16
-// compute, the engine opens it at stages 0-2, and training is bitwise what converting every
-// weight on every matmul call gives (losses and final parameters; A = 2: the window spans the
-// micro-batches and closes before the optimizer writes). Stage 3 never opens it.
+// The bf16 weight reuse window (engine.cc, Bf16WeightCache): with bf16 compute the engine opens
+// it at stages 0-2 with fp32 storage and at every stage with bf16 storage, and training is
+// bitwise what converting every weight on every matmul call gives (losses and final parameters;
+// A = 2: the window spans the micro-batches and closes before the optimizer writes). fp32
+// storage: one conversion per weight per step, reused after; bf16 storage: no conversion at
+// all, every weight read from the stored bf16 parameters its compute copy was widened from
+// (compute copies and stage 3's gathered units are freed and reused for other units within
+// the step: what the cache derived from them is forgotten at each Free). fp32 storage at stage
+// 3 never opens it.
 TEST(EngineBf16, WeightReuseIsBitwiseConvertingEveryCall) {
   SetComputeThreads(1);
   std::unique_ptr<Device> device = NewCpuDevice(false);
   device->kernels().set_matmul_precision(MatmulPrecision::kBf16);
   auto comm = MpiCommunicator::Create(MPI_COMM_WORLD, device.get());
   ASSERT_TRUE(comm.ok());
+  for (DType storage : {DType::kF32, DType::kBF16})
   for (int stage : {0, 2, 3}) {
+    SCOPED_TRACE(std::string("storage ") + DTypeName(storage) + " stage " + std::to_string(stage));
     EngineOptions eo;
     eo.zero_stage = stage;
-    eo.dtype = eo.reduce_dtype = DType::kF32;
+    eo.dtype = eo.reduce_dtype = storage;
     // and one forward after the last step outside any micro-batch (an evaluation): it must see
     // the optimizer's new weights, so the window must have closed before the optimizer wrote
     const int B = kGlobalBatch / comm.value()->world_size();
@@ -268,11 +275,15 @@ TEST(EngineBf16, WeightReuseIsBitwiseConvertingEveryCall) {
     ASSERT_EQ(every_call.losses.size(), reused.losses.size());
     EXPECT_EQ(every_call.losses, reused.losses) << "stage " << stage;
     EXPECT_EQ(every_call.params, reused.params) << "stage " << stage;
-    if (stage < 3) {
+    if (storage == DType::kBF16) {
+      EXPECT_EQ(0, n.weight_conversions) << "bf16 storage: the matmuls read the stored bf16 parameters";
+      EXPECT_GT(n.weights_from_stored, 0);
+    } else if (stage < 3) {
       // per step: one conversion per weight, every other use of it (dinp, micro-batch 2) reused
-      EXPECT_GT(n.weight_reuses, 2 * n.weight_conversions) << "stage " << stage;
+      EXPECT_GT(n.weight_reuses, 2 * n.weight_conversions);
     } else {
-      EXPECT_EQ(0, n.weight_reuses) << "stage 3 gathers into reused buffers: no window";
+      EXPECT_EQ(0, n.weight_reuses) << "fp32 storage at stage 3: no window";
+      EXPECT_EQ(0, n.weights_from_stored);
     }
   }
 }

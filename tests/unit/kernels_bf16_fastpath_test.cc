@@ -264,6 +264,49 @@ TEST_P(Bf16WeightCacheTest, ChangedWeightAtTheSameAddressIsNeverStale) {
   cache.End();
 }
 
+// Floats noted as the widening of stored bf16 values (Kernels::note_bf16_source, the compute copy
+// of bf16 storage) are served as those bf16 values, with no conversion and the same results;
+// once their memory is freed (Forget) nothing derived from it is served: new weights at the same
+// address are converted. Forget also drops a cached copy made from the freed memory.
+TEST_P(Bf16WeightCacheTest, NotedBf16SourceIsServedAsIsAndForgottenWhenFreed) {
+  const VecF inp = RandomFloats((size_t)kN * kC, 69), dout = RandomFloats((size_t)kN * kOC, 70);
+  const size_t n = (size_t)kOC * kC;
+  std::vector<uint16_t> stored(n);
+  VecF widened(n);
+  FloatToBf16(RandomFloats(n, 71).data(), stored.data(), n);
+  Bf16ToFloat(stored.data(), widened.data(), n);
+  const VecF out_ref = Forward(inp, widened.data(), nullptr), dinp_ref = Dinp(dout, inp, widened.data(), nullptr);
+  Bf16WeightCache cache;
+  cache.Begin();
+  cache.NoteSource(widened.data(), stored.data(), n);
+  ResetBf16ProductCounts();
+  EXPECT_EQ(out_ref, Forward(inp, widened.data(), &cache));
+  EXPECT_EQ(dinp_ref, Dinp(dout, inp, widened.data(), &cache));
+  Bf16ProductCounts c = GetBf16ProductCounts();
+  EXPECT_EQ(0, c.weight_conversions);
+  EXPECT_EQ(2, c.weights_from_stored);
+  // the buffer is freed and reused for other weights
+  cache.Forget(widened.data(), n * sizeof(float));
+  for (float& x : widened) x = RoundToBf16(-2.0f * x);
+  const VecF out_new = Forward(inp, widened.data(), nullptr);
+  ASSERT_NE(out_new, out_ref);
+  ResetBf16ProductCounts();
+  EXPECT_EQ(out_new, Forward(inp, widened.data(), &cache)) << "served from a source noted before the Free";
+  EXPECT_EQ(1, GetBf16ProductCounts().weight_conversions);
+  // that conversion is cached now; a Free of part of its memory drops it too
+  cache.Forget(widened.data() + n / 2, sizeof(float));
+  for (float& x : widened) x = -x;
+  EXPECT_EQ(Forward(inp, widened.data(), nullptr), Forward(inp, widened.data(), &cache)) << "stale cached copy";
+  cache.End();
+  // End forgets every note: outside a window nothing is served
+  cache.Begin();
+  cache.NoteSource(widened.data(), stored.data(), n);
+  cache.End();
+  ResetBf16ProductCounts();
+  Forward(inp, widened.data(), &cache);
+  EXPECT_EQ(0, GetBf16ProductCounts().weights_from_stored);
+}
+
 TEST_P(Bf16WeightCacheTest, SwitchedOffConvertsEveryCall) {
   const VecF inp = RandomFloats((size_t)kN * kC, 67), w = RandomFloats((size_t)kOC * kC, 68);
   SetBf16WeightReuse(false);
