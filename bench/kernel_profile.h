@@ -250,6 +250,7 @@ class ProfilingDevice final : public Device {
   bool is_cuda() const override { return d_.is_cuda(); }
   bool host_accessible() const override { return d_.host_accessible(); }
   void* Allocate(size_t bytes, const std::string& what) override { return d_.Allocate(bytes, what); }
+  void* AllocateUnfilled(size_t bytes, const std::string& what) override { return d_.AllocateUnfilled(bytes, what); }
   void Free(void* p) override { d_.Free(p); }
   uint64_t free_bytes() const override { return d_.free_bytes(); }
   DeviceCounters counters() const override { return d_.counters(); }

@@ -143,12 +143,14 @@ class CpuDeviceImpl final : public Device {
   bool is_cuda() const override { return false; }
   bool host_accessible() const override { return !pretend_; }
   ~CpuDeviceImpl() override { ReleaseCache(); }
-  void* Allocate(size_t bytes, const std::string& what) override {
+  void* Allocate(size_t bytes, const std::string& what) override { return AllocateBlock(bytes, what, true); }
+  void* AllocateUnfilled(size_t bytes, const std::string& what) override { return AllocateBlock(bytes, what, false); }
+  void* AllocateBlock(size_t bytes, const std::string& what, bool zero) {
     if (bytes == 0) return nullptr;
     const size_t size = BlockSize(bytes);
     void* p = TakeCached(size);
     if (p != nullptr) {
-      ZeroParallel(p, size);
+      if (zero) ZeroParallel(p, size);
     } else {
       p = std::calloc(size, 1);
       if (p == nullptr) {  // what the cache holds may be what is missing

@@ -66,6 +66,9 @@ class Device {
 
   // Zero-filled. `what` names the buffer in the out-of-memory error. bytes may be 0 (nullptr).
   virtual void* Allocate(size_t bytes, const std::string& what) = 0;
+  // Allocate without the zero fill, for a buffer its first use overwrites whole (a pass over
+  // the memory saved: the fp32 compute copies of bf16 parameters). Contents undefined.
+  virtual void* AllocateUnfilled(size_t bytes, const std::string& what) { return Allocate(bytes, what); }
   // May be called while work queued on the compute stream still uses p (CUDA reuses the memory
   // in stream order, without waiting); work on any other stream that uses p must be complete, or
   // the compute stream ordered after it (Work::WaitStream), before Free.
@@ -107,9 +110,10 @@ std::unique_ptr<Device> NewCpuDevice(bool pretend_device_memory);
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  DeviceBuffer(Device* device, MemoryLedger* ledger, MemKind kind, size_t bytes, const std::string& what)
+  DeviceBuffer(Device* device, MemoryLedger* ledger, MemKind kind, size_t bytes, const std::string& what,
+               bool zero_filled = true)
       : device_(device), ledger_(ledger), kind_(kind), bytes_(bytes) {
-    data_ = device_->Allocate(bytes, what);
+    data_ = zero_filled ? device_->Allocate(bytes, what) : device_->AllocateUnfilled(bytes, what);
     if (ledger_) ledger_->Add(kind_, bytes_);
   }
   ~DeviceBuffer() { Free(); }

@@ -133,6 +133,10 @@ struct EngineContext {
   DeviceBuffer NewBuffer(MemKind kind, size_t bytes, const std::string& what) {
     return DeviceBuffer(device, &memory, kind, bytes, what);
   }
+  // Not zero-filled (Device::AllocateUnfilled): for a buffer the next kernel overwrites whole.
+  DeviceBuffer NewUnfilledBuffer(MemKind kind, size_t bytes, const std::string& what) {
+    return DeviceBuffer(device, &memory, kind, bytes, what, /*zero_filled=*/false);
+  }
   // A device copy of n host fp32 values stored as dtype.
   void Upload(void* dst, DType dtype, const float* host, size_t n) {
     if (dtype == DType::kF32) return device->CopyToDevice(dst, host, n * sizeof(float));

@@ -135,7 +135,9 @@ const float* ParamStore::ComputeView(int u, const void* full) {
   DeviceBuffer& c = compute_[u];
   if (c.empty()) {
     const size_t n = ctx_.plan.unit(u).padded;
-    c = ctx_.NewBuffer(MemKind::kParams, n * sizeof(float), "fp32 compute copy of unit " + ctx_.layout.units()[u].name);
+    // unfilled: the conversion writes all n
+    c = ctx_.NewUnfilledBuffer(MemKind::kParams, n * sizeof(float),
+                               "fp32 compute copy of unit " + ctx_.layout.units()[u].name);
     ctx_.kernels().convert(full, DType::kBF16, c.data(), DType::kF32, n);
     ctx_.kernels().note_bf16_source(c.as<float>(), full, n);  // the matmuls may read `full` itself
   }

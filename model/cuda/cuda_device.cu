@@ -242,6 +242,12 @@ class CudaDevice final : public Device {
   bool host_accessible() const override { return false; }
 
   void* Allocate(size_t bytes, const std::string& what) override {
+    void* p = AllocateUnfilled(bytes, what);
+    // Zero-filled in stream order: every later kernel, copy or recorded event sees the zeros.
+    if (p) SHARDGPT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, compute_));
+    return p;
+  }
+  void* AllocateUnfilled(size_t bytes, const std::string& what) override {
     if (bytes == 0) return nullptr;
     Bind();
     void* p = pool_.Allocate(bytes, compute_);
@@ -253,8 +259,6 @@ class CudaDevice final : public Device {
                               " bytes (" + GiB(free_b) + ") free of " + GiB(total_b) +
                               "; try a higher --zero-stage or a smaller --micro-batch");
     }
-    // Zero-filled in stream order: every later kernel, copy or recorded event sees the zeros.
-    SHARDGPT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, compute_));
     return p;
   }
 
