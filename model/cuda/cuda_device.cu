@@ -161,14 +161,13 @@ class CachingAllocator {
     return true;
   }
 
-#ifdef SHARDGPT_CUDA_EMULATION
-  // The bytes of live block p (0 when p is not one): what CudaDevice::Free poisons.
+  // The bytes of live block p (0 when p is not one): what CudaDevice::Free poisons (emulation)
+  // and what the kernels forget.
   size_t bytes_of(void* p) const {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = live_.find(p);
     return it == live_.end() ? 0 : it->second;
   }
-#endif
 
   // Bytes in the pool: free for the program, though cudaMemGetInfo counts them as used.
   uint64_t cached_bytes() const {
@@ -267,12 +266,13 @@ class CudaDevice final : public Device {
   // never throws.
   void Free(void* p) override {
     if (p == nullptr) return;
+    const size_t bytes = pool_.bytes_of(p);
+    if (kernels_ && bytes > 0) kernels_->ForgetMemory(p, bytes);  // nothing derived from p is read again
 #ifdef SHARDGPT_CUDA_EMULATION
     // Poisoned (NaN as fp32 and bf16) in stream order, as a fresh emulated allocation is: a
     // kernel or a collective reading p after its Free, or one on another stream that was not
     // ordered before this point (the pool's contract), reads NaN and the tests see it.
     cudaSetDevice(device_);
-    const size_t bytes = pool_.bytes_of(p);
     if (bytes > 0 && cudaMemsetAsync(p, 0xff, bytes, compute_) != cudaSuccess) cudaGetLastError();
 #endif
     if (!pool_.Free(p))

@@ -26,8 +26,10 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -109,6 +111,17 @@ class CudaKernels final : public Kernels {
                    float* v, size_t n, float lr, float weight_decay, const AdamWConfig& cfg, int64_t t,
                    const float* grad_scale_dev, float grad_scale) const override;
 
+  // The weight reuse window for bf16 storage: inside it, a matmul operand lying in a noted fp32
+  // compute copy is read from the bf16 parameters it was widened from (no Bf16Copy: no
+  // conversion kernel, no scratch). ForgetMemory: CudaDevice::Free of [p, p + bytes) drops
+  // every note touching it (a freed compute copy or gathered unit may hold other weights next).
+  void begin_weight_reuse() override;
+  void end_weight_reuse() override;
+  void note_bf16_source(const float* widened, const void* bf16, size_t n) override;
+  void ForgetMemory(const void* p, size_t bytes);
+  // Matmul operands read from a noted bf16 source since this kernel set was made (tests).
+  uint64_t operands_from_stored() const { return operands_from_stored_.load(); }
+
   // --attention cudnn: attention through cuDNN's SDPA (attention_cudnn.cc; bf16 products
   // at every precision). Only where CudnnAttentionBuilt() (attention_cudnn.h).
   void set_cudnn_attention(bool on) { cudnn_attention_ = on; }
@@ -173,6 +186,16 @@ class CudaKernels final : public Kernels {
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
   mutable std::map<GemmKey, GemmPlan> plans_;
+  // note_bf16_source's notes of the open window (ForgetMemory may run on another thread).
+  struct Bf16Source {
+    const float* widened;
+    const uint16_t* bf16;
+    size_t n;
+  };
+  mutable std::mutex sources_mu_;
+  bool window_open_ = false;
+  std::vector<Bf16Source> sources_;
+  mutable std::atomic<uint64_t> operands_from_stored_{0};
   bool cudnn_attention_ = false;
   mutable void* scratch_[kNumSlots] = {};
   mutable size_t scratch_bytes_[kNumSlots] = {};

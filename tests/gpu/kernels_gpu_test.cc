@@ -345,6 +345,58 @@ TEST_F(GpuTest, MatmulBf16) {
   for (const auto& mc : kMatmulCases) RunMatmul(*gpu_, *cpu_, mc, MatmulPrecision::kBf16, kTolBf16);
 }
 
+// The weight reuse window with bf16 storage (Kernels::note_bf16_source): a matmul weight inside
+// a noted fp32 compute copy is read from the bf16 parameters it was noted as widened from, until
+// the window closes or either buffer is freed (CudaDevice::Free). The test notes a source that
+// is NOT the weights' bf16 (twice them), so which one the product read shows in its result.
+TEST_F(GpuTest, MatmulBf16ReadsTheNotedBf16SourceUntilFreed) {
+  const int N = 32, C = 64, OC = 48;
+  const size_t n = (size_t)OC * C;
+  std::vector<float> w = RandomFloats(n, 52), w2(n), w3(n);
+  for (size_t i = 0; i < n; i++) w[i] = RoundToBf16(w[i]), w2[i] = 2 * w[i], w3[i] = -w[i];
+  std::vector<uint16_t> w2_bits(n);
+  FloatToBf16(w2.data(), w2_bits.data(), n);
+  auto d_inp = Make(RandomFloats((size_t)N * C, 53), "inp");
+  auto forward = [&](const float* weights) {
+    Twin<float> out = Zeros((size_t)N * OC, "out");
+    k(true).matmul_forward(out.p(true), d_inp.p(true), weights, nullptr, N, C, OC);
+    return out.Gpu();
+  };
+  k(true).set_matmul_precision(MatmulPrecision::kBf16);
+  auto d_w = std::make_unique<Twin<float>>(*gpu_, *cpu_, w, "w");
+  auto d_w2 = Make(w2, "w2");
+  const std::vector<float> out_w = forward(d_w->p(true)), out_w2 = forward(d_w2.p(true));
+  ASSERT_NE(out_w, out_w2);
+  {
+    DeviceBuffer src(gpu_.get(), nullptr, MemKind::kParams, n * sizeof(uint16_t), "bf16 source");
+    gpu_->CopyToDevice(src.data(), w2_bits.data(), n * sizeof(uint16_t));
+    k(true).begin_weight_reuse();
+    k(true).note_bf16_source(d_w->p(true), src.data(), n);
+    ExpectBitwise(forward(d_w->p(true)), out_w2, "a weight inside the noted copy, read from its source");
+    src.Free();
+    ExpectBitwise(forward(d_w->p(true)), out_w, "after the source's Free");
+    k(true).end_weight_reuse();
+  }
+  // a noted compute copy freed and its memory reused (the pool hands back the same block) for
+  // other weights: those are converted, not read from the old source
+  DeviceBuffer src(gpu_.get(), nullptr, MemKind::kParams, n * sizeof(uint16_t), "bf16 source");
+  gpu_->CopyToDevice(src.data(), w2_bits.data(), n * sizeof(uint16_t));
+  k(true).begin_weight_reuse();
+  const float* old_w = d_w->p(true);
+  k(true).note_bf16_source(old_w, src.data(), n);
+  d_w.reset();
+  d_w = std::make_unique<Twin<float>>(*gpu_, *cpu_, w3, "w3");
+  auto d_w3 = Make(w3, "w3 elsewhere");
+  const std::vector<float> out_w3 = forward(d_w3.p(true));
+  if (d_w->p(true) != old_w) GTEST_LOG_(INFO) << "the pool did not reuse the block; the Free is still checked";
+  ExpectBitwise(forward(d_w->p(true)), out_w3, "new weights in a freed noted block");
+  k(true).end_weight_reuse();
+  // outside a window nothing is noted
+  k(true).note_bf16_source(d_w->p(true), src.data(), n);
+  ExpectBitwise(forward(d_w->p(true)), out_w3, "a note outside any window");
+  k(true).set_matmul_precision(MatmulPrecision::kExact);
+}
+
 // What kBf16 computes, told apart from the alternatives cuBLAS could pick: the products of
 // bf16-rounded (RNE) inputs summed in fp32, not TF32-rounded inputs (10-bit mantissas, what
 // CUBLAS_COMPUTE_32F_FAST_16BF on fp32 operands may do) and not fp32. Inputs are chosen not to
