@@ -373,35 +373,56 @@ void add_mean_loss(double* loss_acc, const float* losses, int N) {
 
 // ---- element-wise kernels of the engine ----
 
+namespace {
+// f(i0, i1) over [0, n) in fixed chunks across the compute threads (memory-bound passes: one
+// thread does not reach the machine's bandwidth).
+template <typename F>
+void ForChunks(size_t n, F f) {
+  constexpr size_t kChunk = size_t{1} << 16;
+  const int64_t chunks = static_cast<int64_t>((n + kChunk - 1) / kChunk);
+#pragma omp parallel for schedule(static) num_threads(nthreads()) if (chunks > 1)
+  for (int64_t j = 0; j < chunks; j++) {
+    const size_t i0 = static_cast<size_t>(j) * kChunk;
+    f(i0, std::min(n, i0 + kChunk));
+  }
+}
+// dst += src for one (destination, source) pair of element types: branch-free, so it vectorises.
+inline float AsFloat(float v) { return v; }
+inline float AsFloat(uint16_t v) { return Bf16ToFloat(v); }
+inline void AddInto(float* d, float s) { *d += s; }
+inline void AddInto(uint16_t* d, float s) { *d = FloatToBf16(Bf16ToFloat(*d) + s); }
+template <typename D, typename S>
+void AccumulateAs(void* dst, const void* src, size_t n) {
+  D* d = static_cast<D*>(dst);
+  const S* s = static_cast<const S*>(src);
+  ForChunks(n, [&](size_t i0, size_t i1) {
+    for (size_t i = i0; i < i1; i++) AddInto(d + i, AsFloat(s[i]));
+  });
+}
+}  // namespace
+
 void convert(const void* src, DType from, void* dst, DType to, size_t n) {
   if (from == to) {
-    std::memcpy(dst, src, n * DTypeSize(from));
+    ForChunks(n * DTypeSize(from), [&](size_t b0, size_t b1) {
+      std::memcpy(static_cast<char*>(dst) + b0, static_cast<const char*>(src) + b0, b1 - b0);
+    });
   } else if (from == DType::kF32) {
-    FloatToBf16(static_cast<const float*>(src), static_cast<uint16_t*>(dst), n);
+    ForChunks(n, [&](size_t i0, size_t i1) {
+      FloatToBf16(static_cast<const float*>(src) + i0, static_cast<uint16_t*>(dst) + i0, i1 - i0);
+    });
   } else {
-    Bf16ToFloat(static_cast<const uint16_t*>(src), static_cast<float*>(dst), n);
+    ForChunks(n, [&](size_t i0, size_t i1) {
+      Bf16ToFloat(static_cast<const uint16_t*>(src) + i0, static_cast<float*>(dst) + i0, i1 - i0);
+    });
   }
 }
 
 void accumulate(void* dst, DType dtype, const void* src, DType src_dtype, size_t n) {
-  if (dtype == DType::kF32 && src_dtype == DType::kF32) {
-    float* d = static_cast<float*>(dst);
-    const float* s = static_cast<const float*>(src);
-#pragma omp parallel for schedule(static) num_threads(nthreads())
-    for (size_t i = 0; i < n; i++) d[i] += s[i];
-    return;
-  }
-#pragma omp parallel for schedule(static) num_threads(nthreads())
-  for (size_t i = 0; i < n; i++) {
-    const float s = src_dtype == DType::kF32 ? static_cast<const float*>(src)[i]
-                                             : Bf16ToFloat(static_cast<const uint16_t*>(src)[i]);
-    if (dtype == DType::kF32) {
-      static_cast<float*>(dst)[i] += s;
-    } else {
-      uint16_t* d = static_cast<uint16_t*>(dst) + i;
-      *d = FloatToBf16(Bf16ToFloat(*d) + s);
-    }
-  }
+  const bool d32 = dtype == DType::kF32, s32 = src_dtype == DType::kF32;
+  if (d32 && s32) AccumulateAs<float, float>(dst, src, n);
+  else if (d32) AccumulateAs<float, uint16_t>(dst, src, n);
+  else if (s32) AccumulateAs<uint16_t, float>(dst, src, n);
+  else AccumulateAs<uint16_t, uint16_t>(dst, src, n);
 }
 
 namespace {
