@@ -20,59 +20,59 @@ namespace {
 // attention at MatmulPrecision::kBf16, in model/kernels_cpu_bf16.h.
 class CpuKernels final : public Kernels {
  public:
-  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+  void encoder_forward(void* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                        int C) const override {
-    shardgpt::encoder_forward(out, tokens, wte, wpe, B, T, C);
+    shardgpt::encoder_forward(F(out), tokens, wte, wpe, B, T, C);
   }
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+  void encoder_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T,
                         int C) const override {
-    shardgpt::encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
+    shardgpt::encoder_backward(dwte, dwpe, F(dout), tokens, B, T, C);
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+  void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const float* w, const float* b,
                          int N, int C) const override {
-    shardgpt::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+    shardgpt::layernorm_forward(F(out), mean, rstd, F(inp), w, b, N, C);
   }
-  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+  void layernorm_backward(void* dinp, float* dw, float* db, const void* dout, const void* inp, const float* w,
                           const float* mean, const float* rstd, int N, int C) const override {
-    shardgpt::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    shardgpt::layernorm_backward(F(dinp), dw, db, F(dout), F(inp), w, mean, rstd, N, C);
   }
-  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C,
+  void matmul_forward(void* out, const void* inp, const float* w, const float* bias, int N, int C,
                       int OC) const override {
-    if (bf16()) return shardgpt::matmul_forward_bf16(out, inp, w, bias, N, C, OC, &weights_);
-    shardgpt::matmul_forward(out, inp, w, bias, N, C, OC);
+    if (bf16()) return shardgpt::matmul_forward_bf16(F(out), F(inp), w, bias, N, C, OC, &weights_);
+    shardgpt::matmul_forward(F(out), F(inp), w, bias, N, C, OC);
   }
-  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+  void matmul_backward(void* dinp, float* dw, float* dbias, const void* dout, const void* inp, const float* w,
                        int N, int C, int OC) const override {
-    if (bf16()) return shardgpt::matmul_backward_bf16(dinp, dw, dbias, dout, inp, w, N, C, OC, &weights_);
-    shardgpt::matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
+    if (bf16()) return shardgpt::matmul_backward_bf16(F(dinp), dw, dbias, F(dout), F(inp), w, N, C, OC, &weights_);
+    shardgpt::matmul_backward(F(dinp), dw, dbias, F(dout), F(inp), w, N, C, OC);
   }
-  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) const override {
-    if (bf16()) return shardgpt::attention_forward_bf16(out, lse, qkv, B, T, C, NH);
-    shardgpt::attention_forward(out, lse, qkv, B, T, C, NH);
+  void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH) const override {
+    if (bf16()) return shardgpt::attention_forward_bf16(F(out), lse, F(qkv), B, T, C, NH);
+    shardgpt::attention_forward(F(out), lse, F(qkv), B, T, C, NH);
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+  void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
                           int B, int T, int C, int NH) const override {
-    if (bf16()) return shardgpt::attention_backward_bf16(dqkv, dout, qkv, out, lse, B, T, C, NH);
-    shardgpt::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
+    if (bf16()) return shardgpt::attention_backward_bf16(F(dqkv), F(dout), F(qkv), F(out), lse, B, T, C, NH);
+    shardgpt::attention_backward(F(dqkv), F(dout), F(qkv), F(out), lse, B, T, C, NH);
   }
-  void gelu_forward(float* out, const float* inp, size_t n) const override { shardgpt::gelu_forward(out, inp, n); }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override {
-    shardgpt::gelu_backward(dinp, inp, dout, n);
+  void gelu_forward(void* out, const void* inp, size_t n) const override { shardgpt::gelu_forward(F(out), F(inp), n); }
+  void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) const override {
+    shardgpt::gelu_backward(F(dinp), F(inp), F(dout), n);
   }
-  void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
-    shardgpt::residual_forward(out, a, b, n);
+  void residual_forward(void* out, const void* a, const void* b, size_t n) const override {
+    shardgpt::residual_forward(F(out), F(a), F(b), n);
   }
-  void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* a,
-                                  const float* b, const float* w, const float* bias, int N, int C) const override {
-    shardgpt::residual_layernorm_forward(res_out, ln_out, mean, rstd, a, b, w, bias, N, C);
+  void residual_layernorm_forward(void* res_out, void* ln_out, float* mean, float* rstd, const void* a,
+                                  const void* b, const float* w, const float* bias, int N, int C) const override {
+    shardgpt::residual_layernorm_forward(F(res_out), F(ln_out), mean, rstd, F(a), F(b), w, bias, N, C);
   }
-  double crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+  double crossentropy_softmax(void* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                               float dloss_scale) const override {
-    return shardgpt::crossentropy_softmax(logits, losses, targets, N, V, Vp, dloss_scale);
+    return shardgpt::crossentropy_softmax(F(logits), losses, targets, N, V, Vp, dloss_scale);
   }
-  void crossentropy_softmax_acc(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+  void crossentropy_softmax_acc(void* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                                 float dloss_scale, double* loss_acc) const override {
-    shardgpt::crossentropy_softmax(logits, losses, targets, N, V, Vp, dloss_scale);
+    shardgpt::crossentropy_softmax(F(logits), losses, targets, N, V, Vp, dloss_scale);
     shardgpt::add_mean_loss(loss_acc, losses, N);
   }
   void convert(const void* src, DType from, void* dst, DType to, size_t n) const override {
@@ -112,6 +112,9 @@ class CpuKernels final : public Kernels {
 
  private:
   bool bf16() const { return precision_ == MatmulPrecision::kBf16; }
+  // Activation pointers as the fp32 kernels take them (activation_dtype() kF32).
+  static float* F(void* p) { return static_cast<float*>(p); }
+  static const float* F(const void* p) { return static_cast<const float*>(p); }
   // The bf16 weight copies of the current reuse window (mutable: the kernels are const calls;
   // the training thread only, as every kernel).
   mutable Bf16WeightCache weights_;

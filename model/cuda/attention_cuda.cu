@@ -350,7 +350,9 @@ size_t Align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 }  // namespace
 
-void CudaKernels::attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) const {
+void CudaKernels::attention_forward(void* out_v, float* lse, const void* qkv_v, int B, int T, int C, int NH) const {
+  float* out = static_cast<float*>(out_v);
+  const float* qkv = static_cast<const float*>(qkv_v);
   if (B == 0 || T == 0) return;
   Bind();
   const AttentionShape a = Shape("attention_forward", B, T, C, NH);
@@ -378,8 +380,12 @@ void CudaKernels::attention_forward(float* out, float* lse, const float* qkv, in
   }
 }
 
-void CudaKernels::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+void CudaKernels::attention_backward(void* dqkv_v, const void* dout_v, const void* qkv_v, const void* out_v,
                                      const float* lse, int B, int T, int C, int NH) const {
+  float* dqkv = static_cast<float*>(dqkv_v);
+  const float* dout = static_cast<const float*>(dout_v);
+  const float* qkv = static_cast<const float*>(qkv_v);
+  const float* out = static_cast<const float*>(out_v);
   if (B == 0 || T == 0) return;
   Bind();
   const AttentionShape a = Shape("attention_backward", B, T, C, NH);

@@ -573,8 +573,9 @@ const uint16_t* CudaKernels::Bf16Copy(const float* X, int rows, int cols, int ld
 // ==============================================================================================
 // model kernels
 
-void CudaKernels::encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+void CudaKernels::encoder_forward(void* out_v, const int32_t* tokens, const float* wte, const float* wpe, int B,
                                   int T, int C) const {
+  float* out = static_cast<float*>(out_v);
   const size_t total = (size_t)B * T * C;
   if (total == 0) return;
   Bind();
@@ -584,8 +585,9 @@ void CudaKernels::encoder_forward(float* out, const int32_t* tokens, const float
 
 // On the device (no host round trip): the positions sorted by token, then one block row per
 // run (see encoder_sort_kernel). The sorted positions live in the general scratch.
-void CudaKernels::encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+void CudaKernels::encoder_backward(float* dwte, float* dwpe, const void* dout_v, const int32_t* tokens, int B, int T,
                                    int C) const {
+  const float* dout = static_cast<const float*>(dout_v);
   const int N = B * T;
   if (N == 0 || C == 0) return;
   Bind();
@@ -599,8 +601,12 @@ void CudaKernels::encoder_backward(float* dwte, float* dwpe, const float* dout, 
   SHARDGPT_CUDA_CHECK_LAUNCH("encoder_backward_wpe_kernel");
 }
 
-void CudaKernels::residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* a,
-                                             const float* b, const float* w, const float* bias, int N, int C) const {
+void CudaKernels::residual_layernorm_forward(void* res_out_v, void* ln_out_v, float* mean, float* rstd, const void* a_v,
+                                             const void* b_v, const float* w, const float* bias, int N, int C) const {
+  float* res_out = static_cast<float*>(res_out_v);
+  float* ln_out = static_cast<float*>(ln_out_v);
+  const float* a = static_cast<const float*>(a_v);
+  const float* b = static_cast<const float*>(b_v);
   if (N == 0) return;
   Bind();
   const int rows_per_block = kThreads / 32;
@@ -609,8 +615,10 @@ void CudaKernels::residual_layernorm_forward(float* res_out, float* ln_out, floa
   SHARDGPT_CUDA_CHECK_LAUNCH("residual_layernorm_forward_kernel");
 }
 
-void CudaKernels::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+void CudaKernels::layernorm_forward(void* out_v, float* mean, float* rstd, const void* inp_v, const float* w,
                                     const float* b, int N, int C) const {
+  float* out = static_cast<float*>(out_v);
+  const float* inp = static_cast<const float*>(inp_v);
   if (N == 0) return;
   Bind();
   const int rows_per_block = kThreads / 32;
@@ -621,8 +629,11 @@ void CudaKernels::layernorm_forward(float* out, float* mean, float* rstd, const 
 
 // dinp: one warp per row. dw, db: per-chunk partials (fixed chunks of kRowsPerChunk rows), then
 // one thread per column adds the chunks in order.
-void CudaKernels::layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+void CudaKernels::layernorm_backward(void* dinp_v, float* dw, float* db, const void* dout_v, const void* inp_v,
                                      const float* w, const float* mean, const float* rstd, int N, int C) const {
+  float* dinp = static_cast<float*>(dinp_v);
+  const float* dout = static_cast<const float*>(dout_v);
+  const float* inp = static_cast<const float*>(inp_v);
   if (N == 0 || C == 0) return;
   Bind();
   const int rows_per_block = kThreads / 32;
@@ -640,7 +651,9 @@ void CudaKernels::layernorm_backward(float* dinp, float* dw, float* db, const fl
   SHARDGPT_CUDA_CHECK_LAUNCH("add_chunk_sums_kernel");
 }
 
-void CudaKernels::gelu_forward(float* out, const float* inp, size_t n) const {
+void CudaKernels::gelu_forward(void* out_v, const void* inp_v, size_t n) const {
+  float* out = static_cast<float*>(out_v);
+  const float* inp = static_cast<const float*>(inp_v);
   if (n == 0) return;
   Bind();
   const bool vec = cuda::Aligned16(out) && cuda::Aligned16(inp);
@@ -648,7 +661,10 @@ void CudaKernels::gelu_forward(float* out, const float* inp, size_t n) const {
   SHARDGPT_CUDA_CHECK_LAUNCH("gelu_forward_kernel");
 }
 
-void CudaKernels::gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const {
+void CudaKernels::gelu_backward(void* dinp_v, const void* inp_v, const void* dout_v, size_t n) const {
+  float* dinp = static_cast<float*>(dinp_v);
+  const float* inp = static_cast<const float*>(inp_v);
+  const float* dout = static_cast<const float*>(dout_v);
   if (n == 0) return;
   Bind();
   const bool vec = cuda::Aligned16(dinp) && cuda::Aligned16(inp) && cuda::Aligned16(dout);
@@ -656,7 +672,10 @@ void CudaKernels::gelu_backward(float* dinp, const float* inp, const float* dout
   SHARDGPT_CUDA_CHECK_LAUNCH("gelu_backward_kernel");
 }
 
-void CudaKernels::residual_forward(float* out, const float* a, const float* b, size_t n) const {
+void CudaKernels::residual_forward(void* out_v, const void* a_v, const void* b_v, size_t n) const {
+  float* out = static_cast<float*>(out_v);
+  const float* a = static_cast<const float*>(a_v);
+  const float* b = static_cast<const float*>(b_v);
   if (n == 0) return;
   Bind();
   const bool vec = cuda::Aligned16(out) && cuda::Aligned16(a) && cuda::Aligned16(b);
@@ -679,8 +698,9 @@ double SumOnHost(const T* dev, size_t n, std::vector<T>& host, cudaStream_t stre
 }  // namespace
 
 // Losses come to the host and are summed there in double, in row order (the CPU twin's order).
-double CudaKernels::crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+double CudaKernels::crossentropy_softmax(void* logits_v, float* losses, const int32_t* targets, int N, int V, int Vp,
                                          float dloss_scale) const {
+  float* logits = static_cast<float*>(logits_v);
   if (N == 0) return 0.0;
   Bind();
   SHARDGPT_LAUNCH(crossentropy_softmax_kernel, N, kThreads, 0, stream_)(logits, losses, targets, V, Vp, dloss_scale);
@@ -688,8 +708,9 @@ double CudaKernels::crossentropy_softmax(float* logits, float* losses, const int
   return SumOnHost(losses, N, host_floats_, stream_);
 }
 
-void CudaKernels::crossentropy_softmax_acc(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+void CudaKernels::crossentropy_softmax_acc(void* logits_v, float* losses, const int32_t* targets, int N, int V, int Vp,
                                            float dloss_scale, double* loss_acc) const {
+  float* logits = static_cast<float*>(logits_v);
   if (N == 0) return;
   Bind();
   SHARDGPT_LAUNCH(crossentropy_softmax_kernel, N, kThreads, 0, stream_)(logits, losses, targets, V, Vp, dloss_scale);

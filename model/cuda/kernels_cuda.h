@@ -70,29 +70,29 @@ class CudaKernels final : public Kernels {
   // Creates the cuBLASLt handle and the matmul workspace; errors are one line.
   Status Init();
 
-  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+  void encoder_forward(void* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                        int C) const override;
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+  void encoder_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T,
                         int C) const override;
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+  void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const float* w, const float* b,
                          int N, int C) const override;
-  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+  void layernorm_backward(void* dinp, float* dw, float* db, const void* dout, const void* inp, const float* w,
                           const float* mean, const float* rstd, int N, int C) const override;
-  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C,
+  void matmul_forward(void* out, const void* inp, const float* w, const float* bias, int N, int C,
                       int OC) const override;
-  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+  void matmul_backward(void* dinp, float* dw, float* dbias, const void* dout, const void* inp, const float* w,
                        int N, int C, int OC) const override;
-  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) const override;
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+  void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH) const override;
+  void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
                           int B, int T, int C, int NH) const override;
-  void gelu_forward(float* out, const float* inp, size_t n) const override;
-  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override;
-  void residual_forward(float* out, const float* a, const float* b, size_t n) const override;
-  void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* a,
-                                  const float* b, const float* w, const float* bias, int N, int C) const override;
-  double crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+  void gelu_forward(void* out, const void* inp, size_t n) const override;
+  void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) const override;
+  void residual_forward(void* out, const void* a, const void* b, size_t n) const override;
+  void residual_layernorm_forward(void* res_out, void* ln_out, float* mean, float* rstd, const void* a,
+                                  const void* b, const float* w, const float* bias, int N, int C) const override;
+  double crossentropy_softmax(void* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                               float dloss_scale) const override;
-  void crossentropy_softmax_acc(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+  void crossentropy_softmax_acc(void* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                                 float dloss_scale, double* loss_acc) const override;
 
   void convert(const void* src, DType from, void* dst, DType to, size_t n) const override;

@@ -183,8 +183,10 @@ void CudaKernels::ColumnSums(float* dst, const float* X, int N, int OC) const {
 }
 
 // out^T (OC x N) = w^T(stored C x OC, transposed) @ inp^T (C x N) + bias
-void CudaKernels::matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C,
+void CudaKernels::matmul_forward(void* out_v, const void* inp_v, const float* w, const float* bias, int N, int C,
                                  int OC) const {
+  float* out = static_cast<float*>(out_v);
+  const float* inp = static_cast<const float*>(inp_v);
   if (N == 0 || OC == 0) return;
   Bind();
   if (C == 0) {  // empty product: out = bias (or 0)
@@ -199,8 +201,11 @@ void CudaKernels::matmul_forward(float* out, const float* inp, const float* w, c
   Gemm(/*trans_a=*/true, /*trans_b=*/false, /*m=*/OC, /*n=*/N, /*k=*/C, w, C, inp, C, out, OC, 0.0f, bias);
 }
 
-void CudaKernels::matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+void CudaKernels::matmul_backward(void* dinp_v, float* dw, float* dbias, const void* dout_v, const void* inp_v,
                                   const float* w, int N, int C, int OC) const {
+  float* dinp = static_cast<float*>(dinp_v);
+  const float* dout = static_cast<const float*>(dout_v);
+  const float* inp = static_cast<const float*>(inp_v);
   if (N == 0 || C == 0 || OC == 0) return;
   Bind();
   // dinp^T (C x N) += w (stored C x OC) @ dout^T (OC x N)
