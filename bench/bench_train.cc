@@ -5,7 +5,7 @@
 // training thread waited for communication (forward, backward, after backward).
 //
 //   bench_train [--config tiny|small|gpt2|d12] [--steps 20] [--zero-stage S] [--shard-layout flat|per-param] [--dtype fp32|bf16]
-//               [--compute-dtype fp32|bf16] (default: what `shardgpt train` picks, see --compute-dtype)
+//               [--compute-dtype fp32|bf16] [--act-dtype auto|fp32|bf16] (default: what `shardgpt train` picks, see --compute-dtype, --act-dtype)
 //               [--threads N] [--grad-accum A] [--bucket-mb MiB] [--device cpu|cuda]
 //               [--micro-batch B] [--seq-len T] [--peak-tflops P] [--comm auto|mpi|nccl] [--profile 1]
 //               [--scaling 0|1] (1: with several ranks, also the single-rank references)
@@ -261,7 +261,7 @@ int main(int argc, char** argv) {
   EnsurePassiveOpenMPWait(argv);
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  std::string config = "tiny", dtype = "fp32", device_kind = "cpu", comm_kind = "auto", compute_dtype,
+  std::string config = "tiny", dtype = "fp32", device_kind = "cpu", comm_kind = "auto", compute_dtype, act_dtype,
               shard_layout = "flat", recompute;
   int steps = 20, stage = 0, threads = 2, accum = 1, micro_batch = 0, seq_len = 0, profile = 0, scaling = 1,
       roofline = 0, layers = 0, heads = 0, embd = 0, vocab = 0;
@@ -275,6 +275,7 @@ int main(int argc, char** argv) {
     else if (k == "--threads") threads = std::stoi(v);
     else if (k == "--dtype") dtype = v;
     else if (k == "--compute-dtype") compute_dtype = v;
+    else if (k == "--act-dtype") act_dtype = v;
     else if (k == "--grad-accum") accum = std::stoi(v);
     else if (k == "--bucket-mb") bucket_mb = std::stod(v);
     else if (k == "--device") device_kind = v;
@@ -316,12 +317,17 @@ int main(int argc, char** argv) {
       CountingDevice counting;
       ProfilingDevice prof(counting);
       prof.profile().set_peaks(peaks);
+      // the activations a GPU run of this --dtype keeps (plan's rule: bf16 with --dtype bf16)
+      auto act = PlannedActivationDType(act_dtype, dtype == "bf16" ? DType::kBF16 : DType::kF32);
+      if (!act.ok()) { std::fprintf(stderr, "bench_train: %s\n", act.status().message().c_str()); return 1; }
+      prof.kernels().set_activation_dtype(act.value());
       auto self = MpiCommunicator::Create(MPI_COMM_SELF);
       if (!self.ok()) { std::fprintf(stderr, "%s\n", self.status().message().c_str()); return 1; }
       ParamLayout layout(c);
       EngineOptions eo;
       eo.zero_stage = 0;
       eo.dtype = eo.reduce_dtype = dtype == "bf16" ? DType::kBF16 : DType::kF32;
+      eo.act_dtype = act.value();
       Runner run(*self.value(), layout, eo, prof, B, T, accum);
       prof.profile().Reset();
       run.Step(0, nullptr);
@@ -355,6 +361,9 @@ int main(int argc, char** argv) {
   const ComputeChoice compute = ChooseComputePrecision(dtype == "bf16" ? DType::kBF16 : DType::kF32, compute_dtype,
                                                        DetectComputeFacts(device.is_cuda()));
   device.kernels().set_matmul_precision(compute.precision);
+  auto act = ChooseActivationDType(act_dtype, compute.precision, device.is_cuda());
+  if (!act.ok()) { std::fprintf(stderr, "bench_train: %s\n", act.status().message().c_str()); MPI_Finalize(); return 1; }
+  device.kernels().set_activation_dtype(act.value().dtype);
   if (peak_tflops <= 0) peak_tflops = PeakBf16Tflops(device.name());
   if (peak_gbs <= 0) peak_gbs = PeakGBs(device.name());
 #ifdef SHARDGPT_HAVE_CUDA
@@ -379,6 +388,7 @@ int main(int argc, char** argv) {
   if (!layout_or.ok()) { std::fprintf(stderr, "%s\n", layout_or.status().message().c_str()); return 1; }
   eo.shard_layout = layout_or.value();
   eo.dtype = eo.reduce_dtype = dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  eo.act_dtype = device.kernels().activation_dtype();  // what the models below allocate
   if (!recompute.empty()) {
     char what[256];
     std::snprintf(what, sizeof(what), "config=%s device=%s ranks=%d stage=%d dtype=%s threads/rank=%d B=%d T=%d A=%d",
