@@ -328,7 +328,7 @@ int Main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "bf16"}));
   train->add_option("--act-dtype", t.act_dtype,
                     "dtype of the activations and their gradients: auto, fp32 or bf16 (fp32 maths inside the kernels; "
-                    "LayerNorm statistics, softmax, loss fp32); auto: bf16 where the matmuls are bf16, on the CPU")
+                    "LayerNorm statistics, softmax, loss fp32); auto: bf16 where the matmuls are bf16")
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
   train->add_option("--log", t.log_file, "write one JSON line per step to this file");
   train->add_option("--save-model", t.save_model, "write the final model as an llm.c .bin (version 3)");

@@ -118,7 +118,13 @@ class CudaKernels final : public Kernels {
 
  private:
   // Slots of Scratch() (below): separate buffers for uses that overlap.
-  enum ScratchSlot { kGeneral = 0, kOperandA = 1, kOperandB = 2, kNumSlots = 3 };
+  enum ScratchSlot { kGeneral = 0, kOperandA = 1, kOperandB = 2, kResult = 3, kNumSlots = 4 };
+  // Calls f(A{}) with A the activation storage: float, or uint16_t (bf16 bits).
+  template <class F>
+  void WithAct(F f) const {
+    if (act_dtype_ == DType::kBF16) f(uint16_t{});
+    else f(float{});
+  }
 
   // ---- matmul_cuda.cu ----
   // Column-major GEMM on the compute stream, cuBLAS conventions:
@@ -128,10 +134,14 @@ class CudaKernels final : public Kernels {
   // multiplied as CUDA_R_16BF operands with CUBLAS_COMPUTE_32F: exactly bf16-rounded inputs,
   // fp32 accumulation, fp32 out. (CUBLAS_COMPUTE_32F_FAST_16BF on fp32 operands would let
   // cuBLAS choose bf16 or TF32 rounding: not what the CPU twin computes.)
-  void Gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B, int ldb,
-            float* D, int ldd, float beta, const float* bias) const;
+  // Each operand fp32 or bf16 (an activation at bf16 activations); D fp32, or bf16 with kBf16
+  // (cuBLASLt rounds the fp32 accumulation once). kExact widens bf16 operands to fp32 copies.
+  void Gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* A, DType a_type, int lda, const void* B,
+            DType b_type, int ldb, void* D, DType d_type, int ldd, float beta, const float* bias) const;
   // The bf16 copy of the column-major rows x cols matrix X (leading dimension ld) in `slot`.
   const uint16_t* Bf16Copy(const float* X, int rows, int cols, int ld, ScratchSlot slot) const;
+  // The fp32 copy (exact) of a bf16 one.
+  const float* F32Copy(const uint16_t* X, int rows, int cols, int ld, ScratchSlot slot) const;
   // One cuBLASLt configuration: descriptors and the heuristic's algorithm, made once per key.
   struct GemmKey {
     bool trans_a, trans_b;
@@ -141,10 +151,12 @@ class CudaKernels final : public Kernels {
     bool accumulate;     // beta != 0
     uint32_t alignment;       // of the A, B and D pointers (bytes, power of 2, <= 256)
     uint32_t bias_alignment;  // of the bias pointer, which the heuristic reads itself (256 without)
+    bool d_bf16;              // D (and C) CUDA_R_16BF, else CUDA_R_32F
     bool operator<(const GemmKey& o) const {
       return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldd, precision, bias, accumulate, alignment,
-                      bias_alignment) < std::tie(o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.ldd,
-                                                 o.precision, o.bias, o.accumulate, o.alignment, o.bias_alignment);
+                      bias_alignment, d_bf16) < std::tie(o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.ldd,
+                                                         o.precision, o.bias, o.accumulate, o.alignment,
+                                                         o.bias_alignment, o.d_bf16);
     }
   };
   struct GemmPlan {
@@ -155,7 +167,7 @@ class CudaKernels final : public Kernels {
   };
   GemmPlan& Plan(const GemmKey& key, const float* bias) const;
   // dst[OC] += sum_n X[n, :] over X[N, OC], deterministic (matmul's dbias).
-  void ColumnSums(float* dst, const float* X, int N, int OC) const;
+  void ColumnSums(float* dst, const void* X, int N, int OC) const;  // X in the activation dtype
 
   // ---- kernels_cuda.cu ----
   // Device scratch shared by all kernels (they run one after another on the compute stream),
