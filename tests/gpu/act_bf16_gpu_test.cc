@@ -15,7 +15,8 @@
 // End to end: the device's bf16-activation losses stay within 2% of its fp32-activation run
 // and of the CPU's bf16-activation run over 20 steps, and fall by more than 20% (under the
 // emulation the gaps were 0.14% / 0.14% at fp32 products and 0.48% / 0.42% at bf16 products,
-// the loss 4.15 -> 0.76; 2% leaves room for a real GPU's other summation orders).
+// the loss 4.15 -> 0.76; 2% leaves room for a real GPU's other summation orders); and
+// --recompute gelu / block reproduce the no-recompute losses bitwise on the device at bf16.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -238,7 +239,8 @@ class DeviceParams : public UnitHooks {
   DeviceBuffer p_, g_, m_, v_;
 };
 
-std::vector<float> TrainOn(Device& d, DType act, MatmulPrecision precision) {
+std::vector<float> TrainOn(Device& d, DType act, MatmulPrecision precision, int steps = 20,
+                           Recompute recompute = Recompute::kNone) {
   const GPTConfig c{2, 2, 64, 16, 64};  // hs 32
   const int B = 2, T = 16;
   d.kernels().set_activation_dtype(act);
@@ -248,9 +250,9 @@ std::vector<float> TrainOn(Device& d, DType act, MatmulPrecision precision) {
   InitParameters(layout, 4, init.data());
   DeviceParams p(d, layout, init);
   const auto x = RandomTokens(B * T, 64, 12), y = RandomTokens(B * T, 64, 13);
-  GPT model(c, B, T, d);
+  GPT model(c, B, T, d, nullptr, recompute);
   std::vector<float> losses;
-  for (int step = 1; step <= 20; step++) {
+  for (int step = 1; step <= steps; step++) {
     losses.push_back(model.Forward(p, x.data(), y.data(), B, T, 1.0f));
     model.Backward(p);
     p.Step(d, step);
@@ -272,6 +274,12 @@ TEST_P(GpuBf16Act, TinyModelTrainsCloseToFp32AndToTheCpu) {
   EXPECT_LT(worst32, 0.02);
   EXPECT_LT(worst_cpu, 0.02);
   EXPECT_LT(gpu16[19], 0.8f * gpu16[0]);
+}
+
+TEST_P(GpuBf16Act, RecomputeReproducesNoRecomputeBitwise) {
+  const std::vector<float> none = TrainOn(*gpu_, DType::kBF16, GetParam(), 3);
+  EXPECT_EQ(TrainOn(*gpu_, DType::kBF16, GetParam(), 3, Recompute::kGelu), none);
+  EXPECT_EQ(TrainOn(*gpu_, DType::kBF16, GetParam(), 3, Recompute::kBlock), none);
 }
 
 INSTANTIATE_TEST_SUITE_P(Precision, GpuBf16Act, ::testing::Values(MatmulPrecision::kExact, MatmulPrecision::kBf16),
