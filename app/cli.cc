@@ -1,5 +1,7 @@
 #include "app/cli.h"
 
+#include "model/compute_precision.h"
+
 #include <mpi.h>
 #include <sched.h>
 
@@ -324,6 +326,10 @@ int Main(int argc, char** argv) {
                     "precision of the matmuls: fp32 or bf16 (bf16 inputs, fp32 accumulation); default: bf16 with "
                     "--dtype bf16 where the hardware has fast bf16 products (GPU, AVX512-BF16/AMX CPUs), else fp32")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  train->add_option("--act-dtype", t.act_dtype,
+                    "dtype of the activations and their gradients: auto, fp32 or bf16 (fp32 maths inside the kernels; "
+                    "LayerNorm statistics, softmax, loss fp32); auto: bf16 where the matmuls are bf16")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
   train->add_option("--log", t.log_file, "write one JSON line per step to this file");
   train->add_option("--save-model", t.save_model, "write the final model as an llm.c .bin (version 3)");
   train->add_option("--sample-tokens", t.sample_tokens, "print a sample of N tokens after training")->capture_default_str();
@@ -392,6 +398,10 @@ int Main(int argc, char** argv) {
   plan->add_option("-t,--seq-len", p.seq_len, "tokens per sequence")->capture_default_str();
   plan->add_option("--grad-accum", p.grad_accum, "micro-batches per step")->capture_default_str();
   plan->add_option("--mem-gib", p.mem_gib, "memory per rank in GiB: mark which stages fit");
+  std::string plan_act_dtype;
+  plan->add_option("--act-dtype", plan_act_dtype,
+                   "dtype of the activations counted: auto (bf16 with --dtype bf16, as on a GPU), fp32 or bf16")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
   RecomputeFlags plan_recompute;
   plan_recompute.Add(plan, "memory per rank, e.g. 80GiB: print the largest micro-batch that fits for each ZeRO stage "
                            "x --recompute mode");
@@ -514,7 +524,10 @@ int Main(int argc, char** argv) {
       p.engine = plan_engine.Resolve();
       p.recompute = plan_recompute.mode();
       p.memory_bytes = plan_recompute.memory_bytes();
-      if (p.engine.shard_group_size == kAutoGroup)
+      auto act = PlannedActivationDType(plan_act_dtype, p.engine.dtype);
+      if (act.ok()) p.engine.act_dtype = act.value();
+      if (!act.ok()) st = act.status();
+      else if (p.engine.shard_group_size == kAutoGroup)
         st = Status::InvalidArgument("plan --shard-group-size auto: plan runs on no nodes; give the ranks per node as a number");
       else if (rank == 0) st = RunPlan(p);
     }

@@ -174,7 +174,7 @@ Status RunPlan(const PlanOptions& o) {
   ShardPlan plan_all(layout, o.ranks, o.engine.shard_layout), plan_group(layout, G, o.engine.shard_layout);
   auto plan_for = [&](int stage) -> const ShardPlan& { return stage == 0 ? plan_all : plan_group; };
   const double psi = static_cast<double>(layout.total_numel());
-  const double act = static_cast<double>(GPT::ActivationBytes(o.model, o.micro_batch, o.seq_len, o.recompute));
+  const double act = static_cast<double>(GPT::ActivationBytes(o.model, o.micro_batch, o.seq_len, o.recompute, o.engine.act_dtype));
   // GiB, or MiB when every figure is below one GiB ("G" / "M" after each figure)
   double largest = 0;
   for (int stage = 0; stage <= 3; stage++) {
@@ -191,8 +191,8 @@ Status RunPlan(const PlanOptions& o) {
   if (R > 1)
     std::printf("HSDP: stages 1-3 shard within %d group(s) of G=%d ranks and replicate across them (memory formulas "
                 "with G for N); stage 0 all-reduces over all %d\n", R, G, o.ranks);
-  std::printf("activations (fp32, --recompute %s, attention O(T)): %.3f %siB per rank\n", RecomputeName(o.recompute),
-              act / GiB, U);
+  std::printf("activations (%s, --recompute %s, attention O(T)): %.3f %siB per rank\n", DTypeName(o.engine.act_dtype),
+              RecomputeName(o.recompute), act / GiB, U);
   double psi_muon = 0;
   if (o.engine.optimizer == OptimizerKind::kMuon) {
     const MuonPlan mp(layout, plan_group, false, o.engine.muon.ns_steps);

@@ -423,14 +423,20 @@ class Trainer {
     SetComputeThreads(o_.threads);
     std::unique_ptr<LlmcModelReader> init;
     SHARDGPT_RETURN_IF_ERROR(ResolveModelAndResume(o_, comm_, &init, &resume_path_, &candidates_));
-    if (o_.micro_batch_auto) SHARDGPT_RETURN_IF_ERROR(Agree(comm_, ResolveAutoMicroBatch()));
-    SHARDGPT_RETURN_IF_ERROR(ValidateLoopOptions(o_, comm_.world_size()));
     // bf16 runs round matmul inputs to bf16 where the device has fast bf16 matmuls (tensor cores,
-    // AVX512-BF16/AMX), or where --compute-dtype asks for it
+    // AVX512-BF16/AMX), or where --compute-dtype asks for it; the activations follow (before
+    // --micro-batch auto: the plan counts them in their dtype)
     const ComputeChoice compute =
         ChooseComputePrecision(o_.engine.dtype, o_.compute_dtype, DetectComputeFacts(device_.is_cuda()));
     device_.kernels().set_matmul_precision(compute.precision);
     compute_line_ = compute.line;
+    auto act = ChooseActivationDType(o_.act_dtype, compute.precision, device_.is_cuda());
+    if (!act.ok()) return act.status();
+    device_.kernels().set_activation_dtype(act.value().dtype);
+    o_.engine.act_dtype = act.value().dtype;
+    if (!act.value().line.empty()) compute_line_ += (compute_line_.empty() ? "" : "\n") + act.value().line;
+    if (o_.micro_batch_auto) SHARDGPT_RETURN_IF_ERROR(Agree(comm_, ResolveAutoMicroBatch()));
+    SHARDGPT_RETURN_IF_ERROR(ValidateLoopOptions(o_, comm_.world_size()));
     layout_ = std::make_unique<ParamLayout>(o_.model);
     SHARDGPT_RETURN_IF_ERROR(Agree(comm_, AllocateOnDevice()));
     if (init) {  // only this rank's owned ranges are read: no full model on any rank (ZeRO-3)

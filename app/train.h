@@ -41,6 +41,7 @@ struct TrainOptions {
   std::string sample_prompt = "\n";
   int threads = 0;  // 0: cores / ranks on this node
   std::string compute_dtype;  // --compute-dtype: "fp32", "bf16", or "" (bf16 with --dtype bf16 where fast)
+  std::string act_dtype;      // --act-dtype: "fp32", "bf16", or ""/"auto" (model/compute_precision.h)
   bool quiet = false;
   // checkpoints (io/checkpoint.h)
   std::string ckpt_dir;    // save DIR/step_XXXXXXXX/ every ckpt_every steps and at the end

@@ -5,11 +5,11 @@
 // training thread waited for communication (forward, backward, after backward).
 //
 //   bench_train [--config tiny|small|gpt2|d12] [--steps 20] [--zero-stage S] [--shard-layout flat|per-param] [--dtype fp32|bf16]
-//               [--compute-dtype fp32|bf16] (default: what `shardgpt train` picks, see --compute-dtype)
+//               [--compute-dtype fp32|bf16] [--act-dtype auto|fp32|bf16] (default: what `shardgpt train` picks, see --compute-dtype, --act-dtype)
 //               [--threads N] [--grad-accum A] [--bucket-mb MiB] [--device cpu|cuda]
 //               [--micro-batch B] [--seq-len T] [--peak-tflops P] [--comm auto|mpi|nccl] [--profile 1]
 //               [--scaling 0|1] (1: with several ranks, also the single-rank references)
-//               [--peak-gbs G] [--roofline 1] [--act-bytes 2|4] [--layers L --heads H --embd C --vocab V]
+//               [--peak-gbs G] [--roofline 1] [--layers L --heads H --embd C --vocab V]
 //               [--recompute none,gelu,block] (any comma list: those modes side by side, see below)
 // --recompute LIST trains one engine with one model per mode (model/gpt.h), alternating the
 // modes step by step so that the machine's load weighs on each alike, and prints each mode's
@@ -22,8 +22,8 @@
 // (a table by GPU name below, or --peak-tflops), and peak memory against `plan`'s prediction.
 // --roofline 1 runs nothing: it counts one step's kernel calls (bench/roofline.h) and prints
 // per kernel FLOPs, bytes and the time at the peaks (default H200: 989 TFLOP/s dense bf16,
-// 4800 GB/s), then the predicted step time and tokens/s; --act-bytes is the activation element
-// size it counts (default 2 with --dtype bf16, the bf16-activation target; 4 with fp32).
+// 4800 GB/s), then the predicted step time and tokens/s; activations are counted at the size of
+// the activation dtype the run would use (the kernel set's activation_dtype()).
 //   mpirun -np 2 bench_train --config tiny --zero-stage 0 --threads 1
 // Configs (the issue's): tiny L4 H4 C256 V256 T256 B8; small L6 H6 C384 V256 T256 B8;
 // gpt2 = GPT-2 124M shape L12 H12 C768 V50257 (max T 1024) run at T64 B4; d12 = the same model
@@ -261,11 +261,11 @@ int main(int argc, char** argv) {
   EnsurePassiveOpenMPWait(argv);
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  std::string config = "tiny", dtype = "fp32", device_kind = "cpu", comm_kind = "auto", compute_dtype,
+  std::string config = "tiny", dtype = "fp32", device_kind = "cpu", comm_kind = "auto", compute_dtype, act_dtype,
               shard_layout = "flat", recompute;
   int steps = 20, stage = 0, threads = 2, accum = 1, micro_batch = 0, seq_len = 0, profile = 0, scaling = 1,
       roofline = 0, layers = 0, heads = 0, embd = 0, vocab = 0;
-  double bucket_mb = 25.0, peak_tflops = 0, peak_gbs = 0, act_bytes = 0;
+  double bucket_mb = 25.0, peak_tflops = 0, peak_gbs = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--config") config = v;
@@ -275,6 +275,7 @@ int main(int argc, char** argv) {
     else if (k == "--threads") threads = std::stoi(v);
     else if (k == "--dtype") dtype = v;
     else if (k == "--compute-dtype") compute_dtype = v;
+    else if (k == "--act-dtype") act_dtype = v;
     else if (k == "--grad-accum") accum = std::stoi(v);
     else if (k == "--bucket-mb") bucket_mb = std::stod(v);
     else if (k == "--device") device_kind = v;
@@ -286,7 +287,6 @@ int main(int argc, char** argv) {
     else if (k == "--scaling") scaling = std::stoi(v);
     else if (k == "--roofline") roofline = std::stoi(v);
     else if (k == "--peak-gbs") peak_gbs = std::stod(v);
-    else if (k == "--act-bytes") act_bytes = std::stod(v);
     else if (k == "--layers") layers = std::stoi(v);
     else if (k == "--heads") heads = std::stoi(v);
     else if (k == "--embd") embd = std::stoi(v);
@@ -311,27 +311,30 @@ int main(int argc, char** argv) {
   c.max_seq_len = std::max(c.max_seq_len, T);
   if (Status st = c.Validate(); !st.ok()) { std::fprintf(stderr, "bench_train: %s\n", st.message().c_str()); return 1; }
 
-  if (act_bytes <= 0) act_bytes = dtype == "bf16" ? 2 : 4;
   if (roofline) {  // count one step on a device that runs nothing (bench/roofline.h)
     const Peaks peaks{(peak_tflops > 0 ? peak_tflops : 989) * 1e12, (peak_gbs > 0 ? peak_gbs : 4800) * 1e9};
     {
       CountingDevice counting;
       ProfilingDevice prof(counting);
       prof.profile().set_peaks(peaks);
-      prof.profile().set_act_bytes(act_bytes);
+      // the activations a GPU run of this --dtype keeps (plan's rule: bf16 with --dtype bf16)
+      auto act = PlannedActivationDType(act_dtype, dtype == "bf16" ? DType::kBF16 : DType::kF32);
+      if (!act.ok()) { std::fprintf(stderr, "bench_train: %s\n", act.status().message().c_str()); return 1; }
+      prof.kernels().set_activation_dtype(act.value());
       auto self = MpiCommunicator::Create(MPI_COMM_SELF);
       if (!self.ok()) { std::fprintf(stderr, "%s\n", self.status().message().c_str()); return 1; }
       ParamLayout layout(c);
       EngineOptions eo;
       eo.zero_stage = 0;
       eo.dtype = eo.reduce_dtype = dtype == "bf16" ? DType::kBF16 : DType::kF32;
+      eo.act_dtype = act.value();
       Runner run(*self.value(), layout, eo, prof, B, T, accum);
       prof.profile().Reset();
       run.Step(0, nullptr);
       const double tokens = double(B) * T * accum, N = double(layout.total_numel());
       std::printf("roofline (nothing run): config=%s dtype=%s B=%d T=%d A=%d params=%.2fM, one rank, activations "
                   "counted at %g bytes/element, peaks %.0f TFLOP/s dense and %.0f GB/s\n",
-                  config.c_str(), dtype.c_str(), B, T, accum, N / 1e6, act_bytes, peaks.flops / 1e12,
+                  config.c_str(), dtype.c_str(), B, T, accum, N / 1e6, double(DTypeSize(prof.profile().activation_dtype())), peaks.flops / 1e12,
                   peaks.bytes_per_s / 1e9);
       PrintRoofline(prof.profile(), peaks, tokens, tokens * (6 * N + 6.0 * c.n_layer * c.n_embd * T));
     }
@@ -358,6 +361,9 @@ int main(int argc, char** argv) {
   const ComputeChoice compute = ChooseComputePrecision(dtype == "bf16" ? DType::kBF16 : DType::kF32, compute_dtype,
                                                        DetectComputeFacts(device.is_cuda()));
   device.kernels().set_matmul_precision(compute.precision);
+  auto act = ChooseActivationDType(act_dtype, compute.precision, device.is_cuda());
+  if (!act.ok()) { std::fprintf(stderr, "bench_train: %s\n", act.status().message().c_str()); MPI_Finalize(); return 1; }
+  device.kernels().set_activation_dtype(act.value().dtype);
   if (peak_tflops <= 0) peak_tflops = PeakBf16Tflops(device.name());
   if (peak_gbs <= 0) peak_gbs = PeakGBs(device.name());
 #ifdef SHARDGPT_HAVE_CUDA
@@ -367,10 +373,7 @@ int main(int argc, char** argv) {
     profiler->profile().set_timer(timer.get());
   }
 #endif
-  if (profiler) {
-    profiler->profile().set_peaks(Peaks{peak_tflops * 1e12, peak_gbs * 1e9});
-    profiler->profile().set_act_bytes(act_bytes);
-  }
+  if (profiler) profiler->profile().set_peaks(Peaks{peak_tflops * 1e12, peak_gbs * 1e9});
   CommOptions comm_options;
   comm_options.kind = comm_kind;
   auto comm_or = CreateCommunicator(comm_options, MPI_COMM_WORLD, *device_or.value(), local_size, VisibleGpuCount());
@@ -385,6 +388,7 @@ int main(int argc, char** argv) {
   if (!layout_or.ok()) { std::fprintf(stderr, "%s\n", layout_or.status().message().c_str()); return 1; }
   eo.shard_layout = layout_or.value();
   eo.dtype = eo.reduce_dtype = dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  eo.act_dtype = device.kernels().activation_dtype();  // what the models below allocate
   if (!recompute.empty()) {
     char what[256];
     std::snprintf(what, sizeof(what), "config=%s device=%s ranks=%d stage=%d dtype=%s threads/rank=%d B=%d T=%d A=%d",

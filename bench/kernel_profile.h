@@ -14,9 +14,10 @@
 // causal attention 2*B*T*T*C forward (QK^T and PV over the lower triangle), twice that backward,
 // as in 6LCT per token. Everything else counts 0 FLOPs (element-wise: bound by bytes).
 // Bytes: the least traffic a kernel can have: each tensor it reads read once, each it writes
-// written once (an accumulated gradient read and written), at `act_bytes` per element for
-// activations, weights and their gradients (4 today: the Kernels interface is fp32; 2 is the
-// bf16-activation target), 4 for LayerNorm statistics, log-sum-exps, losses and token ids, the
+// written once (an accumulated gradient read and written), at the activation dtype's size
+// (activation_dtype(), forwarded to the inner kernel set with the matmul precision: 4 or 2) per
+// element for activations and their gradients, 4 for weights and their gradients (fp32 at
+// every activation dtype) and for LayerNorm statistics, log-sum-exps, losses and token ids, the
 // dtype's size for the engine's kernels, fp32 for AdamW's state. No T x T tensor is counted
 // (flash-style attention keeps none).
 //
@@ -67,7 +68,6 @@ class ProfilingKernels final : public Kernels {
   const std::map<std::string, Entry>& table() const { return table_; }
   // Times with device events instead of host wall time (a CUDA device); not owned.
   void set_timer(KernelTimer* t) { timer_ = t; }
-  void set_act_bytes(double b) { a_ = b; }
   void set_peaks(const Peaks& p) { peaks_ = p; }
   // With a timer: reads the step's event pairs into the table (after the step's work was queued).
   void Collect() {
@@ -80,79 +80,79 @@ class ProfilingKernels final : public Kernels {
   }
 
   // ---- model: out = wte[token] + wpe[t]; backward scatters dout into dwte rows, dwpe ----
-  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+  void encoder_forward(void* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                        int C) const override {
     const double btc = double(B) * T * C;
-    Time("encoder_forward", 0, 4.0 * B * T + a_ * (2 * btc + double(T) * C),
+    Time("encoder_forward", 0, 4.0 * B * T + A() * btc + 4.0 * (btc + double(T) * C),
          [&] { k_.encoder_forward(out, tokens, wte, wpe, B, T, C); });
   }
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+  void encoder_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T,
                         int C) const override {
     const double btc = double(B) * T * C;
-    Time("encoder_backward", 0, 4.0 * B * T + a_ * (3 * btc + 3.0 * T * C),
+    Time("encoder_backward", 0, 4.0 * B * T + A() * btc + 4.0 * (2 * btc + 3.0 * T * C),
          [&] { k_.encoder_backward(dwte, dwpe, dout, tokens, B, T, C); });
   }
   // ---- out = (inp - mean) * rstd * w + b; backward accumulates dinp, dw, db ----
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+  void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const float* w, const float* b,
                          int N, int C) const override {
-    Time("layernorm_forward", 0, a_ * (2.0 * N * C + 2.0 * C) + 8.0 * N,
+    Time("layernorm_forward", 0, A() * 2.0 * N * C + 4.0 * 2.0 * C + 8.0 * N,
          [&] { k_.layernorm_forward(out, mean, rstd, inp, w, b, N, C); });
   }
-  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+  void layernorm_backward(void* dinp, float* dw, float* db, const void* dout, const void* inp, const float* w,
                           const float* mean, const float* rstd, int N, int C) const override {
-    Time("layernorm_backward", 0, a_ * (4.0 * N * C + 5.0 * C) + 8.0 * N,
+    Time("layernorm_backward", 0, A() * 4.0 * N * C + 4.0 * 5.0 * C + 8.0 * N,
          [&] { k_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C); });
   }
   // ---- out[N,OC] = inp[N,C] w[OC,C]^T + bias ----
-  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C,
+  void matmul_forward(void* out, const void* inp, const float* w, const float* bias, int N, int C,
                       int OC) const override {
-    Time("matmul_forward", 2.0 * N * C * OC, a_ * (double(N) * C + double(OC) * C + OC + double(N) * OC),
+    Time("matmul_forward", 2.0 * N * C * OC, A() * (double(N) * C + double(N) * OC) + 4.0 * (double(OC) * C + OC),
          [&] { k_.matmul_forward(out, inp, w, bias, N, C, OC); });
   }
-  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+  void matmul_backward(void* dinp, float* dw, float* dbias, const void* dout, const void* inp, const float* w,
                        int N, int C, int OC) const override {
     const double nc = double(N) * C, woc = double(OC) * C, noc = double(N) * OC;
-    double bytes = 0;
-    if (dinp) bytes += noc + woc + 2 * nc;  // read dout, w; dinp +=
-    if (dw) bytes += noc + nc + 2 * woc;    // read dout, inp; dw +=
-    if (dbias) bytes += noc + 2.0 * OC;
-    Time("matmul_backward", 2.0 * nc * OC * ((dinp ? 1 : 0) + (dw ? 1 : 0)), a_ * bytes,
+    double bytes = 0;  // activations at A(), weights and their gradients fp32
+    if (dinp) bytes += A() * (noc + 2 * nc) + 4.0 * woc;  // read dout, w; dinp +=
+    if (dw) bytes += A() * (noc + nc) + 4.0 * 2 * woc;    // read dout, inp; dw +=
+    if (dbias) bytes += A() * noc + 4.0 * 2 * OC;
+    Time("matmul_backward", 2.0 * nc * OC * ((dinp ? 1 : 0) + (dw ? 1 : 0)), bytes,
          [&] { k_.matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC); });
   }
   // ---- causal softmax(QK^T / sqrt(hs)) V per head; lse per row for the backward ----
-  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) const override {
+  void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH) const override {
     const double btc = double(B) * T * C;
-    Time("attention_forward", 2.0 * B * T * double(T) * C, a_ * 4 * btc + 4.0 * B * NH * T,
+    Time("attention_forward", 2.0 * B * T * double(T) * C, A() * 4 * btc + 4.0 * B * NH * T,
          [&] { k_.attention_forward(out, lse, qkv, B, T, C, NH); });
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+  void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
                           int B, int T, int C, int NH) const override {
     const double btc = double(B) * T * C;
-    Time("attention_backward", 4.0 * B * T * double(T) * C, a_ * 8 * btc + 4.0 * B * NH * T,
+    Time("attention_backward", 4.0 * B * T * double(T) * C, A() * 8 * btc + 4.0 * B * NH * T,
          [&] { k_.attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH); });
   }
   // ---- element-wise ----
-  void gelu_forward(float* out, const float* inp, size_t n) const override {
-    Time("gelu_forward", 0, a_ * 2.0 * n, [&] { k_.gelu_forward(out, inp, n); });
+  void gelu_forward(void* out, const void* inp, size_t n) const override {
+    Time("gelu_forward", 0, A() * 2.0 * n, [&] { k_.gelu_forward(out, inp, n); });
   }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override {
-    Time("gelu_backward", 0, a_ * 3.0 * n, [&] { k_.gelu_backward(dinp, inp, dout, n); });
+  void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) const override {
+    Time("gelu_backward", 0, A() * 3.0 * n, [&] { k_.gelu_backward(dinp, inp, dout, n); });
   }
-  void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
-    Time("residual_forward", 0, a_ * 3.0 * n, [&] { k_.residual_forward(out, a, b, n); });
+  void residual_forward(void* out, const void* a, const void* b, size_t n) const override {
+    Time("residual_forward", 0, A() * 3.0 * n, [&] { k_.residual_forward(out, a, b, n); });
   }
   // reads a, b and the LayerNorm's w, bias; writes res and ln, and mean, rstd (fp32): the
   // residual stream is not read a second time (unfused: residual 3NC + layernorm 2NC)
-  void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* a,
-                                  const float* b, const float* w, const float* bias, int N, int C) const override {
-    Time("residual_layernorm_forward", 0, a_ * (4.0 * N * C + 2.0 * C) + 8.0 * N,
+  void residual_layernorm_forward(void* res_out, void* ln_out, float* mean, float* rstd, const void* a,
+                                  const void* b, const float* w, const float* bias, int N, int C) const override {
+    Time("residual_layernorm_forward", 0, A() * 4.0 * N * C + 4.0 * 2.0 * C + 8.0 * N,
          [&] { k_.residual_layernorm_forward(res_out, ln_out, mean, rstd, a, b, w, bias, N, C); });
   }
   // ---- softmax + cross-entropy over the logits, dlogits written in place ----
-  double crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+  double crossentropy_softmax(void* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                               float dloss_scale) const override {
     double r = 0;
-    Time("crossentropy_softmax", 0, a_ * 2.0 * N * Vp + 8.0 * N,
+    Time("crossentropy_softmax", 0, A() * 2.0 * N * Vp + 8.0 * N,
          [&] { r = k_.crossentropy_softmax(logits, losses, targets, N, V, Vp, dloss_scale); });
     return r;
   }
@@ -179,9 +179,9 @@ class ProfilingKernels final : public Kernels {
              const AdamWConfig& cfg, int64_t t, float grad_scale) const override {
     Time("adamw (engine)", 0, 4.0 * 7 * n, [&] { k_.adamw(param, grad, m, v, n, lr, weight_decay, cfg, t, grad_scale); });
   }
-  void crossentropy_softmax_acc(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+  void crossentropy_softmax_acc(void* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                                 float dloss_scale, double* loss_acc) const override {
-    Time("crossentropy_softmax", 0, a_ * 2.0 * N * Vp + 8.0 * N,
+    Time("crossentropy_softmax", 0, A() * 2.0 * N * Vp + 8.0 * N,
          [&] { k_.crossentropy_softmax_acc(logits, losses, targets, N, V, Vp, dloss_scale, loss_acc); });
   }
   void sum_squares_to(double* dst, const void* x, DType dtype, size_t n) const override {
@@ -217,6 +217,7 @@ class ProfilingKernels final : public Kernels {
   template <class F>
   void Time(const char* name, double flops, double bytes, F f) const {
     k_.set_matmul_precision(matmul_precision());
+    k_.set_activation_dtype(activation_dtype());
     Entry& e = table_[name];
     e.flops += flops;
     e.bytes += bytes;
@@ -232,9 +233,9 @@ class ProfilingKernels final : public Kernels {
     f();
     e.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
+  double A() const { return double(DTypeSize(activation_dtype())); }  // bytes per activation element
   Kernels& k_;
   KernelTimer* timer_ = nullptr;
-  double a_ = 4;  // bytes per activation element
   Peaks peaks_;
   mutable std::map<std::string, Entry> table_;
   mutable std::vector<Pending> pending_;

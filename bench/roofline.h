@@ -27,28 +27,28 @@ namespace shardgpt {
 // Kernels that do nothing (host values: 0).
 class NullKernels final : public Kernels {
  public:
-  void encoder_forward(float*, const int32_t*, const float*, const float*, int, int, int) const override {}
-  void encoder_backward(float*, float*, const float*, const int32_t*, int, int, int) const override {}
-  void layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int, int) const override {}
-  void layernorm_backward(float*, float*, float*, const float*, const float*, const float*, const float*,
+  void encoder_forward(void*, const int32_t*, const float*, const float*, int, int, int) const override {}
+  void encoder_backward(float*, float*, const void*, const int32_t*, int, int, int) const override {}
+  void layernorm_forward(void*, float*, float*, const void*, const float*, const float*, int, int) const override {}
+  void layernorm_backward(void*, float*, float*, const void*, const void*, const float*, const float*,
                           const float*, int, int) const override {}
-  void matmul_forward(float*, const float*, const float*, const float*, int, int, int) const override {}
-  void matmul_backward(float*, float*, float*, const float*, const float*, const float*, int, int, int) const override {}
-  void attention_forward(float*, float*, const float*, int, int, int, int) const override {}
-  void attention_backward(float*, const float*, const float*, const float*, const float*, int, int, int,
+  void matmul_forward(void*, const void*, const float*, const float*, int, int, int) const override {}
+  void matmul_backward(void*, float*, float*, const void*, const void*, const float*, int, int, int) const override {}
+  void attention_forward(void*, float*, const void*, int, int, int, int) const override {}
+  void attention_backward(void*, const void*, const void*, const void*, const float*, int, int, int,
                           int) const override {}
-  void gelu_forward(float*, const float*, size_t) const override {}
-  void gelu_backward(float*, const float*, const float*, size_t) const override {}
-  void residual_forward(float*, const float*, const float*, size_t) const override {}
-  void residual_layernorm_forward(float*, float*, float*, float*, const float*, const float*, const float*,
+  void gelu_forward(void*, const void*, size_t) const override {}
+  void gelu_backward(void*, const void*, const void*, size_t) const override {}
+  void residual_forward(void*, const void*, const void*, size_t) const override {}
+  void residual_layernorm_forward(void*, void*, float*, float*, const void*, const void*, const float*,
                                   const float*, int, int) const override {}
-  double crossentropy_softmax(float*, float*, const int32_t*, int, int, int, float) const override { return 0; }
+  double crossentropy_softmax(void*, float*, const int32_t*, int, int, int, float) const override { return 0; }
   void convert(const void*, DType, void*, DType, size_t) const override {}
   void accumulate(void*, DType, const void*, DType, size_t) const override {}
   double sum_squares(const void*, DType, size_t) const override { return 0; }
   void adamw(float*, const float*, float*, float*, size_t, float, float, const AdamWConfig&, int64_t,
              float) const override {}
-  void crossentropy_softmax_acc(float*, float*, const int32_t*, int, int, int, float, double*) const override {}
+  void crossentropy_softmax_acc(void*, float*, const int32_t*, int, int, int, float, double*) const override {}
   void sum_squares_to(double*, const void*, DType, size_t) const override {}
   void sum_f64(double*, const double*, size_t, double) const override {}
   void clip_factor(float*, const double*, float) const override {}

@@ -50,4 +50,42 @@ ComputeChoice ChooseComputePrecision(DType storage, const std::string& requested
   return c;
 }
 
+namespace {
+StatusOr<std::string> CheckActDType(const std::string& requested) {
+  if (requested.empty() || requested == "auto" || requested == "fp32" || requested == "bf16")
+    return requested == "auto" ? std::string() : requested;
+  return Status::InvalidArgument("--act-dtype " + requested + ": expected auto, fp32 or bf16");
+}
+}  // namespace
+
+StatusOr<ActivationChoice> ChooseActivationDType(const std::string& requested, MatmulPrecision precision,
+                                                 bool is_cuda) {
+  auto r = CheckActDType(requested);
+  if (!r.ok()) return r.status();
+  ActivationChoice c;
+  if (r.value() == "fp32") {
+    c.line = "activations: fp32 (--act-dtype fp32)";
+    return c;
+  }
+  if (r.value() == "bf16") {
+    c.dtype = DType::kBF16;
+    c.line = "activations: bf16, fp32 maths inside the kernels (--act-dtype bf16)";
+    return c;
+  }
+  (void)is_cuda;  // both devices: the same rule (bench_train --profile measured the CPU not slower)
+  if (precision == MatmulPrecision::kBf16) {
+    c.dtype = DType::kBF16;
+    c.line = "activations: bf16, fp32 maths inside the kernels (bf16 matmuls; --act-dtype fp32 keeps them fp32)";
+  }
+  return c;
+}
+
+StatusOr<DType> PlannedActivationDType(const std::string& requested, DType storage) {
+  auto r = CheckActDType(requested);
+  if (!r.ok()) return r.status();
+  if (r.value() == "fp32") return DType::kF32;
+  if (r.value() == "bf16") return DType::kBF16;
+  return storage;
+}
+
 }  // namespace shardgpt

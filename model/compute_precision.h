@@ -9,6 +9,7 @@
 #include <string>
 
 #include "base/dtype.h"
+#include "base/status.h"
 #include "model/kernels.h"
 
 namespace shardgpt {
@@ -33,5 +34,20 @@ struct ComputeChoice {
 // On a CPU, forcing bf16 where oneDNN cannot run it selects the emulated bf16 kernels (same
 // numerics, slower); the line says which kernels run and why.
 ComputeChoice ChooseComputePrecision(DType storage, const std::string& requested, const ComputeFacts& facts);
+
+// The dtype of the model's activations (Kernels::set_activation_dtype, GPT's allocation).
+// requested: --act-dtype ("fp32", "bf16", or "" / "auto" for automatic). Automatic: bf16 where
+// the matmuls compute in bf16 (precision kBf16, from ChooseComputePrecision), else fp32, on
+// both devices (on the CPU, bench_train --profile measured bf16 activations no slower at the
+// GPT-2 124M shape: README). The line says what was chosen when it is not fp32 by default.
+struct ActivationChoice {
+  DType dtype = DType::kF32;
+  std::string line;
+};
+StatusOr<ActivationChoice> ChooseActivationDType(const std::string& requested, MatmulPrecision precision,
+                                                 bool is_cuda);
+// What `plan` counts without a device: bf16 activations with --dtype bf16 (a GPU's choice),
+// else fp32; --act-dtype overrides.
+StatusOr<DType> PlannedActivationDType(const std::string& requested, DType storage);
 
 }  // namespace shardgpt

@@ -1,7 +1,8 @@
 // The CPU device: host memory (calloc, kept for reuse by a block cache) and the OpenBLAS/OpenMP
 // kernels of model/kernels_cpu.h;
 // at MatmulPrecision::kBf16 the matmuls and attention run the bf16 kernels of
-// model/kernels_cpu_bf16.h instead. Copies are memcpy and events are complete at once: the CPU
+// model/kernels_cpu_bf16.h instead; at activation dtype bf16 every model kernel runs its
+// bf16-activation overload. Copies are memcpy and events are complete at once: the CPU
 // computes synchronously.
 #include <cstdio>
 #include <cstdlib>
@@ -26,59 +27,83 @@ namespace {
 // attention at MatmulPrecision::kBf16, in model/kernels_cpu_bf16.h.
 class CpuKernels final : public Kernels {
  public:
-  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+  // Each model kernel: the fp32-activation overload (F casts) or the bf16 one (H casts) of the
+  // same free function, by activation_dtype().
+  void encoder_forward(void* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                        int C) const override {
-    shardgpt::encoder_forward(out, tokens, wte, wpe, B, T, C);
+    if (act16()) return shardgpt::encoder_forward(H(out), tokens, wte, wpe, B, T, C);
+    shardgpt::encoder_forward(F(out), tokens, wte, wpe, B, T, C);
   }
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+  void encoder_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T,
                         int C) const override {
-    shardgpt::encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
+    if (act16()) return shardgpt::encoder_backward(dwte, dwpe, H(dout), tokens, B, T, C);
+    shardgpt::encoder_backward(dwte, dwpe, F(dout), tokens, B, T, C);
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+  void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const float* w, const float* b,
                          int N, int C) const override {
-    shardgpt::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+    if (act16()) return shardgpt::layernorm_forward(H(out), mean, rstd, H(inp), w, b, N, C);
+    shardgpt::layernorm_forward(F(out), mean, rstd, F(inp), w, b, N, C);
   }
-  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+  void layernorm_backward(void* dinp, float* dw, float* db, const void* dout, const void* inp, const float* w,
                           const float* mean, const float* rstd, int N, int C) const override {
-    shardgpt::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    if (act16()) return shardgpt::layernorm_backward(H(dinp), dw, db, H(dout), H(inp), w, mean, rstd, N, C);
+    shardgpt::layernorm_backward(F(dinp), dw, db, F(dout), F(inp), w, mean, rstd, N, C);
   }
-  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C,
+  void matmul_forward(void* out, const void* inp, const float* w, const float* bias, int N, int C,
                       int OC) const override {
-    if (bf16()) return shardgpt::matmul_forward_bf16(out, inp, w, bias, N, C, OC, &weights_);
-    shardgpt::matmul_forward(out, inp, w, bias, N, C, OC);
+    if (bf16() && act16()) return shardgpt::matmul_forward_bf16(H(out), H(inp), w, bias, N, C, OC, &weights_);
+    if (bf16()) return shardgpt::matmul_forward_bf16(F(out), F(inp), w, bias, N, C, OC, &weights_);
+    if (act16()) return shardgpt::matmul_forward(H(out), H(inp), w, bias, N, C, OC);
+    shardgpt::matmul_forward(F(out), F(inp), w, bias, N, C, OC);
   }
-  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+  void matmul_backward(void* dinp, float* dw, float* dbias, const void* dout, const void* inp, const float* w,
                        int N, int C, int OC) const override {
-    if (bf16()) return shardgpt::matmul_backward_bf16(dinp, dw, dbias, dout, inp, w, N, C, OC, &weights_);
-    shardgpt::matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
+    if (bf16() && act16())
+      return shardgpt::matmul_backward_bf16(H(dinp), dw, dbias, H(dout), H(inp), w, N, C, OC, &weights_);
+    if (bf16()) return shardgpt::matmul_backward_bf16(F(dinp), dw, dbias, F(dout), F(inp), w, N, C, OC, &weights_);
+    if (act16()) return shardgpt::matmul_backward(H(dinp), dw, dbias, H(dout), H(inp), w, N, C, OC);
+    shardgpt::matmul_backward(F(dinp), dw, dbias, F(dout), F(inp), w, N, C, OC);
   }
-  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) const override {
-    if (bf16()) return shardgpt::attention_forward_bf16(out, lse, qkv, B, T, C, NH);
-    shardgpt::attention_forward(out, lse, qkv, B, T, C, NH);
+  void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH) const override {
+    if (bf16() && act16()) return shardgpt::attention_forward_bf16(H(out), lse, H(qkv), B, T, C, NH);
+    if (bf16()) return shardgpt::attention_forward_bf16(F(out), lse, F(qkv), B, T, C, NH);
+    if (act16()) return shardgpt::attention_forward(H(out), lse, H(qkv), B, T, C, NH);
+    shardgpt::attention_forward(F(out), lse, F(qkv), B, T, C, NH);
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+  void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
                           int B, int T, int C, int NH) const override {
-    if (bf16()) return shardgpt::attention_backward_bf16(dqkv, dout, qkv, out, lse, B, T, C, NH);
-    shardgpt::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
+    if (bf16() && act16())
+      return shardgpt::attention_backward_bf16(H(dqkv), H(dout), H(qkv), H(out), lse, B, T, C, NH);
+    if (bf16()) return shardgpt::attention_backward_bf16(F(dqkv), F(dout), F(qkv), F(out), lse, B, T, C, NH);
+    if (act16()) return shardgpt::attention_backward(H(dqkv), H(dout), H(qkv), H(out), lse, B, T, C, NH);
+    shardgpt::attention_backward(F(dqkv), F(dout), F(qkv), F(out), lse, B, T, C, NH);
   }
-  void gelu_forward(float* out, const float* inp, size_t n) const override { shardgpt::gelu_forward(out, inp, n); }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override {
-    shardgpt::gelu_backward(dinp, inp, dout, n);
+  void gelu_forward(void* out, const void* inp, size_t n) const override {
+    if (act16()) return shardgpt::gelu_forward(H(out), H(inp), n);
+    shardgpt::gelu_forward(F(out), F(inp), n);
   }
-  void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
-    shardgpt::residual_forward(out, a, b, n);
+  void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) const override {
+    if (act16()) return shardgpt::gelu_backward(H(dinp), H(inp), H(dout), n);
+    shardgpt::gelu_backward(F(dinp), F(inp), F(dout), n);
   }
-  void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* a,
-                                  const float* b, const float* w, const float* bias, int N, int C) const override {
-    shardgpt::residual_layernorm_forward(res_out, ln_out, mean, rstd, a, b, w, bias, N, C);
+  void residual_forward(void* out, const void* a, const void* b, size_t n) const override {
+    if (act16()) return shardgpt::residual_forward(H(out), H(a), H(b), n);
+    shardgpt::residual_forward(F(out), F(a), F(b), n);
   }
-  double crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+  void residual_layernorm_forward(void* res_out, void* ln_out, float* mean, float* rstd, const void* a,
+                                  const void* b, const float* w, const float* bias, int N, int C) const override {
+    if (act16())
+      return shardgpt::residual_layernorm_forward(H(res_out), H(ln_out), mean, rstd, H(a), H(b), w, bias, N, C);
+    shardgpt::residual_layernorm_forward(F(res_out), F(ln_out), mean, rstd, F(a), F(b), w, bias, N, C);
+  }
+  double crossentropy_softmax(void* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                               float dloss_scale) const override {
-    return shardgpt::crossentropy_softmax(logits, losses, targets, N, V, Vp, dloss_scale);
+    if (act16()) return shardgpt::crossentropy_softmax(H(logits), losses, targets, N, V, Vp, dloss_scale);
+    return shardgpt::crossentropy_softmax(F(logits), losses, targets, N, V, Vp, dloss_scale);
   }
-  void crossentropy_softmax_acc(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+  void crossentropy_softmax_acc(void* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                                 float dloss_scale, double* loss_acc) const override {
-    shardgpt::crossentropy_softmax(logits, losses, targets, N, V, Vp, dloss_scale);
+    crossentropy_softmax(logits, losses, targets, N, V, Vp, dloss_scale);
     shardgpt::add_mean_loss(loss_acc, losses, N);
   }
   void convert(const void* src, DType from, void* dst, DType to, size_t n) const override {
@@ -123,6 +148,12 @@ class CpuKernels final : public Kernels {
 
  private:
   bool bf16() const { return precision_ == MatmulPrecision::kBf16; }
+  bool act16() const { return act_dtype_ == DType::kBF16; }
+  // Activation pointers as the kernels take them: fp32, or bf16 bits.
+  static float* F(void* p) { return static_cast<float*>(p); }
+  static const float* F(const void* p) { return static_cast<const float*>(p); }
+  static uint16_t* H(void* p) { return static_cast<uint16_t*>(p); }
+  static const uint16_t* H(const void* p) { return static_cast<const uint16_t*>(p); }
   // The bf16 weight copies of the current reuse window (mutable: the kernels are const calls;
   // the training thread only, as every kernel).
   mutable Bf16WeightCache weights_;

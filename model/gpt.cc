@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "base/bf16.h"
 
 namespace shardgpt {
 
@@ -23,23 +24,32 @@ const char* RecomputeName(Recompute r) {
   return r == Recompute::kGelu ? "gelu" : r == Recompute::kBlock ? "block" : "none";
 }
 
+namespace {
+// The activation region's bytes, padded to 16 so the fp32 slots after it (and a bf16 region's
+// 128-bit accesses from the 256-byte-aligned base) stay aligned.
+size_t ActRegionBytes(size_t act_elems, size_t act_size) { return (act_elems * act_size + 15) / 16 * 16; }
+}  // namespace
+
 GPT::GPT(const GPTConfig& config, int B, int T, Device& device, MemoryLedger* ledger, Recompute recompute)
     : config_(config), layout_(config), device_(device), k_(device.kernels()), maxB_(B), maxT_(T),
-      recompute_(recompute) {
+      recompute_(recompute), act_dtype_(k_.activation_dtype()), act_size_(DTypeSize(act_dtype_)) {
   assert(T <= config.max_seq_len);
   const size_t N = static_cast<size_t>(B) * T, C = config.n_embd, NH = config.n_head;
   const size_t Vp = config.padded_vocab();
-  // Every activation is carved out of one allocation: list the slots, then assign them.
-  std::vector<float**> slots;
-  std::vector<size_t> sizes;
-  auto take = [&](float** p, size_t n) { slots.push_back(p), sizes.push_back(n); };
-  take(&encoded_, N * C), take(&lnf_, N * C), take(&lnf_mean_, N), take(&lnf_rstd_, N), take(&logits_, N * Vp);
-  take(&losses_, N), take(&scratch_, N * C);
+  // Every activation is carved out of one allocation: list the slots, then assign them, the
+  // activation-dtype slots first, then the fp32 ones (statistics, lse, losses), then the ids.
+  std::vector<void**> slots;
+  std::vector<float**> fslots;
+  std::vector<size_t> sizes, fsizes;
+  auto take = [&](void** p, size_t n) { slots.push_back(p), sizes.push_back(n); };
+  auto takef = [&](float** p, size_t n) { fslots.push_back(p), fsizes.push_back(n); };
+  take(&encoded_, N * C), take(&lnf_, N * C), takef(&lnf_mean_, N), takef(&lnf_rstd_, N), take(&logits_, N * Vp);
+  takef(&losses_, N), take(&scratch_, N * C);
   // A layer's activations; `output` and `gelu`: whether this set holds its own res3, fch_gelu.
   auto take_layer = [&](LayerActs& a, bool output, bool gelu) {
-    take(&a.ln1, N * C), take(&a.ln1_mean, N), take(&a.ln1_rstd, N), take(&a.qkv, N * 3 * C);
-    take(&a.atty, N * C), take(&a.lse, N * NH), take(&a.res2, N * C), take(&a.ln2, N * C);
-    take(&a.ln2_mean, N), take(&a.ln2_rstd, N), take(&a.fch, N * 4 * C);
+    take(&a.ln1, N * C), takef(&a.ln1_mean, N), takef(&a.ln1_rstd, N), take(&a.qkv, N * 3 * C);
+    take(&a.atty, N * C), takef(&a.lse, N * NH), take(&a.res2, N * C), take(&a.ln2, N * C);
+    takef(&a.ln2_mean, N), takef(&a.ln2_rstd, N), take(&a.fch, N * 4 * C);
     if (gelu) take(&a.fch_gelu, N * 4 * C);
     if (output) take(&a.res3, N * C);
   };
@@ -53,16 +63,22 @@ GPT::GPT(const GPTConfig& config, int B, int T, Device& device, MemoryLedger* le
   }
   take(&dres_, N * C), take(&dln_, N * C), take(&dqkv_, N * 3 * C), take(&datty_, N * C);
   take(&dfch_, N * 4 * C), take(&dfch_gelu_, N * 4 * C);
-  for (size_t n : sizes) act_floats_ += n;
-  // token ids and targets (int32) after the floats
-  acts_ = DeviceBuffer(&device_, ledger, MemKind::kActivations, (act_floats_ + 2 * N) * sizeof(float), "activations");
-  float* base = acts_.as<float>();
-  for (size_t i = 0, off = 0; i < slots.size(); off += sizes[i], i++) *slots[i] = base + off;
-  inputs_ = reinterpret_cast<int32_t*>(base + act_floats_);
+  size_t act_elems = 0, f32_elems = 0;
+  for (size_t n : sizes) act_elems += n;
+  for (size_t n : fsizes) f32_elems += n;
+  const size_t act_bytes = ActRegionBytes(act_elems, act_size_);
+  // token ids and targets (int32) after the fp32 slots
+  acts_ = DeviceBuffer(&device_, ledger, MemKind::kActivations, act_bytes + (f32_elems + 2 * N) * sizeof(float),
+                       "activations");
+  char* base = acts_.as<char>();
+  for (size_t i = 0, off = 0; i < slots.size(); off += sizes[i], i++) *slots[i] = base + off * act_size_;
+  float* fbase = reinterpret_cast<float*>(base + act_bytes);
+  for (size_t i = 0, off = 0; i < fslots.size(); off += fsizes[i], i++) *fslots[i] = fbase + off;
+  inputs_ = reinterpret_cast<int32_t*>(fbase + f32_elems);
   targets_ = inputs_ + N;
   for (LayerActs& a : layers_) {  // the shared slots, now that they have addresses
     if (recompute_ == Recompute::kBlock) {
-      float* res3 = a.res3;
+      void* res3 = a.res3;
       a = shared, a.res3 = res3;
     }
     if (recompute_ == Recompute::kGelu) a.fch_gelu = shared.fch_gelu;
@@ -74,30 +90,50 @@ size_t GPT::activation_bytes() const { return acts_.bytes(); }
 std::vector<float> GPT::LogitsRow(int n) const {
   const size_t Vp = config_.padded_vocab();
   std::vector<float> row(Vp);
-  device_.CopyToHost(row.data(), logits_ + n * Vp, Vp * sizeof(float));
+  const char* src = static_cast<const char*>(logits_) + n * Vp * act_size_;
+  if (act_dtype_ == DType::kF32) {
+    device_.CopyToHost(row.data(), src, Vp * sizeof(float));
+  } else {  // bf16 logits, widened for the sampler
+    std::vector<uint16_t> bits(Vp);
+    device_.CopyToHost(bits.data(), src, Vp * sizeof(uint16_t));
+    Bf16ToFloat(bits.data(), row.data(), Vp);
+  }
   return row;
 }
 
-// Activation floats for N = B*T tokens (C channels, NH heads, L layers, Vp padded vocabulary):
+// Activation elements for N = B*T tokens (C channels, NH heads, L layers, Vp padded vocabulary),
+// in the activation dtype (A: 4 bytes fp32, 2 bf16) unless marked fp32:
 //   always:  encoded, lnf, scratch, dres, dln, datty NC each; dqkv 3NC; dfch, dfch_gelu 4NC each;
-//            logits N*Vp; lnf stats, losses 3N                              = 17NC + N*Vp + 3N
-//   a layer: ln1, atty, res2, ln2, res3 NC each; qkv 3NC; fch, fch_gelu 4NC each; 4 stats of N;
-//            lse N*NH                                                       = 16NC + 4N + N*NH
+//            logits N*Vp: 17NC + N*Vp;  fp32: lnf stats, losses 3N
+//   a layer: ln1, atty, res2, ln2, res3 NC each; qkv 3NC; fch, fch_gelu 4NC each: 16NC;
+//            fp32: 4 stats of N, lse N*NH: 4N + N*NH
 //   none:  L layers
-//   gelu:  L layers without fch_gelu (12NC + 4N + N*NH each) + one shared fch_gelu (4NC)
-//   block: L outputs res3 (NC each) + one working layer without res3 (15NC + 4N + N*NH)
-// plus the int32 inputs and targets (2N). GPT-2 124M (C 768, L 12, Vp 50304), one sequence of
-// T 1024: none 824.3 MiB, gelu 692.3 MiB (-16%), block 328.6 MiB (-60%). The logits (N*Vp,
-// 196.5 MiB) are in every mode: without them block keeps 21% of none's (-79%), and they are
-// then 60% of what is left (only a chunked LM head and loss would cut them).
-size_t GPT::ActivationBytes(const GPTConfig& c, int B, int T, Recompute recompute) {
+//   gelu:  L layers without fch_gelu (12NC each) + one shared fch_gelu (4NC)
+//   block: L outputs res3 (NC each) + one working layer without res3 (15NC + fp32 4N + N*NH)
+// Bytes: the activation elements x A, padded to 16, + the fp32 elements x 4 + the int32 inputs
+// and targets (2N x 4). GPT-2 124M (C 768, L 12, Vp 50304), one sequence of T 1024, fp32:
+// none 824.3 MiB, gelu 692.3 MiB (-16%), block 328.6 MiB (-60%); bf16 roughly halves each
+// (only the fp32 statistics, lse, losses and ids stay). The logits (N*Vp, 196.5 MiB at fp32)
+// are in every mode: without them block keeps 21% of none's (-79%), and they are then 60% of
+// what is left (only a chunked LM head and loss would cut them).
+//
+// bf16 activations (--dtype bf16 / --compute-dtype bf16; model/compute_precision.h) store every
+// slot above but the fp32 ones in bf16, activation gradients included, as llm.c does. Each
+// gradient buffer is zeroed and then accumulated into once per block (dfch_gelu, dfch, dln,
+// datty, dqkv: one rounding each), except dres, the residual stream's gradient: the two
+// LayerNorm backwards of every block and the encoder read it, so it takes 2L roundings through
+// the backward. It is still bf16 (llm.c's choice too): each rounding is one relative 2^-8 of
+// the running sum, not of a small increment lost against a large total, and the end-to-end test
+// (tests/unit/gpt_bf16_act_test.cc) bounds the loss against the fp32-activation run.
+size_t GPT::ActivationBytes(const GPTConfig& c, int B, int T, Recompute recompute, DType act_dtype) {
   const size_t N = static_cast<size_t>(B) * T, C = c.n_embd, NH = c.n_head, Vp = c.padded_vocab(), L = c.n_layer;
-  const size_t top = N * C * 17 + N * Vp + N * 3;
-  const size_t layer = N * C * 16 + N * 4 + N * NH;
-  size_t layers = layer * L;
+  const size_t top = N * C * 17 + N * Vp, top_f32 = N * 3;
+  const size_t layer = N * C * 16, layer_f32 = N * 4 + N * NH;
+  size_t layers = layer * L, layers_f32 = layer_f32 * L;
   if (recompute == Recompute::kGelu) layers = (layer - 4 * N * C) * L + 4 * N * C;
-  if (recompute == Recompute::kBlock) layers = N * C * L + (layer - N * C);
-  return (top + layers) * sizeof(float) + 2 * N * sizeof(int32_t);  // + inputs, targets
+  if (recompute == Recompute::kBlock) layers = N * C * L + (layer - N * C), layers_f32 = layer_f32;
+  return ActRegionBytes(top + layers, DTypeSize(act_dtype)) + (top_f32 + layers_f32) * sizeof(float) +
+         2 * N * sizeof(int32_t);  // + inputs, targets
 }
 
 // Per token: qkv 3C^2, attention projection C^2, fc 4C^2, fc projection 4C^2 multiply-adds per
@@ -125,7 +161,7 @@ double GPT::RecomputeFlops(const GPTConfig& c, int B, int T, Recompute recompute
 // the fused call once it holds them (ForwardToLogits): on return with `output`, scratch_ holds
 // mlp_proj(...) and a.res3 is not yet written. ln1_ready: the caller's fused call already wrote
 // a.ln1 and its statistics from x (else, block 0 and kBlock's re-forward, ln_1 runs here).
-void GPT::BlockForward(const float* p, const float* x, LayerActs& a, int B, int T, bool output, bool ln1_ready) {
+void GPT::BlockForward(const float* p, const void* x, LayerActs& a, int B, int T, bool output, bool ln1_ready) {
   const BlockOffsets& o = layout_.block();
   const int C = config_.n_embd, N = B * T;
   if (!ln1_ready) k_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + o.ln1_w, p + o.ln1_b, N, C);
@@ -143,7 +179,7 @@ void GPT::BlockForward(const float* p, const float* x, LayerActs& a, int B, int 
 // Reverse of BlockForward. On entry dres holds dL/dres3; on exit it holds dL/dx. It passes
 // through dL/dres2 on the way: each residual add routes the gradient to both branches, so the
 // LayerNorm backward simply accumulates its input gradient into dres.
-void GPT::BlockBackward(const float* p, float* g, float* dres, const float* x, const LayerActs& a, int B, int T) {
+void GPT::BlockBackward(const float* p, float* g, void* dres, const void* x, const LayerActs& a, int B, int T) {
   const BlockOffsets& o = layout_.block();
   const int C = config_.n_embd, N = B * T;
   const size_t NC = static_cast<size_t>(N) * C;
@@ -181,6 +217,9 @@ void CheckTokenIds(const int32_t* ids, int n, int vocab, const char* what) {
 // Everything of Forward up to the logits; the targets (if any) are on the device after it.
 void GPT::ForwardToLogits(UnitHooks& hooks, const int32_t* inputs, const int32_t* targets, int B, int T) {
   assert(B <= maxB_ && T <= maxT_);
+  if (k_.activation_dtype() != act_dtype_)
+    throw std::logic_error(std::string("GPT: activations were allocated in ") + DTypeName(act_dtype_) +
+                           " but the kernel set's activation dtype is now " + DTypeName(k_.activation_dtype()));
   B_ = B, T_ = T;
   const int C = config_.n_embd, N = B * T, L = config_.n_layer;
   CheckTokenIds(inputs, N, config_.vocab_size, "input");
@@ -192,7 +231,7 @@ void GPT::ForwardToLogits(UnitHooks& hooks, const int32_t* inputs, const int32_t
   const int E = ParamLayout::kEmbedUnit, F = layout_.final_unit();
   const float* pe = hooks.PreForward(E);
   k_.encoder_forward(encoded_, inputs_, pe + layout_.wte_offset(), pe + layout_.wpe_offset(), B, T, C);
-  const float* x = encoded_;
+  const void* x = encoded_;
   // The block whose res3 = res2 + scratch_ is still to be written, with the LayerNorm after it.
   const LayerActs* open = nullptr;
   const BlockOffsets& o = layout_.block();
@@ -256,7 +295,7 @@ void GPT::Backward(UnitHooks& hooks) {
   Zero(dln_, static_cast<size_t>(N) * C);
   k_.matmul_backward(dln_, nullptr, nullptr, logits_, lnf_, head_w_, N, C, config_.padded_vocab());
   // lnf = layernorm(x_L)
-  const float* xL = L > 0 ? layers_[L - 1].res3 : encoded_;
+  const void* xL = L > 0 ? layers_[L - 1].res3 : encoded_;
   Zero(dres_, static_cast<size_t>(N) * C);
   k_.layernorm_backward(dres_, f.grads, f.grads + C, dln_, xL, f.params, lnf_mean_,
                      lnf_rstd_, N, C);
@@ -264,7 +303,7 @@ void GPT::Backward(UnitHooks& hooks) {
   for (int l = L - 1; l >= 0; l--) {
     const int u = layout_.block_unit(l);
     UnitBuffers b = hooks.PreBackward(u);
-    const float* x = l > 0 ? layers_[l - 1].res3 : encoded_;
+    const void* x = l > 0 ? layers_[l - 1].res3 : encoded_;
     // kBlock: re-run the block's forward into the working set (the last block's is still there)
     if (recompute_ == Recompute::kBlock && l < L - 1)
       BlockForward(b.params, x, layers_[l], B, T, /*output=*/false, /*ln1_ready=*/false);

@@ -67,8 +67,9 @@ class GPT {
  public:
   // Allocates activations on `device` for micro-batches of up to B sequences of up to T
   // tokens, counted in `ledger` (the engine's, for the peak `plan` predicts) when given, kept
-  // for backward as `recompute` says. The device and the ledger must outlive the model. Throws
-  // DeviceOutOfMemory.
+  // for backward as `recompute` says, in the device kernel set's activation_dtype() (read here:
+  // it must not change while the model lives; Forward checks). The device and the ledger must
+  // outlive the model. Throws DeviceOutOfMemory.
   GPT(const GPTConfig& config, int B, int T, Device& device = CpuDevice(), MemoryLedger* ledger = nullptr,
       Recompute recompute = Recompute::kNone);
   GPT(const GPT&) = delete;
@@ -96,14 +97,16 @@ class GPT {
   void Backward(UnitHooks& hooks);
 
   // Row n = b*T + t of the logits [B,T,Vp] of the last Forward without grad_scale, copied to
-  // the host (Vp values; the padded columns are garbage).
+  // the host and widened to fp32 (Vp values; the padded columns are garbage).
   std::vector<float> LogitsRow(int n) const;
   Recompute recompute() const { return recompute_; }
+  DType activation_dtype() const { return act_dtype_; }
   // Bytes of activation memory allocated for (B, T).
   size_t activation_bytes() const;
   // The same figure without allocating (for `shardgpt plan`); the sizes per mode are listed
   // beside its definition (gpt.cc).
-  static size_t ActivationBytes(const GPTConfig& config, int B, int T, Recompute recompute = Recompute::kNone);
+  static size_t ActivationBytes(const GPTConfig& config, int B, int T, Recompute recompute = Recompute::kNone,
+                                DType act_dtype = DType::kF32);
   // FLOPs of one micro-batch of B x T: the forward (matmuls and attention, 2 per multiply-add),
   // and what `recompute` adds to the backward (kBlock: the re-forward of every block but the
   // last, without its output projection; kGelu: one GELU per MLP element, counted as 1 FLOP).
@@ -112,16 +115,18 @@ class GPT {
   static double RecomputeFlops(const GPTConfig& config, int B, int T, Recompute recompute);
 
  private:
-  struct LayerActs {  // saved for backward, per layer (pointers into acts_)
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *res3;
+  struct LayerActs {  // saved for backward, per layer (pointers into acts_): activations in
+                     // the activation dtype (void*), LayerNorm statistics and lse fp32
+    void *ln1, *qkv, *atty, *res2, *ln2, *fch, *fch_gelu, *res3;
+    float *ln1_mean, *ln1_rstd, *lse, *ln2_mean, *ln2_rstd;
   };
   void ForwardToLogits(UnitHooks& hooks, const int32_t* inputs, const int32_t* targets, int B, int T);
   // output = false: stop after the GELU (a re-forward for backward, which needs no res3).
   // ln1_ready: a.ln1 and its statistics are already written (fused with the previous block's
   // last residual add). With output, the block's res3 is left to the caller (see gpt.cc).
-  void BlockForward(const float* p, const float* x, LayerActs& a, int B, int T, bool output, bool ln1_ready);
-  void BlockBackward(const float* p, float* g, float* dres, const float* x, const LayerActs& a, int B, int T);
-  void Zero(float* p, size_t n) { device_.Zero(p, n * sizeof(float)); }
+  void BlockForward(const float* p, const void* x, LayerActs& a, int B, int T, bool output, bool ln1_ready);
+  void BlockBackward(const float* p, float* g, void* dres, const void* x, const LayerActs& a, int B, int T);
+  void Zero(void* p, size_t n) { device_.Zero(p, n * act_size_); }  // n activation elements
 
   GPTConfig config_;
   ParamLayout layout_;
@@ -129,18 +134,20 @@ class GPT {
   Kernels& k_;
   int maxB_, maxT_;
   Recompute recompute_;
+  DType act_dtype_;
+  size_t act_size_;  // DTypeSize(act_dtype_)
   int B_ = 0, T_ = 0;
   bool have_grad_ = false;
   const float* head_w_ = nullptr;  // wte as PreForward(E) returned it (the LM head's weight)
   DeviceBuffer acts_;  // every activation below, one allocation
-  size_t act_floats_ = 0;
   int32_t *inputs_ = nullptr, *targets_ = nullptr;
-  float *encoded_, *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_, *scratch_;
+  void *encoded_, *lnf_, *logits_, *scratch_;
+  float *lnf_mean_, *lnf_rstd_, *losses_;
   // Per layer; with kBlock every layer's pointers but res3 name the one working set, with
   // kGelu every layer's fch_gelu names one shared scratch.
   std::vector<LayerActs> layers_;
   // backward scratch
-  float *dres_, *dln_, *dqkv_, *datty_, *dfch_, *dfch_gelu_;
+  void *dres_, *dln_, *dqkv_, *datty_, *dfch_, *dfch_gelu_;
 };
 
 // LocalParams: all parameters and gradients of a model in two flat buffers (one process).

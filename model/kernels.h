@@ -33,38 +33,45 @@ class Kernels {
   virtual ~Kernels() = default;
 
   // ---- model: forward next to backward, as in model/kernels_cpu.h ----
-  virtual void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+  // Activations and activation gradients (void*) are in activation_dtype(); weights, biases,
+  // LayerNorm parameters and every parameter gradient, LayerNorm mean/rstd, attention's lse and
+  // the losses are fp32 (float*), whatever the activation dtype. Inside every kernel the maths
+  // is fp32: a bf16 activation is widened on load and rounded to nearest even on store (a
+  // gradient accumulated into a bf16 buffer is read, added in fp32 and rounded once per call).
+  virtual void encoder_forward(void* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                                int C) const = 0;
-  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+  virtual void encoder_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T,
                                 int C) const = 0;
-  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+  virtual void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const float* w,
                                  const float* b, int N, int C) const = 0;
-  virtual void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+  virtual void layernorm_backward(void* dinp, float* dw, float* db, const void* dout, const void* inp,
                                   const float* w, const float* mean, const float* rstd, int N, int C) const = 0;
-  virtual void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C,
+  virtual void matmul_forward(void* out, const void* inp, const float* w, const float* bias, int N, int C,
                               int OC) const = 0;
   // dinp, dw and dbias may each be null (not computed): the tied LM head computes dinp at the
   // start of backward and dw at its end.
-  virtual void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+  virtual void matmul_backward(void* dinp, float* dw, float* dbias, const void* dout, const void* inp,
                                const float* w, int N, int C, int OC) const = 0;
-  virtual void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) const = 0;
-  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+  virtual void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH) const = 0;
+  virtual void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                                   const float* lse, int B, int T, int C, int NH) const = 0;
-  virtual void gelu_forward(float* out, const float* inp, size_t n) const = 0;
-  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const = 0;
-  virtual void residual_forward(float* out, const float* a, const float* b, size_t n) const = 0;
+  virtual void gelu_forward(void* out, const void* inp, size_t n) const = 0;
+  virtual void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) const = 0;
+  virtual void residual_forward(void* out, const void* a, const void* b, size_t n) const = 0;
   // res_out = a + b, then ln_out = layernorm(res_out) (residual_forward then layernorm_forward,
-  // one pass: the residual stream is read once). Bitwise the two separate kernels' results.
-  virtual void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* a,
-                                          const float* b, const float* w, const float* bias, int N,
+  // one pass: the residual stream is read once). Bitwise the two separate kernels' results
+  // (at bf16, the LayerNorm reads res_out as stored: rounded to bf16).
+  virtual void residual_layernorm_forward(void* res_out, void* ln_out, float* mean, float* rstd, const void* a,
+                                          const void* b, const float* w, const float* bias, int N,
                                           int C) const = 0;
-  // Returns sum_n losses[n] (a host value: waits for the device).
-  virtual double crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+  // logits (activation dtype; overwritten in place by dlogits) and fp32 losses. Returns
+  // sum_n losses[n] (a host value: waits for the device).
+  virtual double crossentropy_softmax(void* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                                       float dloss_scale) const = 0;
   // The same fused pass, but the loss stays on the device: *loss_acc (one double in device
   // memory) += float(sum_n losses[n] / N), the mean loss as GPT::Forward returns it, so a step's
   // micro-batches add up there and the host reads the sum once (no wait here).
-  virtual void crossentropy_softmax_acc(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+  virtual void crossentropy_softmax_acc(void* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                                         float dloss_scale, double* loss_acc) const = 0;
 
   // ---- engine: dtype conversion, gradient accumulation, norm, optimizer ----
@@ -122,9 +129,15 @@ class Kernels {
 
   void set_matmul_precision(MatmulPrecision p) { precision_ = p; }
   MatmulPrecision matmul_precision() const { return precision_; }
+  // The dtype of every activation pointer of the model kernels above (kF32 or kBF16; kF32 by
+  // default). Set before the activations are written (GPT's constructor reads it to size them)
+  // and not changed while they live.
+  void set_activation_dtype(DType d) { act_dtype_ = d; }
+  DType activation_dtype() const { return act_dtype_; }
 
  protected:
   MatmulPrecision precision_ = MatmulPrecision::kExact;
+  DType act_dtype_ = DType::kF32;
 };
 
 }  // namespace shardgpt

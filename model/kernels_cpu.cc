@@ -38,6 +38,9 @@ using cpu_internal::exp_fast;
 inline float tanh_fast(float u) { return 1.0f - 2.0f / (exp_fast(2.0f * u) + 1.0f); }
 
 using cpu_internal::BlasSingleThread;
+using cpu_internal::Ld;
+using cpu_internal::St;
+using bf16_t = uint16_t;  // a bf16 activation: raw bits (base/bf16.h)
 
 // Start of part j of [0, n) split into parts equal to within a multiple of 16.
 inline int split(int n, int parts, int j) {
@@ -59,21 +62,24 @@ int ComputeThreads() { return nthreads(); }
 // ----------------------------------------------------------------------------------------------
 // encoder: out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
 
-void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+namespace {
+template <typename A>
+void EncoderForward(A* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) {
 #pragma omp parallel for schedule(static) num_threads(nthreads())
   for (int64_t n = 0; n < (int64_t)B * T; n++) {
     const int t = (int)(n % T);
-    float* o = out + n * C;
+    A* o = out + n * C;
     const float* we = wte + (int64_t)tokens[n] * C;
     const float* pe = wpe + (int64_t)t * C;
 #pragma omp simd
-    for (int i = 0; i < C; i++) o[i] = we[i] + pe[i];
+    for (int i = 0; i < C; i++) St(o, i, we[i] + pe[i]);
   }
 }
 
 // dwte[tokens[b,t],:] += dout[b,t,:]  (scatter: each thread owns a channel slice, rows in order)
 // dwpe[t,:] += sum_b dout[b,t,:]     (each thread owns positions t)
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) {
+template <typename A>
+void EncoderBackward(float* dwte, float* dwpe, const A* dout, const int32_t* tokens, int B, int T, int C) {
   const int nt = nthreads();
   const int chunk = ((C + nt - 1) / nt + 15) / 16 * 16;  // channel slice, multiple of 16 floats
   const int nchunks = (C + chunk - 1) / chunk;
@@ -84,21 +90,35 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
       const int c0 = j * chunk, c1 = std::min(C, c0 + chunk);
       for (int64_t n = 0; n < (int64_t)B * T; n++) {
         float* dw = dwte + (int64_t)tokens[n] * C;
-        const float* d = dout + n * C;
+        const A* d = dout + n * C;
 #pragma omp simd
-        for (int i = c0; i < c1; i++) dw[i] += d[i];
+        for (int i = c0; i < c1; i++) dw[i] += Ld(d, i);
       }
     }
 #pragma omp for schedule(static)
     for (int t = 0; t < T; t++) {
       float* dp = dwpe + (int64_t)t * C;
       for (int b = 0; b < B; b++) {
-        const float* d = dout + ((int64_t)b * T + t) * C;
+        const A* d = dout + ((int64_t)b * T + t) * C;
 #pragma omp simd
-        for (int i = 0; i < C; i++) dp[i] += d[i];
+        for (int i = 0; i < C; i++) dp[i] += Ld(d, i);
       }
     }
   }
+}
+}  // namespace
+
+void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+  EncoderForward(out, tokens, wte, wpe, B, T, C);
+}
+void encoder_forward(bf16_t* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+  EncoderForward(out, tokens, wte, wpe, B, T, C);
+}
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) {
+  EncoderBackward(dwte, dwpe, dout, tokens, B, T, C);
+}
+void encoder_backward(float* dwte, float* dwpe, const bf16_t* dout, const int32_t* tokens, int B, int T, int C) {
+  EncoderBackward(dwte, dwpe, dout, tokens, B, T, C);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -107,48 +127,70 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
 namespace {
 // One row of layernorm_forward; residual_layernorm_forward runs the same code, so the two are
 // bitwise equal.
-inline void layernorm_row(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int C) {
+template <typename A>
+inline void layernorm_row(A* y, float* mean, float* rstd, const A* x, const float* w, const float* b, int C) {
   const float eps = 1e-5f;
   float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-  for (int i = 0; i < C; i++) s += x[i];
+  for (int i = 0; i < C; i++) s += Ld(x, i);
   const float m = s / C;
   float v = 0.0f;
 #pragma omp simd reduction(+ : v)
-  for (int i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
+  for (int i = 0; i < C; i++) v += (Ld(x, i) - m) * (Ld(x, i) - m);
   const float r = 1.0f / std::sqrt(v / C + eps);
 #pragma omp simd
-  for (int i = 0; i < C; i++) y[i] = (x[i] - m) * r * w[i] + b[i];
+  for (int i = 0; i < C; i++) St(y, i, (Ld(x, i) - m) * r * w[i] + b[i]);
   *mean = m;
   *rstd = r;
 }
-}  // namespace
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N,
-                       int C) {
+template <typename A>
+void LayernormForward(A* out, float* mean, float* rstd, const A* inp, const float* w, const float* b, int N, int C) {
 #pragma omp parallel for schedule(static) num_threads(nthreads())
   for (int n = 0; n < N; n++)
     layernorm_row(out + (int64_t)n * C, mean + n, rstd + n, inp + (int64_t)n * C, w, b, C);
 }
 
-// res = a + b row by row, each row normalised while it is still in cache.
-void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* a,
-                                const float* b, const float* w, const float* bias, int N, int C) {
+// res = a + b row by row, each row normalised while it is still in cache (at bf16 the
+// LayerNorm reads the row as stored, rounded: what a separate layernorm_forward would read).
+template <typename A>
+void ResidualLayernormForward(A* res_out, A* ln_out, float* mean, float* rstd, const A* a, const A* b,
+                              const float* w, const float* bias, int N, int C) {
 #pragma omp parallel for schedule(static) num_threads(nthreads())
   for (int n = 0; n < N; n++) {
     const int64_t o = (int64_t)n * C;
-    float* x = res_out + o;
+    A* x = res_out + o;
 #pragma omp simd
-    for (int i = 0; i < C; i++) x[i] = a[o + i] + b[o + i];
+    for (int i = 0; i < C; i++) St(x, i, Ld(a, o + i) + Ld(b, o + i));
     layernorm_row(ln_out + o, mean + n, rstd + n, x, w, bias, C);
   }
+}
+}  // namespace
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N,
+                       int C) {
+  LayernormForward(out, mean, rstd, inp, w, b, N, C);
+}
+void layernorm_forward(bf16_t* out, float* mean, float* rstd, const bf16_t* inp, const float* w, const float* b,
+                       int N, int C) {
+  LayernormForward(out, mean, rstd, inp, w, b, N, C);
+}
+void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* a,
+                                const float* b, const float* w, const float* bias, int N, int C) {
+  ResidualLayernormForward(res_out, ln_out, mean, rstd, a, b, w, bias, N, C);
+}
+void residual_layernorm_forward(bf16_t* res_out, bf16_t* ln_out, float* mean, float* rstd, const bf16_t* a,
+                                const bf16_t* b, const float* w, const float* bias, int N, int C) {
+  ResidualLayernormForward(res_out, ln_out, mean, rstd, a, b, w, bias, N, C);
 }
 
 // norm = (x-m)*rstd, g = w*dout:
 //   dinp += (g - mean(g) - norm * mean(g*norm)) * rstd;  dw += sum_n dout*norm;  db += sum_n dout
 // dw/db: each thread sums its (static) rows into a private partial, partials added in thread order.
-void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
-                        const float* mean, const float* rstd, int N, int C) {
+namespace {
+template <typename A>
+void LayernormBackward(A* dinp, float* dw, float* db, const A* dout, const A* inp, const float* w, const float* mean,
+                       const float* rstd, int N, int C) {
   const int nt = nthreads();
   std::vector<float> partial((size_t)nt * 2 * C, 0.0f);  // [nt][dw C | db C]
 #pragma omp parallel num_threads(nt)
@@ -157,25 +199,25 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
     float* pdb = pdw + C;
 #pragma omp for schedule(static)
     for (int n = 0; n < N; n++) {
-      const float* x = inp + (int64_t)n * C;
-      const float* d = dout + (int64_t)n * C;
-      float* dx = dinp + (int64_t)n * C;
+      const A* x = inp + (int64_t)n * C;
+      const A* d = dout + (int64_t)n * C;
+      A* dx = dinp + (int64_t)n * C;
       const float m = mean[n], r = rstd[n];
       float g_mean = 0.0f, gn_mean = 0.0f;
 #pragma omp simd reduction(+ : g_mean, gn_mean)
       for (int i = 0; i < C; i++) {
-        const float g = w[i] * d[i];
+        const float g = w[i] * Ld(d, i);
         g_mean += g;
-        gn_mean += g * (x[i] - m) * r;
+        gn_mean += g * (Ld(x, i) - m) * r;
       }
       g_mean /= C;
       gn_mean /= C;
 #pragma omp simd
       for (int i = 0; i < C; i++) {
-        const float norm = (x[i] - m) * r;
-        pdb[i] += d[i];
-        pdw[i] += norm * d[i];
-        dx[i] += (w[i] * d[i] - g_mean - norm * gn_mean) * r;
+        const float norm = (Ld(x, i) - m) * r, di = Ld(d, i);
+        pdb[i] += di;
+        pdw[i] += norm * di;
+        St(dx, i, Ld(dx, i) + (w[i] * di - g_mean - norm * gn_mean) * r);
       }
     }  // implicit barrier: all partials complete
     const int team = omp_get_num_threads();
@@ -186,6 +228,16 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
       (i < C ? dw[i] : db[i - C]) += s;
     }
   }
+}
+}  // namespace
+
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                        const float* mean, const float* rstd, int N, int C) {
+  LayernormBackward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+}
+void layernorm_backward(bf16_t* dinp, float* dw, float* db, const bf16_t* dout, const bf16_t* inp, const float* w,
+                        const float* mean, const float* rstd, int N, int C) {
+  LayernormBackward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -242,6 +294,31 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
   }
 }
 
+// bf16 activations, fp32 products: the operands widened to fp32 (exact) and the fp32 kernel run
+// on them; the result rounded once (dinp: bf16(fp32(dinp) + dout @ w)). The matmul's numbers
+// are then the fp32 kernel's on the same values; the conversions are extra passes (at bf16
+// precision, kernels_cpu_bf16.cc's matmuls take the bf16 operands directly instead).
+namespace {
+thread_local std::vector<float> t_act_a, t_act_b, t_act_c;
+}  // namespace
+
+void matmul_forward(bf16_t* out, const bf16_t* inp, const float* w, const float* bias, int N, int C, int OC) {
+  const size_t NOC = (size_t)N * OC;
+  float* o = cpu_internal::scratch(t_act_c, NOC);
+  matmul_forward(o, cpu_internal::Widen(inp, (size_t)N * C, t_act_a), w, bias, N, C, OC);
+  cpu_internal::Narrow(o, out, NOC);
+}
+
+void matmul_backward(bf16_t* dinp, float* dw, float* dbias, const bf16_t* dout, const bf16_t* inp, const float* w,
+                     int N, int C, int OC) {
+  const size_t NC = (size_t)N * C;
+  const float* d = cpu_internal::Widen(dout, (size_t)N * OC, t_act_b);
+  const float* x = dw ? cpu_internal::Widen(inp, NC, t_act_a) : nullptr;
+  float* di = dinp ? cpu_internal::Widen(dinp, NC, t_act_c) : nullptr;
+  matmul_backward(di, dw, dbias, d, x, w, N, C, OC);
+  if (dinp) cpu_internal::Narrow(di, dinp, NC);
+}
+
 // ----------------------------------------------------------------------------------------------
 // attention: the blocked causal attention of model/kernels_cpu_internal.h (maths there), with every
 // score/value product a single-threaded cblas_sgemm inside the (b,h)-parallel OpenMP loop.
@@ -267,6 +344,24 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   cpu_internal::AttentionBackward(SgemmPolicy{}, nthreads(), dqkv, dout, qkv, out, lse, B, T, C, NH);
 }
 
+// bf16 activations: widened to fp32, the fp32 kernel, the outputs rounded once (as the matmuls).
+void attention_forward(bf16_t* out, float* lse, const bf16_t* qkv, int B, int T, int C, int NH) {
+  const size_t NC = (size_t)B * T * C;
+  float* o = cpu_internal::scratch(t_act_c, NC);
+  attention_forward(o, lse, cpu_internal::Widen(qkv, 3 * NC, t_act_a), B, T, C, NH);
+  cpu_internal::Narrow(o, out, NC);
+}
+
+void attention_backward(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const bf16_t* out, const float* lse,
+                        int B, int T, int C, int NH) {
+  const size_t NC = (size_t)B * T * C;
+  std::vector<float> o(NC), d(NC);  // two more operands than the matmuls: not worth thread_local
+  cpu_internal::Widen(out, NC, o), cpu_internal::Widen(dout, NC, d);
+  float* dq = cpu_internal::Widen(dqkv, 3 * NC, t_act_c);
+  attention_backward(dq, d.data(), cpu_internal::Widen(qkv, 3 * NC, t_act_a), o.data(), lse, B, T, C, NH);
+  cpu_internal::Narrow(dq, dqkv, 3 * NC);
+}
+
 // ----------------------------------------------------------------------------------------------
 // gelu (tanh approximation): y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)
 //   dy/dx = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
@@ -275,45 +370,58 @@ namespace {
 constexpr float kGeluS = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr size_t kElemChunk = 16384;           // elementwise kernels: rows of this many floats
 inline int64_t elem_chunks(size_t n) { return (int64_t)((n + kElemChunk - 1) / kElemChunk); }
-}  // namespace
 
-void gelu_forward(float* out, const float* inp, size_t n) {
+template <typename A>
+void GeluForward(A* out, const A* inp, size_t n) {
 #pragma omp parallel for schedule(static) num_threads(nthreads())
   for (int64_t j = 0; j < elem_chunks(n); j++) {
     const size_t i0 = j * kElemChunk, i1 = std::min(n, i0 + kElemChunk);
 #pragma omp simd
     for (size_t i = i0; i < i1; i++) {
-      const float x = inp[i];
-      out[i] = 0.5f * x * (1.0f + tanh_fast(kGeluS * (x + 0.044715f * x * x * x)));
+      const float x = Ld(inp, i);
+      St(out, i, 0.5f * x * (1.0f + tanh_fast(kGeluS * (x + 0.044715f * x * x * x))));
     }
   }
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+template <typename A>
+void GeluBackward(A* dinp, const A* inp, const A* dout, size_t n) {
 #pragma omp parallel for schedule(static) num_threads(nthreads())
   for (int64_t j = 0; j < elem_chunks(n); j++) {
     const size_t i0 = j * kElemChunk, i1 = std::min(n, i0 + kElemChunk);
 #pragma omp simd
     for (size_t i = i0; i < i1; i++) {
-      const float x = inp[i];
+      const float x = Ld(inp, i);
       const float th = tanh_fast(kGeluS * (x + 0.044715f * x * x * x));
       const float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * kGeluS * (1.0f + 3.0f * 0.044715f * x * x);
-      dinp[i] += grad * dout[i];
+      St(dinp, i, Ld(dinp, i) + grad * Ld(dout, i));
     }
   }
+}
+
+template <typename A>
+void ResidualForward(A* out, const A* a, const A* b, size_t n) {
+#pragma omp parallel for schedule(static) num_threads(nthreads())
+  for (int64_t j = 0; j < elem_chunks(n); j++) {
+    const size_t i0 = j * kElemChunk, i1 = std::min(n, i0 + kElemChunk);
+#pragma omp simd
+    for (size_t i = i0; i < i1; i++) St(out, i, Ld(a, i) + Ld(b, i));
+  }
+}
+}  // namespace
+
+void gelu_forward(float* out, const float* inp, size_t n) { GeluForward(out, inp, n); }
+void gelu_forward(bf16_t* out, const bf16_t* inp, size_t n) { GeluForward(out, inp, n); }
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) { GeluBackward(dinp, inp, dout, n); }
+void gelu_backward(bf16_t* dinp, const bf16_t* inp, const bf16_t* dout, size_t n) {
+  GeluBackward(dinp, inp, dout, n);
 }
 
 // ----------------------------------------------------------------------------------------------
 // residual: out = a + b;  backward: da += dout, db += dout
 
-void residual_forward(float* out, const float* a, const float* b, size_t n) {
-#pragma omp parallel for schedule(static) num_threads(nthreads())
-  for (int64_t j = 0; j < elem_chunks(n); j++) {
-    const size_t i0 = j * kElemChunk, i1 = std::min(n, i0 + kElemChunk);
-#pragma omp simd
-    for (size_t i = i0; i < i1; i++) out[i] = a[i] + b[i];
-  }
-}
+void residual_forward(float* out, const float* a, const float* b, size_t n) { ResidualForward(out, a, b, n); }
+void residual_forward(bf16_t* out, const bf16_t* a, const bf16_t* b, size_t n) { ResidualForward(out, a, b, n); }
 
 void residual_backward(float* da, float* db, const float* dout, size_t n) {
 #pragma omp parallel for schedule(static) num_threads(nthreads())
@@ -331,6 +439,37 @@ void residual_backward(float* da, float* db, const float* dout, size_t n) {
 // crossentropy over the real columns [0,V) of logits[N,Vp]:
 //   lse = log sum_v exp(x_v);  loss = lse - x[target];  dx_v = (exp(x_v - lse) - [v == target]) * dloss_scale
 // (dx written in place; padded columns [V,Vp) get 0).
+
+namespace {
+// bf16 logits: the probabilities are not stored between passes (a bf16 intermediate would be
+// rounded twice): exp is taken again in the writing pass and each dlogit rounded once.
+void CrossentropyRowBf16(bf16_t* x, float* loss, int tgt, int V, int Vp, float dloss_scale) {
+  float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+  for (int i = 0; i < V; i++) mx = mx > Ld(x, i) ? mx : Ld(x, i);
+  const float xt = Ld(x, tgt);
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int i = 0; i < V; i++) sum += exp_fast(Ld(x, i) - mx);
+  if (dloss_scale != 0.0f) {
+    const float mul = dloss_scale / sum;
+#pragma omp simd
+    for (int i = 0; i < V; i++) St(x, i, exp_fast(Ld(x, i) - mx) * mul);
+    St(x, tgt, exp_fast(xt - mx) * mul - dloss_scale);
+    for (int i = V; i < Vp; i++) x[i] = 0;
+  }
+  *loss = mx + std::log(sum) - xt;
+}
+}  // namespace
+
+double crossentropy_softmax(bf16_t* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+                            float dloss_scale) {
+#pragma omp parallel for schedule(static) num_threads(nthreads())
+  for (int n = 0; n < N; n++) CrossentropyRowBf16(logits + (int64_t)n * Vp, losses + n, targets[n], V, Vp, dloss_scale);
+  double total = 0.0;  // serial, fixed order
+  for (int n = 0; n < N; n++) total += losses[n];
+  return total;
+}
 
 double crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                             float dloss_scale) {

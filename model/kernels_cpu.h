@@ -80,6 +80,37 @@ void residual_backward(float* da, float* db, const float* dout, size_t n);
 double crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                             float dloss_scale);
 
+// ---- the model kernels above on bf16 activations (raw bits, base/bf16.h) ----
+// Same maths, shapes and accumulate semantics; every activation and activation gradient is
+// bf16, while weights, biases, LayerNorm parameters, every parameter gradient, mean/rstd, lse
+// and the losses stay fp32. All arithmetic is fp32: each bf16 operand widened on load (exact),
+// each result rounded to nearest even on store; an accumulated activation gradient (dinp +=)
+// is dinp = bf16(fp32(dinp) + contribution), rounded once per call. The result is thus the
+// fp32 kernel's on the same (bf16) inputs, rounded once, except that residual_layernorm reads
+// the rounded sum (what a separate layernorm_forward would read). The matmuls and attention
+// here are the fp32 products (MatmulPrecision::kExact): operands widened to fp32 scratch,
+// the fp32 kernel, the result rounded.
+void encoder_forward(uint16_t* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C);
+void encoder_backward(float* dwte, float* dwpe, const uint16_t* dout, const int32_t* tokens, int B, int T, int C);
+void layernorm_forward(uint16_t* out, float* mean, float* rstd, const uint16_t* inp, const float* w, const float* b,
+                       int N, int C);
+void layernorm_backward(uint16_t* dinp, float* dw, float* db, const uint16_t* dout, const uint16_t* inp,
+                        const float* w, const float* mean, const float* rstd, int N, int C);
+void matmul_forward(uint16_t* out, const uint16_t* inp, const float* w, const float* bias, int N, int C, int OC);
+void matmul_backward(uint16_t* dinp, float* dw, float* dbias, const uint16_t* dout, const uint16_t* inp,
+                     const float* w, int N, int C, int OC);
+void attention_forward(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int C, int NH);
+void attention_backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
+                        const float* lse, int B, int T, int C, int NH);
+void gelu_forward(uint16_t* out, const uint16_t* inp, size_t n);
+void gelu_backward(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, size_t n);
+void residual_forward(uint16_t* out, const uint16_t* a, const uint16_t* b, size_t n);
+void residual_layernorm_forward(uint16_t* res_out, uint16_t* ln_out, float* mean, float* rstd, const uint16_t* a,
+                                const uint16_t* b, const float* w, const float* bias, int N, int C);
+// logits bf16 [N,Vp], dlogits written in place in bf16 (each rounded once), losses fp32.
+double crossentropy_softmax(uint16_t* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+                            float dloss_scale);
+
 // *loss_acc += float(sum_n losses[n] / N), the sum in double in row order: the mean loss of a
 // micro-batch added to a step's total (the twin of the device-side loss).
 void add_mean_loss(double* loss_acc, const float* losses, int N);

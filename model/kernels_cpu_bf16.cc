@@ -407,16 +407,17 @@ T* Pack(const float* src, int rows, int cols, int ld, std::vector<T>& buf, F f) 
 
 // dbias[OC] += sum_n dout[n,:] in fp32; each thread owns a column range, rows in order (the
 // same order as the fp32 kernel's, so bias gradients do not depend on the precision).
-void BiasBackward(float* dbias, const float* dout, int N, int OC) {
+template <typename A>
+void BiasBackward(float* dbias, const A* dout, int N, int OC) {
 #pragma omp parallel num_threads(ComputeThreads())
   {
     const int tid = omp_get_thread_num(), team = omp_get_num_threads();
     const int o0 = static_cast<int>(static_cast<int64_t>(OC) * tid / team);
     const int o1 = static_cast<int>(static_cast<int64_t>(OC) * (tid + 1) / team);
     for (int n = 0; n < N; n++) {
-      const float* d = dout + static_cast<int64_t>(n) * OC;
+      const A* d = dout + static_cast<int64_t>(n) * OC;
 #pragma omp simd
-      for (int o = o0; o < o1; o++) dbias[o] += d[o];
+      for (int o = o0; o < o1; o++) dbias[o] += cpu_internal::Ld(d, o);
     }
   }
 }
@@ -464,6 +465,65 @@ void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dou
     if (dinp) OnednnMatmul(N, C, OC, d16, false, wc.Bits(w, OCC, t_b16), false, nullptr, true, dinp, &kData);
     if (dw) OnednnMatmul(OC, C, N, d16t, false, ToBf16(inp, NC, t_a16), false, nullptr, true, dw, &kWeights);
   }
+  if (dbias) BiasBackward(dbias, dout, N, OC);
+}
+
+// bf16 activations: the operands reach oneDNN as they are stored, with no ToBf16 of the input
+// or of dout (the conversion passes the fp32-activation kernels above make on every call); only
+// the weight is converted (or taken from the cache), dout transposed in bf16 for the weight
+// gradient, and the fp32 results rounded once into out / dinp (dinp = bf16(fp32(dinp) + dout @ w)).
+namespace {
+// dst[cols,rows] = src[rows,cols]^T, 32x32 tiles (ToBf16AndTransposed without the conversion).
+void Transpose16(const uint16_t* src, int rows, int cols, uint16_t* dst) {
+  constexpr int kTile = 32;
+  const int tr = (rows + kTile - 1) / kTile, tc = (cols + kTile - 1) / kTile;
+#pragma omp parallel for schedule(static) num_threads(ComputeThreads())
+  for (int64_t t = 0; t < static_cast<int64_t>(tr) * tc; t++) {
+    const int r0 = static_cast<int>(t / tc) * kTile, c0 = static_cast<int>(t % tc) * kTile;
+    const int r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
+    for (int r = r0; r < r1; r++)
+      for (int c = c0; c < c1; c++)
+        dst[static_cast<int64_t>(c) * rows + r] = src[static_cast<int64_t>(r) * cols + c];
+  }
+}
+}  // namespace
+
+void matmul_forward_bf16(uint16_t* out, const uint16_t* inp, const float* w, const float* bias, int N, int C, int OC,
+                         Bf16WeightCache* cache) {
+  const size_t NC = static_cast<size_t>(N) * C, NOC = static_cast<size_t>(N) * OC, OCC = static_cast<size_t>(OC) * C;
+  Bf16WeightCache none;
+  Bf16WeightCache& wc = cache ? *cache : none;
+  float* o = cpu_internal::scratch(t_c32, NOC);
+  if (CurrentBf16Gemm() == Bf16Gemm::kEmulated) {  // inp is bf16 already: widening is its rounding
+    matmul_forward(o, cpu_internal::Widen(inp, NC, t_a32), wc.Rounded(w, OCC, t_b32), bias, N, C, OC);
+  } else {
+    static const Bf16Product kProduct = Bf16Product::kForward;
+    OnednnMatmul(N, OC, C, inp, false, wc.Bits(w, OCC, t_b16), true, bias, false, o, &kProduct);
+  }
+  cpu_internal::Narrow(o, out, NOC);
+}
+
+void matmul_backward_bf16(uint16_t* dinp, float* dw, float* dbias, const uint16_t* dout, const uint16_t* inp,
+                          const float* w, int N, int C, int OC, Bf16WeightCache* cache) {
+  const size_t NC = static_cast<size_t>(N) * C, NOC = static_cast<size_t>(N) * OC, OCC = static_cast<size_t>(OC) * C;
+  Bf16WeightCache none;
+  Bf16WeightCache& wc = cache ? *cache : none;
+  thread_local std::vector<float> t_dinp32;
+  float* di = dinp ? cpu_internal::Widen(dinp, NC, t_dinp32) : nullptr;
+  if (CurrentBf16Gemm() == Bf16Gemm::kEmulated) {
+    const float* rw = dinp ? wc.Rounded(w, OCC, t_b32) : w;
+    const float* x = dw ? cpu_internal::Widen(inp, NC, t_a32) : nullptr;
+    matmul_backward(di, dw, nullptr, cpu_internal::Widen(dout, NOC, t_c32), x, rw, N, C, OC);
+  } else {
+    static const Bf16Product kData = Bf16Product::kBackwardData, kWeights = Bf16Product::kBackwardWeights;
+    if (dinp) OnednnMatmul(N, C, OC, dout, false, wc.Bits(w, OCC, t_b16), false, nullptr, true, di, &kData);
+    if (dw) {  // dout^T as a dense source (no transposed source, as above)
+      uint16_t* d16t = cpu_internal::scratch(t_c16t, NOC);
+      Transpose16(dout, N, OC, d16t);
+      OnednnMatmul(OC, C, N, d16t, false, inp, false, nullptr, true, dw, &kWeights);
+    }
+  }
+  if (dinp) cpu_internal::Narrow(di, dinp, NC);
   if (dbias) BiasBackward(dbias, dout, N, OC);
 }
 
@@ -686,6 +746,24 @@ void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, c
   cpu_internal::BlasSingleThread single;
   cpu_internal::AttentionBackward(Bf16GemmPolicy{CurrentBf16Gemm()}, ComputeThreads(), dqkv, dout, qkv, out, lse, B,
                                   T, C, NH);
+}
+
+// bf16 activations: widened to fp32 and the kernels above (whose tile packing rounds to bf16
+// again: a no-op on bf16 values), the outputs rounded once.
+void attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int C, int NH) {
+  const size_t NC = static_cast<size_t>(B) * T * C;
+  std::vector<float> q, o(NC);
+  attention_forward_bf16(o.data(), lse, cpu_internal::Widen(qkv, 3 * NC, q), B, T, C, NH);
+  cpu_internal::Narrow(o.data(), out, NC);
+}
+
+void attention_backward_bf16(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
+                             const float* lse, int B, int T, int C, int NH) {
+  const size_t NC = static_cast<size_t>(B) * T * C;
+  std::vector<float> q, o, d, dq;
+  cpu_internal::Widen(out, NC, o), cpu_internal::Widen(dout, NC, d), cpu_internal::Widen(dqkv, 3 * NC, dq);
+  attention_backward_bf16(dq.data(), d.data(), cpu_internal::Widen(qkv, 3 * NC, q), o.data(), lse, B, T, C, NH);
+  cpu_internal::Narrow(dq.data(), dqkv, 3 * NC);
 }
 
 }  // namespace shardgpt

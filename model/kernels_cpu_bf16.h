@@ -158,10 +158,21 @@ void matmul_forward_bf16(float* out, const float* inp, const float* w, const flo
 void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                           int N, int C, int OC, Bf16WeightCache* cache = nullptr);
 
+// The same on bf16 activations (raw bits; kernels_cpu.h's bf16-activation rules): inp and dout
+// go to oneDNN as stored (no conversion pass), out / dinp are the fp32 results rounded once.
+void matmul_forward_bf16(uint16_t* out, const uint16_t* inp, const float* w, const float* bias, int N, int C, int OC,
+                         Bf16WeightCache* cache = nullptr);
+void matmul_backward_bf16(uint16_t* dinp, float* dw, float* dbias, const uint16_t* dout, const uint16_t* inp,
+                          const float* w, int N, int C, int OC, Bf16WeightCache* cache = nullptr);
+
 // attention_forward/backward (kernels_cpu.h) with bf16 inputs to q k^T, P v (forward) and
 // dO v^T, dS k, P^T dO, dS^T q (backward); softmax, lse and D = dO . o in fp32.
 void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
 void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                              int B, int T, int C, int NH);
+// On bf16 activations: widened, the kernels above, the outputs rounded once.
+void attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int C, int NH);
+void attention_backward_bf16(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
+                             const float* lse, int B, int T, int C, int NH);
 
 }  // namespace shardgpt

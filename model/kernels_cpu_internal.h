@@ -26,8 +26,32 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/bf16.h"
+#include "model/kernels_cpu.h"
+
 namespace shardgpt {
 namespace cpu_internal {
+
+// Activation storage: fp32, or bf16 as raw bits. Ld widens (exact), St rounds to nearest even
+// (FloatToBf16); the kernels templated over the storage type do all maths in fp32 between them.
+inline float Ld(const float* p, int64_t i) { return p[i]; }
+inline float Ld(const uint16_t* p, int64_t i) { return Bf16ToFloat(p[i]); }
+inline void St(float* p, int64_t i, float v) { p[i] = v; }
+inline void St(uint16_t* p, int64_t i, float v) { p[i] = FloatToBf16(v); }
+
+// buf[0, n) = fp32(src) (exact); OpenMP over chunks (call outside parallel regions).
+inline float* Widen(const uint16_t* src, size_t n, std::vector<float>& buf) {
+  if (buf.size() < n) buf.resize(n);
+  float* dst = buf.data();
+#pragma omp parallel for simd schedule(static) num_threads(ComputeThreads())
+  for (size_t i = 0; i < n; i++) dst[i] = Bf16ToFloat(src[i]);
+  return dst;
+}
+// dst = bf16(src), rounded to nearest even.
+inline void Narrow(const float* src, uint16_t* dst, size_t n) {
+#pragma omp parallel for simd schedule(static) num_threads(ComputeThreads())
+  for (size_t i = 0; i < n; i++) dst[i] = FloatToBf16(src[i]);
+}
 
 // exp(x) for the softmaxes and tanh: Cephes range reduction + degree-6 polynomial (rel. error
 // ~2 ulp on [-87, 88]; inputs are clamped there). Plain float ops only, so loops that call it

@@ -70,7 +70,7 @@ MemoryPrediction PredictPeakMemory(const ParamLayout& layout, const ShardPlan& p
   const StateSizes s = PersistentStateSizes(plan, o, &layout);  // rank 0: Muon packs second moments per rank
   p.params = s.params, p.grads = s.grads, p.optimizer = s.optimizer;
   p.workspace = OptimizerWorkspaceBytes(plan, o);
-  p.activations = static_cast<double>(GPT::ActivationBytes(layout.config(), B, T, recompute));
+  p.activations = static_cast<double>(GPT::ActivationBytes(layout.config(), B, T, recompute, o.act_dtype));
 
   const int U = plan.num_units(), E = ParamLayout::kEmbedUnit, F = layout.final_unit();
   const bool bf16 = o.dtype == DType::kBF16, stage3 = o.shards_params();

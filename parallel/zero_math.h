@@ -27,6 +27,7 @@ struct EngineOptions {
   int zero_stage = 0;                 // 0 (DDP), 1, 2, 3
   DType dtype = DType::kF32;          // storage of parameters and gradients; compute is fp32
   DType reduce_dtype = DType::kF32;   // dtype gradients travel in (default: dtype)
+  DType act_dtype = DType::kF32;      // the model's activations (GPT): what the memory plan counts
   double bucket_mb = 25.0;            // stage 0 bucket size (DDP's default)
   bool reshard_after_forward = true;  // stage 3: free block parameters after forward
   bool reduce_every_micro = true;     // stages 2/3: reduce-scatter every micro-batch

@@ -41,6 +41,8 @@ namespace shardgpt {
 
 namespace {
 
+using cuda::load_f32;
+
 constexpr int kTile = 32;
 constexpr int kWarps = 8;
 constexpr int kRpw = kTile / kWarps;  // rows per warp
@@ -130,8 +132,8 @@ __global__ void __launch_bounds__(kAttThreads)
 }
 
 // ---- backward, step 1: D[b,h,t] = dO_t . o_t  (one warp per (b, h, t), [B,NH,T] order) ----
-__global__ void attention_backward_d_kernel(float* D, const float* dout, const float* out, int B, int T, int C,
-                                            int NH) {
+template <typename A>
+__global__ void attention_backward_d_kernel(float* D, const A* dout, const A* out, int B, int T, int C, int NH) {
   const int hs = C / NH, lane = threadIdx.x % 32;
   const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= (int64_t)B * NH * T) return;
@@ -140,7 +142,7 @@ __global__ void attention_backward_d_kernel(float* D, const float* dout, const f
   const int h = (int)(bh % NH), b = (int)(bh / NH);
   const int64_t off = ((int64_t)b * T + t) * C + h * hs;
   float s = 0.0f;
-  for (int i = lane; i < hs; i += 32) s += dout[off + i] * out[off + i];
+  for (int i = lane; i < hs; i += 32) s += load_f32(dout, off + i) * load_f32(out, off + i);
   s = cuda::warp_sum(s);
   if (lane == 0) D[row] = s;
 }
@@ -350,72 +352,121 @@ size_t Align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 }  // namespace
 
-void CudaKernels::attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) const {
+// bf16 activations: cuDNN takes the bf16 tensors as they are; the tensor-core kernels load bf16
+// qkv / dout directly and write fp32 out / dqkv into scratch, rounded into the bf16 buffers
+// after (dqkv: widened first, so dqkv = bf16(fp32(dqkv) + gradient)); the fp32 CUDA-core
+// kernels (kExact, or head sizes without tensor-core kernels) get widened fp32 copies. Every
+// result is the fp32 computation's, rounded once, as in the CPU twins.
+void CudaKernels::attention_forward(void* out_v, float* lse, const void* qkv_v, int B, int T, int C, int NH) const {
   if (B == 0 || T == 0) return;
   Bind();
   const AttentionShape a = Shape("attention_forward", B, T, C, NH);
-  if (cudnn_attention_) {  // bf16 copies in, cuDNN, fp32 out
-    const size_t n_qkv = (size_t)B * T * 3 * C, n_o = (size_t)B * T * C;
+  const bool act16 = act_dtype_ == DType::kBF16;
+  const size_t n_qkv = (size_t)B * T * 3 * C, n_o = (size_t)B * T * C;
+  if (cudnn_attention_) {  // bf16 copies in (or the bf16 activations), cuDNN, fp32 out
     const size_t ws = cuda::CudnnAttentionWorkspace(device_, stream_, false, B, T, C, NH, a.scale);
     char* base = static_cast<char*>(Scratch(Align256(n_qkv * 2) + Align256(n_o * 2) + ws));
-    auto* qkv16 = reinterpret_cast<uint16_t*>(base);
-    auto* o16 = reinterpret_cast<uint16_t*>(base + Align256(n_qkv * 2));
-    convert(qkv, DType::kF32, qkv16, DType::kBF16, n_qkv);
+    auto* qkv16 = act16 ? static_cast<uint16_t*>(const_cast<void*>(qkv_v)) : reinterpret_cast<uint16_t*>(base);
+    auto* o16 = act16 ? static_cast<uint16_t*>(out_v) : reinterpret_cast<uint16_t*>(base + Align256(n_qkv * 2));
+    if (!act16) convert(qkv_v, DType::kF32, qkv16, DType::kBF16, n_qkv);
     cuda::CudnnAttentionForward(device_, stream_, o16, lse, qkv16, B, T, C, NH, a.scale,
                                 base + Align256(n_qkv * 2) + Align256(n_o * 2));
-    convert(o16, DType::kBF16, out, DType::kF32, n_o);
+    if (!act16) convert(o16, DType::kBF16, out_v, DType::kF32, n_o);
     return;
   }
-  if (precision_ == MatmulPrecision::kBf16 && cuda::TensorCoreAttentionSupports(a.hs)) {
-    cuda::AttentionForwardTc(out, lse, qkv, B, T, C, NH, a.scale, stream_);
-    return;
+  const bool tc = precision_ == MatmulPrecision::kBf16 && cuda::TensorCoreAttentionSupports(a.hs);
+  float* out = static_cast<float*>(out_v);
+  const float* qkv = static_cast<const float*>(qkv_v);
+  if (act16) {  // fp32 out in scratch; widened qkv for the CUDA-core kernels
+    char* base = static_cast<char*>(Scratch(Align256(n_o * 4) + (tc ? 0 : n_qkv * 4)));
+    out = reinterpret_cast<float*>(base);
+    if (!tc) {
+      float* q32 = reinterpret_cast<float*>(base + Align256(n_o * 4));
+      convert(qkv_v, DType::kBF16, q32, DType::kF32, n_qkv);
+      qkv = q32;
+    }
   }
-  switch (DimsPerLane(a.hs)) {
-    case 1: LaunchForward<1>(a, out, lse, qkv, stream_); break;
-    case 2: LaunchForward<2>(a, out, lse, qkv, stream_); break;
-    case 3: LaunchForward<3>(a, out, lse, qkv, stream_); break;
-    default: LaunchForward<4>(a, out, lse, qkv, stream_); break;
-  }
+  if (tc && act16) cuda::AttentionForwardTc(out, lse, static_cast<const uint16_t*>(qkv_v), B, T, C, NH, a.scale, stream_);
+  else if (tc) cuda::AttentionForwardTc(out, lse, qkv, B, T, C, NH, a.scale, stream_);
+  else
+    switch (DimsPerLane(a.hs)) {
+      case 1: LaunchForward<1>(a, out, lse, qkv, stream_); break;
+      case 2: LaunchForward<2>(a, out, lse, qkv, stream_); break;
+      case 3: LaunchForward<3>(a, out, lse, qkv, stream_); break;
+      default: LaunchForward<4>(a, out, lse, qkv, stream_); break;
+    }
+  if (act16) convert(out, DType::kF32, out_v, DType::kBF16, n_o);
 }
 
-void CudaKernels::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+void CudaKernels::attention_backward(void* dqkv_v, const void* dout_v, const void* qkv_v, const void* out_v,
                                      const float* lse, int B, int T, int C, int NH) const {
   if (B == 0 || T == 0) return;
   Bind();
   const AttentionShape a = Shape("attention_backward", B, T, C, NH);
-  if (cudnn_attention_) {  // bf16 copies in, cuDNN, dqkv += the bf16 gradient
-    const size_t n_qkv = (size_t)B * T * 3 * C, n_o = (size_t)B * T * C;
+  const bool act16 = act_dtype_ == DType::kBF16;
+  const size_t n_qkv = (size_t)B * T * 3 * C, n_o = (size_t)B * T * C;
+  if (cudnn_attention_) {  // bf16 copies in (or the bf16 activations), cuDNN, dqkv += the bf16 gradient
     const size_t ws = cuda::CudnnAttentionWorkspace(device_, stream_, true, B, T, C, NH, a.scale);
     const size_t s_qkv = Align256(n_qkv * 2), s_o = Align256(n_o * 2);
     char* base = static_cast<char*>(Scratch(2 * s_qkv + 2 * s_o + ws));
-    auto* qkv16 = reinterpret_cast<uint16_t*>(base);
     auto* dqkv16 = reinterpret_cast<uint16_t*>(base + s_qkv);
-    auto* o16 = reinterpret_cast<uint16_t*>(base + 2 * s_qkv);
-    auto* do16 = reinterpret_cast<uint16_t*>(base + 2 * s_qkv + s_o);
-    convert(qkv, DType::kF32, qkv16, DType::kBF16, n_qkv);
-    convert(out, DType::kF32, o16, DType::kBF16, n_o);
-    convert(dout, DType::kF32, do16, DType::kBF16, n_o);
+    const uint16_t *qkv16 = static_cast<const uint16_t*>(qkv_v), *o16 = static_cast<const uint16_t*>(out_v),
+                   *do16 = static_cast<const uint16_t*>(dout_v);
+    if (!act16) {
+      auto* q = reinterpret_cast<uint16_t*>(base);
+      auto* o = reinterpret_cast<uint16_t*>(base + 2 * s_qkv);
+      auto* d = reinterpret_cast<uint16_t*>(base + 2 * s_qkv + s_o);
+      convert(qkv_v, DType::kF32, q, DType::kBF16, n_qkv);
+      convert(out_v, DType::kF32, o, DType::kBF16, n_o);
+      convert(dout_v, DType::kF32, d, DType::kBF16, n_o);
+      qkv16 = q, o16 = o, do16 = d;
+    }
     cuda::CudnnAttentionBackward(device_, stream_, dqkv16, do16, qkv16, o16, lse, B, T, C, NH, a.scale,
                                  base + 2 * s_qkv + 2 * s_o);
-    accumulate(dqkv, DType::kF32, dqkv16, DType::kBF16, n_qkv);
+    accumulate(dqkv_v, act_dtype_, dqkv16, DType::kBF16, n_qkv);
     return;
   }
   const int64_t rows = (int64_t)B * NH * T;
-  float* D = static_cast<float*>(Scratch(sizeof(float) * rows));
+  const bool tc = precision_ == MatmulPrecision::kBf16 && cuda::TensorCoreAttentionSupports(a.hs);
+  // scratch: D, then with bf16 activations the fp32 dqkv and (CUDA-core kernels) widened dout, qkv
+  const size_t s_d = Align256(sizeof(float) * rows), s_q = Align256(n_qkv * 4), s_o = Align256(n_o * 4);
+  char* base = static_cast<char*>(Scratch(s_d + (act16 ? s_q + (tc ? 0 : s_q + s_o) : 0)));
+  float* D = reinterpret_cast<float*>(base);
   const int rows_per_block = 256 / 32;
-  SHARDGPT_LAUNCH(attention_backward_d_kernel, (unsigned)((rows + rows_per_block - 1) / rows_per_block), 256, 0, stream_)(
-      D, dout, out, B, T, C, NH);
+  const unsigned d_grid = (unsigned)((rows + rows_per_block - 1) / rows_per_block);
+  if (act16)
+    SHARDGPT_LAUNCH(attention_backward_d_kernel<uint16_t>, d_grid, 256, 0, stream_)(
+        D, static_cast<const uint16_t*>(dout_v), static_cast<const uint16_t*>(out_v), B, T, C, NH);
+  else
+    SHARDGPT_LAUNCH(attention_backward_d_kernel<float>, d_grid, 256, 0, stream_)(
+        D, static_cast<const float*>(dout_v), static_cast<const float*>(out_v), B, T, C, NH);
   SHARDGPT_CUDA_CHECK_LAUNCH("attention_backward_d_kernel");
-  if (precision_ == MatmulPrecision::kBf16 && cuda::TensorCoreAttentionSupports(a.hs)) {
-    cuda::AttentionBackwardTc(dqkv, dout, qkv, lse, D, B, T, C, NH, a.scale, stream_);
-    return;
+  float* dqkv = static_cast<float*>(dqkv_v);
+  const float* dout = static_cast<const float*>(dout_v);
+  const float* qkv = static_cast<const float*>(qkv_v);
+  if (act16) {
+    dqkv = reinterpret_cast<float*>(base + s_d);
+    convert(dqkv_v, DType::kBF16, dqkv, DType::kF32, n_qkv);
+    if (!tc) {
+      float* q32 = reinterpret_cast<float*>(base + s_d + s_q);
+      float* d32 = reinterpret_cast<float*>(base + s_d + 2 * s_q);
+      convert(qkv_v, DType::kBF16, q32, DType::kF32, n_qkv);
+      convert(dout_v, DType::kBF16, d32, DType::kF32, n_o);
+      qkv = q32, dout = d32;
+    }
   }
-  switch (DimsPerLane(a.hs)) {
-    case 1: LaunchBackward<1>(a, dqkv, dout, qkv, lse, D, stream_); break;
-    case 2: LaunchBackward<2>(a, dqkv, dout, qkv, lse, D, stream_); break;
-    case 3: LaunchBackward<3>(a, dqkv, dout, qkv, lse, D, stream_); break;
-    default: LaunchBackward<4>(a, dqkv, dout, qkv, lse, D, stream_); break;
-  }
+  if (tc && act16)
+    cuda::AttentionBackwardTc(dqkv, static_cast<const uint16_t*>(dout_v), static_cast<const uint16_t*>(qkv_v), lse, D,
+                              B, T, C, NH, a.scale, stream_);
+  else if (tc) cuda::AttentionBackwardTc(dqkv, dout, qkv, lse, D, B, T, C, NH, a.scale, stream_);
+  else
+    switch (DimsPerLane(a.hs)) {
+      case 1: LaunchBackward<1>(a, dqkv, dout, qkv, lse, D, stream_); break;
+      case 2: LaunchBackward<2>(a, dqkv, dout, qkv, lse, D, stream_); break;
+      case 3: LaunchBackward<3>(a, dqkv, dout, qkv, lse, D, stream_); break;
+      default: LaunchBackward<4>(a, dqkv, dout, qkv, lse, D, stream_); break;
+    }
+  if (act16) convert(dqkv, DType::kF32, dqkv_v, DType::kBF16, n_qkv);
 }
 
 }  // namespace shardgpt

@@ -8,6 +8,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 namespace shardgpt {
 namespace cuda {
 
@@ -20,6 +22,12 @@ void AttentionForwardTc(float* out, float* lse, const float* qkv, int B, int T, 
 // dqkv[B,T,3C] += from dout[B,T,C], qkv, the forward's lse and D[B,NH,T] = rowsum(dO * o).
 void AttentionBackwardTc(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* D, int B,
                          int T, int C, int NH, float scale, cudaStream_t stream);
+// The same on bf16 activations (raw bits): qkv and dout loaded into the bf16 tiles as they are
+// (no conversion pass); out and dqkv stay fp32 (the caller rounds them into bf16 buffers).
+void AttentionForwardTc(float* out, float* lse, const uint16_t* qkv, int B, int T, int C, int NH, float scale,
+                        cudaStream_t stream);
+void AttentionBackwardTc(float* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse, const float* D,
+                         int B, int T, int C, int NH, float scale, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace shardgpt

@@ -329,27 +329,27 @@ void AllowSharedMemory(Kernel kernel, size_t bytes) {
 template <int HS>
 constexpr size_t TileBytes() { return sizeof(uint16_t) * kTile * kLd<HS>; }
 
-template <int HS>
-void Forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, float scale, cudaStream_t stream) {
+template <int HS, typename In>
+void Forward(float* out, float* lse, const In* qkv, int B, int T, int C, int NH, float scale, cudaStream_t stream) {
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
   const size_t smem = 3 * TileBytes<HS>();
-  auto* attention_tc_forward = &attention_tc_forward_kernel<HS, float>;  // (a template-id has commas)
+  auto* attention_tc_forward = &attention_tc_forward_kernel<HS, In>;  // (a template-id has commas)
   AllowSharedMemory(attention_tc_forward, smem);
   SHARDGPT_LAUNCH(attention_tc_forward, grid, kThreads, smem, stream)(out, lse, qkv, T, C, NH, scale);
   SHARDGPT_CUDA_CHECK_LAUNCH("attention_tc_forward_kernel");
 }
 
-template <int HS>
-void Backward(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* D, int B, int T, int C,
+template <int HS, typename In>
+void Backward(float* dqkv, const In* dout, const In* qkv, const float* lse, const float* D, int B, int T, int C,
               int NH, float scale, cudaStream_t stream) {
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
   const size_t smem_dq = 4 * TileBytes<HS>();
-  auto* attention_tc_backward_dq = &attention_tc_backward_dq_kernel<HS, float>;
+  auto* attention_tc_backward_dq = &attention_tc_backward_dq_kernel<HS, In>;
   AllowSharedMemory(attention_tc_backward_dq, smem_dq);
   SHARDGPT_LAUNCH(attention_tc_backward_dq, grid, kThreads, smem_dq, stream)(dqkv, dout, qkv, lse, D, T, C, NH, scale);
   SHARDGPT_CUDA_CHECK_LAUNCH("attention_tc_backward_dq_kernel");
   const size_t smem_dkv = smem_dq + 2 * sizeof(float) * kTile;
-  auto* attention_tc_backward_dkv = &attention_tc_backward_dkv_kernel<HS, float>;
+  auto* attention_tc_backward_dkv = &attention_tc_backward_dkv_kernel<HS, In>;
   AllowSharedMemory(attention_tc_backward_dkv, smem_dkv);
   SHARDGPT_LAUNCH(attention_tc_backward_dkv, grid, kThreads, smem_dkv, stream)(dqkv, dout, qkv, lse, D, T, C, NH,
                                                                                 scale);
@@ -363,9 +363,19 @@ void AttentionForwardTc(float* out, float* lse, const float* qkv, int B, int T, 
   if (C / NH == 64) Forward<64>(out, lse, qkv, B, T, C, NH, scale, stream);
   else Forward<128>(out, lse, qkv, B, T, C, NH, scale, stream);
 }
+void AttentionForwardTc(float* out, float* lse, const uint16_t* qkv, int B, int T, int C, int NH, float scale,
+                        cudaStream_t stream) {
+  if (C / NH == 64) Forward<64>(out, lse, qkv, B, T, C, NH, scale, stream);
+  else Forward<128>(out, lse, qkv, B, T, C, NH, scale, stream);
+}
 
 void AttentionBackwardTc(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* D, int B,
                          int T, int C, int NH, float scale, cudaStream_t stream) {
+  if (C / NH == 64) Backward<64>(dqkv, dout, qkv, lse, D, B, T, C, NH, scale, stream);
+  else Backward<128>(dqkv, dout, qkv, lse, D, B, T, C, NH, scale, stream);
+}
+void AttentionBackwardTc(float* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse, const float* D,
+                         int B, int T, int C, int NH, float scale, cudaStream_t stream) {
   if (C / NH == 64) Backward<64>(dqkv, dout, qkv, lse, D, B, T, C, NH, scale, stream);
   else Backward<128>(dqkv, dout, qkv, lse, D, B, T, C, NH, scale, stream);
 }

@@ -54,17 +54,23 @@ namespace {
 
 constexpr int kThreads = 256;  // threads per block of the element-wise and row kernels
 using cuda::kRowsPerChunk;
+// The model kernels are templates over the activation storage A (float, or uint16_t: bf16
+// bits): ld widens (exact), st rounds to nearest even (cuda::f32_to_bf16, bitwise the CPU's
+// FloatToBf16); all maths between them is fp32, as in the CPU twins' bf16 overloads.
+using cuda::load_f32;
+using cuda::store_f32;
 
 // ----------------------------------------------------------------------------------------------
 // encoder. CPU twins: encoder_forward / encoder_backward.
 
 // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
-__global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+template <typename A>
+__global__ void encoder_forward_kernel(A* out, const int32_t* tokens, const float* wte, const float* wpe,
                                        int T, int C, size_t total) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
     const size_t n = i / C;
     const int c = (int)(i - n * C), t = (int)(n % T);
-    out[i] = wte[(size_t)tokens[n] * C + c] + wpe[(size_t)t * C + c];
+    store_f32(out, i, wte[(size_t)tokens[n] * C + c] + wpe[(size_t)t * C + c]);
   }
 }
 
@@ -96,7 +102,8 @@ __global__ void encoder_sort_kernel(int32_t* sorted, const int32_t* tokens, int 
 
 // dwte[tok,:] += dout[n,:] over the run of sorted positions with token tok, in sorted (= n)
 // order: block x = a sorted index, the run's head does the run, the others return.
-__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens,
+template <typename A>
+__global__ void encoder_backward_wte_kernel(float* dwte, const A* dout, const int32_t* tokens,
                                             const int32_t* sorted, int N, int C) {
   const int i = blockIdx.x;
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
@@ -105,16 +112,17 @@ __global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, cons
   if (i > 0 && tokens[sorted[i - 1]] == tok) return;  // not the head of its run
   float* dw = dwte + (size_t)tok * C + c;
   float acc = *dw;
-  for (int j = i; j < N && tokens[sorted[j]] == tok; j++) acc += dout[(size_t)sorted[j] * C + c];
+  for (int j = i; j < N && tokens[sorted[j]] == tok; j++) acc += load_f32(dout, (size_t)sorted[j] * C + c);
   *dw = acc;
 }
 
 // dwpe[t,:] += sum_b dout[b,t,:], b in increasing order (one thread per (t, c)).
-__global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int B, int T, int C) {
+template <typename A>
+__global__ void encoder_backward_wpe_kernel(float* dwpe, const A* dout, int B, int T, int C) {
   const size_t total = (size_t)T * C;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
     float acc = dwpe[i];
-    for (int b = 0; b < B; b++) acc += dout[(size_t)b * total + i];
+    for (int b = 0; b < B; b++) acc += load_f32(dout, (size_t)b * total + i);
     dwpe[i] = acc;
   }
 }
@@ -126,22 +134,24 @@ __global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int 
 
 // One row by one warp: lane l takes columns l, l+32, ...; the statistics are warp butterflies.
 // The fused residual kernel runs the same code, so its LayerNorm is bitwise this one's.
-__device__ __forceinline__ void layernorm_row_warp(float* y, float* mean, float* rstd, const float* x, const float* w,
+template <typename A>
+__device__ __forceinline__ void layernorm_row_warp(A* y, float* mean, float* rstd, const A* x, const float* w,
                                                    const float* b, int C, int lane) {
   float s = 0.0f;
-  for (int i = lane; i < C; i += 32) s += x[i];
+  for (int i = lane; i < C; i += 32) s += load_f32(x, i);
   const float m = cuda::warp_sum(s) / C;
   float v = 0.0f;
-  for (int i = lane; i < C; i += 32) v += (x[i] - m) * (x[i] - m);
+  for (int i = lane; i < C; i += 32) v += (load_f32(x, i) - m) * (load_f32(x, i) - m);
   const float r = 1.0f / sqrtf(cuda::warp_sum(v) / C + 1e-5f);
-  for (int i = lane; i < C; i += 32) y[i] = (x[i] - m) * r * w[i] + b[i];
+  for (int i = lane; i < C; i += 32) store_f32(y, i, (load_f32(x, i) - m) * r * w[i] + b[i]);
   if (lane == 0) {
     *mean = m;
     *rstd = r;
   }
 }
 
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* w,
+template <typename A>
+__global__ void layernorm_forward_kernel(A* out, float* mean, float* rstd, const A* inp, const float* w,
                                          const float* b, int N, int C) {
   const int lane = threadIdx.x % 32;
   const int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -155,38 +165,40 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
 // reads back only those same columns before its first butterfly, so no lane reads another's
 // write: no barrier needed, and the re-read comes from L1. Saves the residual's separate
 // pass over the row (llm.c's fused_residual_forward).
-__global__ void residual_layernorm_forward_kernel(float* res, float* ln, float* mean, float* rstd, const float* a,
-                                                  const float* b, const float* w, const float* bias, int N, int C) {
+template <typename A>
+__global__ void residual_layernorm_forward_kernel(A* res, A* ln, float* mean, float* rstd, const A* a,
+                                                  const A* b, const float* w, const float* bias, int N, int C) {
   const int lane = threadIdx.x % 32;
   const int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (n >= N) return;
   const size_t o = (size_t)n * C;
-  for (int i = lane; i < C; i += 32) res[o + i] = a[o + i] + b[o + i];
+  for (int i = lane; i < C; i += 32) store_f32(res, o + i, load_f32(a, o + i) + load_f32(b, o + i));
   layernorm_row_warp(ln + o, mean + n, rstd + n, res + o, w, bias, C, lane);
 }
 
 // norm = (x-m)*rstd, g = w*dout:  dinp += (g - mean(g) - norm * mean(g*norm)) * rstd
 // (the row part; dw and db, sums over rows, are the next two kernels). One warp per row.
-__global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* w,
+template <typename A>
+__global__ void layernorm_backward_dinp_kernel(A* dinp, const A* dout, const A* inp, const float* w,
                                                const float* mean, const float* rstd, int N, int C) {
   const int lane = threadIdx.x % 32;
   const int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (n >= N) return;
-  const float* x = inp + (size_t)n * C;
-  const float* d = dout + (size_t)n * C;
-  float* dx = dinp + (size_t)n * C;
+  const A* x = inp + (size_t)n * C;
+  const A* d = dout + (size_t)n * C;
+  A* dx = dinp + (size_t)n * C;
   const float m = mean[n], r = rstd[n];
   float g_mean = 0.0f, gn_mean = 0.0f;
   for (int i = lane; i < C; i += 32) {
-    const float g = w[i] * d[i];
+    const float g = w[i] * load_f32(d, i);
     g_mean += g;
-    gn_mean += g * (x[i] - m) * r;
+    gn_mean += g * (load_f32(x, i) - m) * r;
   }
   g_mean = cuda::warp_sum(g_mean) / C;
   gn_mean = cuda::warp_sum(gn_mean) / C;
   for (int i = lane; i < C; i += 32) {
-    const float norm = (x[i] - m) * r;
-    dx[i] += (w[i] * d[i] - g_mean - norm * gn_mean) * r;
+    const float norm = (load_f32(x, i) - m) * r;
+    store_f32(dx, i, load_f32(dx, i) + (w[i] * load_f32(d, i) - g_mean - norm * gn_mean) * r);
   }
 }
 
@@ -194,7 +206,8 @@ __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, c
 // (kRowsPerChunk rows, blockIdx.y) for 32 columns (blockIdx.x). Block (32, 8): thread (x, y)
 // sums rows y, y+8, ... of the chunk in order; then row y = 0 adds the 8 sums in order.
 // partial[chunk][0:C] = dw part, partial[chunk][C:2C] = db part.
-__global__ void layernorm_backward_partial_kernel(float* partial, const float* dout, const float* inp,
+template <typename A>
+__global__ void layernorm_backward_partial_kernel(float* partial, const A* dout, const A* inp,
                                                   const float* mean, const float* rstd, int N, int C) {
   __shared__ float sdw[8][33], sdb[8][33];
   const int tx = threadIdx.x, ty = threadIdx.y;
@@ -203,8 +216,8 @@ __global__ void layernorm_backward_partial_kernel(float* partial, const float* d
   float dw = 0.0f, db = 0.0f;
   if (c < C) {
     for (int n = n0 + ty; n < n1; n += 8) {
-      const float d = dout[(size_t)n * C + c];
-      const float norm = (inp[(size_t)n * C + c] - mean[n]) * rstd[n];
+      const float d = load_f32(dout, (size_t)n * C + c);
+      const float norm = (load_f32(inp, (size_t)n * C + c) - mean[n]) * rstd[n];
       dw += norm * d;
       db += d;
     }
@@ -249,7 +262,8 @@ __device__ __forceinline__ float gelu_grad(float x) {
   return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * kGeluS * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
-__global__ void gelu_forward_kernel(float* out, const float* inp, size_t n, bool vec) {
+template <typename A>
+__global__ void gelu_forward_kernel(A* out, const A* inp, size_t n, bool vec) {
   cuda::elementwise(
       n, vec,
       [&](size_t i) {
@@ -258,11 +272,12 @@ __global__ void gelu_forward_kernel(float* out, const float* inp, size_t n, bool
         for (int j = 0; j < cuda::kVec; j++) x[j] = gelu(x[j]);
         cuda::store8(out + i, x);
       },
-      [&](size_t i) { out[i] = gelu(inp[i]); });
+      [&](size_t i) { store_f32(out, i, gelu(load_f32(inp, i))); });
 }
 
 // dinp += dout * gelu'(inp)
-__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, size_t n, bool vec) {
+template <typename A>
+__global__ void gelu_backward_kernel(A* dinp, const A* inp, const A* dout, size_t n, bool vec) {
   cuda::elementwise(
       n, vec,
       [&](size_t i) {
@@ -273,13 +288,14 @@ __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float*
         for (int j = 0; j < cuda::kVec; j++) g[j] += gelu_grad(x[j]) * d[j];
         cuda::store8(dinp + i, g);
       },
-      [&](size_t i) { dinp[i] += gelu_grad(inp[i]) * dout[i]; });
+      [&](size_t i) { store_f32(dinp, i, load_f32(dinp, i) + gelu_grad(load_f32(inp, i)) * load_f32(dout, i)); });
 }
 
 // ----------------------------------------------------------------------------------------------
 // residual. CPU twin: residual_forward.  out = a + b
 
-__global__ void residual_forward_kernel(float* out, const float* a, const float* b, size_t n, bool vec) {
+template <typename A>
+__global__ void residual_forward_kernel(A* out, const A* a, const A* b, size_t n, bool vec) {
   cuda::elementwise(
       n, vec,
       [&](size_t i) {
@@ -289,7 +305,7 @@ __global__ void residual_forward_kernel(float* out, const float* a, const float*
         for (int j = 0; j < cuda::kVec; j++) x[j] += y[j];
         cuda::store8(out + i, x);
       },
-      [&](size_t i) { out[i] = a[i] + b[i]; });
+      [&](size_t i) { store_f32(out, i, load_f32(a, i) + load_f32(b, i)); });
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -310,17 +326,18 @@ __device__ __forceinline__ void softmax_combine(float& m, float& s, float m2, fl
   m = mx;
 }
 
-__global__ void crossentropy_softmax_kernel(float* logits, float* losses, const int32_t* targets, int V, int Vp,
+template <typename A>
+__global__ void crossentropy_softmax_kernel(A* logits, float* losses, const int32_t* targets, int V, int Vp,
                                             float dloss_scale) {
   __shared__ float shm_m[32], shm_s[32];
   const size_t n = blockIdx.x;
-  float* x = logits + n * Vp;
+  A* x = logits + n * Vp;
   const int tgt = targets[n];
   const bool valid = tgt >= 0 && tgt < V;
-  const float xt = valid ? x[tgt] : NAN;  // read before any thread overwrites x (the reduction synchronises)
+  const float xt = valid ? load_f32(x, tgt) : NAN;  // read before any thread overwrites x (the reduction synchronises)
   float m = -INFINITY, s = 0.0f;
   for (int i = threadIdx.x; i < V; i += blockDim.x) {
-    const float v = x[i];
+    const float v = load_f32(x, i);
     if (v > m) {
       s = s * expf(m - v) + 1.0f;
       m = v;
@@ -340,11 +357,11 @@ __global__ void crossentropy_softmax_kernel(float* logits, float* losses, const 
   if (dloss_scale != 0.0f) {
     const float mul = dloss_scale / sum;
     for (int i = threadIdx.x; i < V; i += blockDim.x) {
-      float g = expf(x[i] - mx) * mul;
+      float g = expf(load_f32(x, i) - mx) * mul;
       if (i == tgt) g -= dloss_scale;
-      x[i] = g;
+      store_f32(x, i, g);  // each dlogit rounded once (bf16 logits: written in place in bf16)
     }
-    for (int i = V + threadIdx.x; i < Vp; i += blockDim.x) x[i] = 0.0f;
+    for (int i = V + threadIdx.x; i < Vp; i += blockDim.x) store_f32(x, i, 0.0f);
   }
   if (threadIdx.x == 0) losses[n] = mx + logf(sum) - xt;
 }
@@ -614,21 +631,32 @@ void CudaKernels::ForgetMemory(const void* p, size_t bytes) {
                  sources_.end());
 }
 
+const float* CudaKernels::F32Copy(const uint16_t* X, int rows, int cols, int ld, ScratchSlot slot) const {
+  const size_t n = (size_t)(cols - 1) * ld + rows;
+  float* dst = static_cast<float*>(Scratch(n * sizeof(float), slot));
+  convert(X, DType::kBF16, dst, DType::kF32, n);
+  return dst;
+}
+
 // ==============================================================================================
 // model kernels
 
-void CudaKernels::encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
-                                  int T, int C) const {
+void CudaKernels::encoder_forward(void* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+                                  int C) const {
   const size_t total = (size_t)B * T * C;
   if (total == 0) return;
   Bind();
-  SHARDGPT_LAUNCH(encoder_forward_kernel, GridFor(total, kThreads), kThreads, 0, stream_)(out, tokens, wte, wpe, T, C, total);
+  WithAct([&](auto a) {
+    using A = decltype(a);
+    SHARDGPT_LAUNCH(encoder_forward_kernel<A>, GridFor(total, kThreads), kThreads, 0, stream_)(
+        static_cast<A*>(out), tokens, wte, wpe, T, C, total);
+  });
   SHARDGPT_CUDA_CHECK_LAUNCH("encoder_forward_kernel");
 }
 
 // On the device (no host round trip): the positions sorted by token, then one block row per
 // run (see encoder_sort_kernel). The sorted positions live in the general scratch.
-void CudaKernels::encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+void CudaKernels::encoder_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T,
                                    int C) const {
   const int N = B * T;
   if (N == 0 || C == 0) return;
@@ -636,75 +664,103 @@ void CudaKernels::encoder_backward(float* dwte, float* dwpe, const float* dout, 
   int32_t* sorted = static_cast<int32_t*>(Scratch(sizeof(int32_t) * N));
   SHARDGPT_LAUNCH(encoder_sort_kernel, (N + 255) / 256, 256, 0, stream_)(sorted, tokens, N);
   SHARDGPT_CUDA_CHECK_LAUNCH("encoder_sort_kernel");
-  const dim3 grid(N, (C + 127) / 128);
-  SHARDGPT_LAUNCH(encoder_backward_wte_kernel, grid, 128, 0, stream_)(dwte, dout, tokens, sorted, N, C);
-  SHARDGPT_CUDA_CHECK_LAUNCH("encoder_backward_wte_kernel");
-  SHARDGPT_LAUNCH(encoder_backward_wpe_kernel, GridFor((size_t)T * C, kThreads), kThreads, 0, stream_)(dwpe, dout, B, T, C);
-  SHARDGPT_CUDA_CHECK_LAUNCH("encoder_backward_wpe_kernel");
+  WithAct([&](auto a) {
+    using A = decltype(a);
+    const A* d = static_cast<const A*>(dout);
+    const dim3 grid(N, (C + 127) / 128);
+    SHARDGPT_LAUNCH(encoder_backward_wte_kernel<A>, grid, 128, 0, stream_)(dwte, d, tokens, sorted, N, C);
+    SHARDGPT_CUDA_CHECK_LAUNCH("encoder_backward_wte_kernel");
+    SHARDGPT_LAUNCH(encoder_backward_wpe_kernel<A>, GridFor((size_t)T * C, kThreads), kThreads, 0, stream_)(dwpe, d, B,
+                                                                                                          T, C);
+    SHARDGPT_CUDA_CHECK_LAUNCH("encoder_backward_wpe_kernel");
+  });
 }
 
-void CudaKernels::residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* a,
-                                             const float* b, const float* w, const float* bias, int N, int C) const {
+void CudaKernels::residual_layernorm_forward(void* res_out, void* ln_out, float* mean, float* rstd, const void* a,
+                                             const void* b, const float* w, const float* bias, int N, int C) const {
   if (N == 0) return;
   Bind();
   const int rows_per_block = kThreads / 32;
-  SHARDGPT_LAUNCH(residual_layernorm_forward_kernel, (N + rows_per_block - 1) / rows_per_block, kThreads, 0,
-                  stream_)(res_out, ln_out, mean, rstd, a, b, w, bias, N, C);
+  WithAct([&](auto t) {
+    using A = decltype(t);
+    SHARDGPT_LAUNCH(residual_layernorm_forward_kernel<A>, (N + rows_per_block - 1) / rows_per_block, kThreads, 0,
+                    stream_)(static_cast<A*>(res_out), static_cast<A*>(ln_out), mean, rstd, static_cast<const A*>(a),
+                             static_cast<const A*>(b), w, bias, N, C);
+  });
   SHARDGPT_CUDA_CHECK_LAUNCH("residual_layernorm_forward_kernel");
 }
 
-void CudaKernels::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+void CudaKernels::layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const float* w,
                                     const float* b, int N, int C) const {
   if (N == 0) return;
   Bind();
   const int rows_per_block = kThreads / 32;
-  SHARDGPT_LAUNCH(layernorm_forward_kernel, (N + rows_per_block - 1) / rows_per_block, kThreads, 0, stream_)(out, mean, rstd,
-                                                                                                  inp, w, b, N, C);
+  WithAct([&](auto t) {
+    using A = decltype(t);
+    SHARDGPT_LAUNCH(layernorm_forward_kernel<A>, (N + rows_per_block - 1) / rows_per_block, kThreads, 0, stream_)(
+        static_cast<A*>(out), mean, rstd, static_cast<const A*>(inp), w, b, N, C);
+  });
   SHARDGPT_CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
 }
 
 // dinp: one warp per row. dw, db: per-chunk partials (fixed chunks of kRowsPerChunk rows), then
 // one thread per column adds the chunks in order.
-void CudaKernels::layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+void CudaKernels::layernorm_backward(void* dinp, float* dw, float* db, const void* dout, const void* inp,
                                      const float* w, const float* mean, const float* rstd, int N, int C) const {
   if (N == 0 || C == 0) return;
   Bind();
   const int rows_per_block = kThreads / 32;
-  SHARDGPT_LAUNCH(layernorm_backward_dinp_kernel, (N + rows_per_block - 1) / rows_per_block, kThreads, 0, stream_)(
-      dinp, dout, inp, w, mean, rstd, N, C);
-  SHARDGPT_CUDA_CHECK_LAUNCH("layernorm_backward_dinp_kernel");
   const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
   float* partial = static_cast<float*>(Scratch(sizeof(float) * chunks * 2 * C));
-  SHARDGPT_LAUNCH(layernorm_backward_partial_kernel, dim3((C + 31) / 32, chunks), dim3(32, 8), 0, stream_)(partial, dout, inp,
-                                                                                              mean, rstd, N, C);
-  SHARDGPT_CUDA_CHECK_LAUNCH("layernorm_backward_partial_kernel");
+  WithAct([&](auto t) {
+    using A = decltype(t);
+    const A *d = static_cast<const A*>(dout), *x = static_cast<const A*>(inp);
+    SHARDGPT_LAUNCH(layernorm_backward_dinp_kernel<A>, (N + rows_per_block - 1) / rows_per_block, kThreads, 0,
+                    stream_)(static_cast<A*>(dinp), d, x, w, mean, rstd, N, C);
+    SHARDGPT_CUDA_CHECK_LAUNCH("layernorm_backward_dinp_kernel");
+    SHARDGPT_LAUNCH(layernorm_backward_partial_kernel<A>, dim3((C + 31) / 32, chunks), dim3(32, 8), 0, stream_)(
+        partial, d, x, mean, rstd, N, C);
+    SHARDGPT_CUDA_CHECK_LAUNCH("layernorm_backward_partial_kernel");
+  });
   SHARDGPT_LAUNCH(add_chunk_sums_kernel, (C + kThreads - 1) / kThreads, kThreads, 0, stream_)(dw, partial, chunks, 2 * C, C);
   SHARDGPT_CUDA_CHECK_LAUNCH("add_chunk_sums_kernel");
   SHARDGPT_LAUNCH(add_chunk_sums_kernel, (C + kThreads - 1) / kThreads, kThreads, 0, stream_)(db, partial + C, chunks, 2 * C, C);
   SHARDGPT_CUDA_CHECK_LAUNCH("add_chunk_sums_kernel");
 }
 
-void CudaKernels::gelu_forward(float* out, const float* inp, size_t n) const {
+void CudaKernels::gelu_forward(void* out, const void* inp, size_t n) const {
   if (n == 0) return;
   Bind();
   const bool vec = cuda::Aligned16(out) && cuda::Aligned16(inp);
-  SHARDGPT_LAUNCH(gelu_forward_kernel, cuda::VecGrid(n, vec, kThreads), kThreads, 0, stream_)(out, inp, n, vec);
+  WithAct([&](auto t) {
+    using A = decltype(t);
+    SHARDGPT_LAUNCH(gelu_forward_kernel<A>, cuda::VecGrid(n, vec, kThreads), kThreads, 0, stream_)(
+        static_cast<A*>(out), static_cast<const A*>(inp), n, vec);
+  });
   SHARDGPT_CUDA_CHECK_LAUNCH("gelu_forward_kernel");
 }
 
-void CudaKernels::gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const {
+void CudaKernels::gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) const {
   if (n == 0) return;
   Bind();
   const bool vec = cuda::Aligned16(dinp) && cuda::Aligned16(inp) && cuda::Aligned16(dout);
-  SHARDGPT_LAUNCH(gelu_backward_kernel, cuda::VecGrid(n, vec, kThreads), kThreads, 0, stream_)(dinp, inp, dout, n, vec);
+  WithAct([&](auto t) {
+    using A = decltype(t);
+    SHARDGPT_LAUNCH(gelu_backward_kernel<A>, cuda::VecGrid(n, vec, kThreads), kThreads, 0, stream_)(
+        static_cast<A*>(dinp), static_cast<const A*>(inp), static_cast<const A*>(dout), n, vec);
+  });
   SHARDGPT_CUDA_CHECK_LAUNCH("gelu_backward_kernel");
 }
 
-void CudaKernels::residual_forward(float* out, const float* a, const float* b, size_t n) const {
+void CudaKernels::residual_forward(void* out, const void* a, const void* b, size_t n) const {
   if (n == 0) return;
   Bind();
   const bool vec = cuda::Aligned16(out) && cuda::Aligned16(a) && cuda::Aligned16(b);
-  SHARDGPT_LAUNCH(residual_forward_kernel, cuda::VecGrid(n, vec, kThreads), kThreads, 0, stream_)(out, a, b, n, vec);
+  WithAct([&](auto t) {
+    using A = decltype(t);
+    SHARDGPT_LAUNCH(residual_forward_kernel<A>, cuda::VecGrid(n, vec, kThreads), kThreads, 0, stream_)(
+        static_cast<A*>(out), static_cast<const A*>(a), static_cast<const A*>(b), n, vec);
+  });
   SHARDGPT_CUDA_CHECK_LAUNCH("residual_forward_kernel");
 }
 
@@ -723,27 +779,32 @@ double SumOnHost(const T* dev, size_t n, std::vector<T>& host, cudaStream_t stre
 }  // namespace
 
 // Losses come to the host and are summed there in double, in row order (the CPU twin's order).
-double CudaKernels::crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+double CudaKernels::crossentropy_softmax(void* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                                          float dloss_scale) const {
   if (N == 0) return 0.0;
   Bind();
-  SHARDGPT_LAUNCH(crossentropy_softmax_kernel, N, kThreads, 0, stream_)(logits, losses, targets, V, Vp, dloss_scale);
+  WithAct([&](auto t) {
+    using A = decltype(t);
+    SHARDGPT_LAUNCH(crossentropy_softmax_kernel<A>, N, kThreads, 0, stream_)(static_cast<A*>(logits), losses, targets,
+                                                                            V, Vp, dloss_scale);
+  });
   SHARDGPT_CUDA_CHECK_LAUNCH("crossentropy_softmax_kernel");
   return SumOnHost(losses, N, host_floats_, stream_);
 }
 
-void CudaKernels::crossentropy_softmax_acc(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+void CudaKernels::crossentropy_softmax_acc(void* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                                            float dloss_scale, double* loss_acc) const {
   if (N == 0) return;
   Bind();
-  SHARDGPT_LAUNCH(crossentropy_softmax_kernel, N, kThreads, 0, stream_)(logits, losses, targets, V, Vp, dloss_scale);
+  WithAct([&](auto t) {
+    using A = decltype(t);
+    SHARDGPT_LAUNCH(crossentropy_softmax_kernel<A>, N, kThreads, 0, stream_)(static_cast<A*>(logits), losses, targets,
+                                                                            V, Vp, dloss_scale);
+  });
   SHARDGPT_CUDA_CHECK_LAUNCH("crossentropy_softmax_kernel");
   SHARDGPT_LAUNCH(add_mean_loss_kernel, 1, kThreads, 0, stream_)(loss_acc, losses, N);
   SHARDGPT_CUDA_CHECK_LAUNCH("add_mean_loss_kernel");
 }
-
-// ==============================================================================================
-// engine kernels
 
 void CudaKernels::convert(const void* src, DType from, void* dst, DType to, size_t n) const {
   if (n == 0) return;

@@ -72,29 +72,29 @@ class CudaKernels final : public Kernels {
   // Creates the cuBLASLt handle and the matmul workspace; errors are one line.
   Status Init();
 
-  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+  void encoder_forward(void* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                        int C) const override;
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+  void encoder_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T,
                         int C) const override;
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+  void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const float* w, const float* b,
                          int N, int C) const override;
-  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+  void layernorm_backward(void* dinp, float* dw, float* db, const void* dout, const void* inp, const float* w,
                           const float* mean, const float* rstd, int N, int C) const override;
-  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C,
+  void matmul_forward(void* out, const void* inp, const float* w, const float* bias, int N, int C,
                       int OC) const override;
-  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+  void matmul_backward(void* dinp, float* dw, float* dbias, const void* dout, const void* inp, const float* w,
                        int N, int C, int OC) const override;
-  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) const override;
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+  void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH) const override;
+  void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
                           int B, int T, int C, int NH) const override;
-  void gelu_forward(float* out, const float* inp, size_t n) const override;
-  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override;
-  void residual_forward(float* out, const float* a, const float* b, size_t n) const override;
-  void residual_layernorm_forward(float* res_out, float* ln_out, float* mean, float* rstd, const float* a,
-                                  const float* b, const float* w, const float* bias, int N, int C) const override;
-  double crossentropy_softmax(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+  void gelu_forward(void* out, const void* inp, size_t n) const override;
+  void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) const override;
+  void residual_forward(void* out, const void* a, const void* b, size_t n) const override;
+  void residual_layernorm_forward(void* res_out, void* ln_out, float* mean, float* rstd, const void* a,
+                                  const void* b, const float* w, const float* bias, int N, int C) const override;
+  double crossentropy_softmax(void* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                               float dloss_scale) const override;
-  void crossentropy_softmax_acc(float* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+  void crossentropy_softmax_acc(void* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                                 float dloss_scale, double* loss_acc) const override;
 
   void convert(const void* src, DType from, void* dst, DType to, size_t n) const override;
@@ -131,7 +131,13 @@ class CudaKernels final : public Kernels {
 
  private:
   // Slots of Scratch() (below): separate buffers for uses that overlap.
-  enum ScratchSlot { kGeneral = 0, kOperandA = 1, kOperandB = 2, kNumSlots = 3 };
+  enum ScratchSlot { kGeneral = 0, kOperandA = 1, kOperandB = 2, kResult = 3, kNumSlots = 4 };
+  // Calls f(A{}) with A the activation storage: float, or uint16_t (bf16 bits).
+  template <class F>
+  void WithAct(F f) const {
+    if (act_dtype_ == DType::kBF16) f(uint16_t{});
+    else f(float{});
+  }
 
   // ---- matmul_cuda.cu ----
   // Column-major GEMM on the compute stream, cuBLAS conventions:
@@ -141,10 +147,14 @@ class CudaKernels final : public Kernels {
   // multiplied as CUDA_R_16BF operands with CUBLAS_COMPUTE_32F: exactly bf16-rounded inputs,
   // fp32 accumulation, fp32 out. (CUBLAS_COMPUTE_32F_FAST_16BF on fp32 operands would let
   // cuBLAS choose bf16 or TF32 rounding: not what the CPU twin computes.)
-  void Gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B, int ldb,
-            float* D, int ldd, float beta, const float* bias) const;
+  // Each operand fp32 or bf16 (an activation at bf16 activations); D fp32, or bf16 with kBf16
+  // (cuBLASLt rounds the fp32 accumulation once). kExact widens bf16 operands to fp32 copies.
+  void Gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* A, DType a_type, int lda, const void* B,
+            DType b_type, int ldb, void* D, DType d_type, int ldd, float beta, const float* bias) const;
   // The bf16 copy of the column-major rows x cols matrix X (leading dimension ld) in `slot`.
   const uint16_t* Bf16Copy(const float* X, int rows, int cols, int ld, ScratchSlot slot) const;
+  // The fp32 copy (exact) of a bf16 one.
+  const float* F32Copy(const uint16_t* X, int rows, int cols, int ld, ScratchSlot slot) const;
   // One cuBLASLt configuration: descriptors and the heuristic's algorithm, made once per key.
   struct GemmKey {
     bool trans_a, trans_b;
@@ -154,10 +164,12 @@ class CudaKernels final : public Kernels {
     bool accumulate;     // beta != 0
     uint32_t alignment;       // of the A, B and D pointers (bytes, power of 2, <= 256)
     uint32_t bias_alignment;  // of the bias pointer, which the heuristic reads itself (256 without)
+    bool d_bf16;              // D (and C) CUDA_R_16BF, else CUDA_R_32F
     bool operator<(const GemmKey& o) const {
       return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldd, precision, bias, accumulate, alignment,
-                      bias_alignment) < std::tie(o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.ldd,
-                                                 o.precision, o.bias, o.accumulate, o.alignment, o.bias_alignment);
+                      bias_alignment, d_bf16) < std::tie(o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.ldd,
+                                                         o.precision, o.bias, o.accumulate, o.alignment,
+                                                         o.bias_alignment, o.d_bf16);
     }
   };
   struct GemmPlan {
@@ -168,7 +180,7 @@ class CudaKernels final : public Kernels {
   };
   GemmPlan& Plan(const GemmKey& key, const float* bias) const;
   // dst[OC] += sum_n X[n, :] over X[N, OC], deterministic (matmul's dbias).
-  void ColumnSums(float* dst, const float* X, int N, int OC) const;
+  void ColumnSums(float* dst, const void* X, int N, int OC) const;  // X in the activation dtype
 
   // ---- kernels_cuda.cu ----
   // Device scratch shared by all kernels (they run one after another on the compute stream),

@@ -16,8 +16,15 @@
 // on exactly bf16-rounded inputs, fp32 accumulation, fp32 D. Not CUBLAS_COMPUTE_32F_FAST_16BF
 // on fp32 operands: cuBLAS documents that one as free to round the inputs to bf16 or to TF32.
 //
+// bf16 activations (Kernels::activation_dtype()): the activation operands (inp, dout) are
+// CUDA_R_16BF as stored, only the fp32 weight gets a bf16 copy; D is bf16 where cuBLASLt can
+// round the fp32 accumulation itself (no bias: the LM head, and dinp with beta = 1 reading the
+// bf16 dinp), else fp32 in scratch rounded once after (a bias epilogue stays fp32, as the CPU
+// twin adds an fp32 bias). kExact at bf16 activations widens the operands to fp32 copies.
+//
 // A shape with no kBf16 algorithm (cuBLASLt's choice, e.g. for unaligned pointers) runs as
-// kExact; one with no bias-epilogue algorithm gets the bias written first and accumulates onto it.
+// kExact (fp32 operands only; on bf16 activations it is an error naming the shape); one with no
+// bias-epilogue algorithm gets the bias written first and accumulates onto it.
 //
 // Algorithms: the heuristic is asked once per (shape, transposes, leading dimensions, precision,
 // epilogue, beta, pointer alignment); its answer and the descriptors are kept in plans_. One
@@ -43,14 +50,15 @@ __global__ void broadcast_bias_kernel(float* out, const float* bias, int N, int 
 // Partial column sums of X[N, OC] over one chunk of kRowsPerChunk rows (blockIdx.y) for 32
 // columns (blockIdx.x). Block (32, 8): thread (x, y) sums rows y, y+8, ... of the chunk in order,
 // then row y = 0 adds the 8 sums in order.  partial[chunk][o] = sum_{n in chunk} X[n, o]
-__global__ void column_sums_partial_kernel(float* partial, const float* X, int N, int OC) {
+template <typename A>
+__global__ void column_sums_partial_kernel(float* partial, const A* X, int N, int OC) {
   __shared__ float s[8][33];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int o = blockIdx.x * 32 + tx;
   const int n0 = blockIdx.y * cuda::kRowsPerChunk, n1 = min(N, n0 + cuda::kRowsPerChunk);
   float acc = 0.0f;
   if (o < OC)
-    for (int n = n0 + ty; n < n1; n += 8) acc += X[(size_t)n * OC + o];
+    for (int n = n0 + ty; n < n1; n += 8) acc += cuda::load_f32(X, (size_t)n * OC + o);
   s[ty][tx] = acc;
   __syncthreads();
   if (ty == 0 && o < OC) {
@@ -87,6 +95,7 @@ CudaKernels::GemmPlan& CudaKernels::Plan(const GemmKey& key, const float* bias) 
   GemmPlan& p = plans_.emplace(key, GemmPlan{}).first->second;
   const bool bf16 = key.precision == MatmulPrecision::kBf16;
   const cudaDataType_t operand_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t d_type = key.d_bf16 ? CUDA_R_16BF : CUDA_R_32F;
   SHARDGPT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t tb = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -108,7 +117,7 @@ CudaKernels::GemmPlan& CudaKernels::Plan(const GemmKey& key, const float* bias) 
                                                    key.trans_a ? key.m : key.k, key.lda));
   SHARDGPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, operand_type, key.trans_b ? key.n : key.k,
                                                    key.trans_b ? key.k : key.n, key.ldb));
-  SHARDGPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, key.m, key.n, key.ldd));
+  SHARDGPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, d_type, key.m, key.n, key.ldd));
 
   PreferenceHandle ph;
   SHARDGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&ph.pref));
@@ -132,33 +141,47 @@ CudaKernels::GemmPlan& CudaKernels::Plan(const GemmKey& key, const float* bias) 
   return p;
 }
 
-void CudaKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B,
-                       int ldb, float* D, int ldd, float beta, const float* bias) const {
-  // The operands as the plan reads them: bf16 copies (256-byte aligned scratch) for kBf16.
+void CudaKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* A, DType a_type, int lda,
+                       const void* B, DType b_type, int ldb, void* D, DType d_type, int ldd, float beta,
+                       const float* bias) const {
+  // The operands as the plan reads them, of one type: at kBf16 the bf16 operands as they are
+  // (activations) and bf16 copies (256-byte aligned scratch) of the fp32 ones (weights); at
+  // kExact fp32 copies of the bf16 ones (widening is exact). D is fp32, or bf16 at kBf16.
+  const bool bf16 = precision_ == MatmulPrecision::kBf16;
+  if (d_type == DType::kBF16 && !bf16)
+    throw std::logic_error("CudaKernels::Gemm: a bf16 result needs bf16 products (the callers round fp32 ones)");
   const void* a_op = A;
   const void* b_op = B;
-  if (precision_ == MatmulPrecision::kBf16) {
-    a_op = Bf16Copy(A, trans_a ? k : m, trans_a ? m : k, lda, kOperandA);
-    b_op = Bf16Copy(B, trans_b ? n : k, trans_b ? k : n, ldb, kOperandB);
-  }
+  const int a_rows = trans_a ? k : m, a_cols = trans_a ? m : k, b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+  if (bf16 && a_type == DType::kF32) a_op = Bf16Copy(static_cast<const float*>(A), a_rows, a_cols, lda, kOperandA);
+  if (bf16 && b_type == DType::kF32) b_op = Bf16Copy(static_cast<const float*>(B), b_rows, b_cols, ldb, kOperandB);
+  if (!bf16 && a_type == DType::kBF16) a_op = F32Copy(static_cast<const uint16_t*>(A), a_rows, a_cols, lda, kOperandA);
+  if (!bf16 && b_type == DType::kBF16) b_op = F32Copy(static_cast<const uint16_t*>(B), b_rows, b_cols, ldb, kOperandB);
   const uint32_t align = std::min(std::min(Alignment(a_op), Alignment(b_op)), Alignment(D));
   const uint32_t bias_align = bias ? Alignment(bias) : 256u;
-  GemmKey key{trans_a, trans_b, m, n, k, lda, ldb, ldd, precision_, bias != nullptr, beta != 0.0f, align, bias_align};
+  GemmKey key{trans_a, trans_b, m, n, k, lda, ldb, ldd, precision_, bias != nullptr, beta != 0.0f, align, bias_align,
+              d_type == DType::kBF16};
   GemmPlan* found = &Plan(key, bias);
   if (!found->found && key.precision == MatmulPrecision::kBf16) {
-    // No bf16 algorithm for this configuration: this shape runs in fp32, on the fp32 inputs.
+    // No bf16 algorithm for this configuration: this shape runs in fp32, on the fp32 inputs
+    // (only where every operand and the result are fp32: bf16 activations have no fp32 twin here).
+    if (a_type == DType::kBF16 || b_type == DType::kBF16 || d_type == DType::kBF16)
+      throw std::runtime_error("CUDA: cublasLtMatmulAlgoGetHeuristic: no bf16 algorithm for a " + std::to_string(m) +
+                               "x" + std::to_string(n) + "x" + std::to_string(k) + " matmul on bf16 activations "
+                               "(alignment " + std::to_string(align) + " bytes)");
     key.precision = MatmulPrecision::kExact;
     key.alignment = std::min(std::min(Alignment(A), Alignment(B)), Alignment(D));
     a_op = A, b_op = B;
     found = &Plan(key, bias);
   }
   GemmPlan& plan = *found;
-  if (!plan.found && bias) {
+  if (!plan.found && bias && d_type == DType::kF32) {
     // No epilogue algorithm for this shape: D = bias broadcast (D is contiguous: ldd == m, as in
     // matmul_forward, the only caller with a bias), then D += A B.
-    SHARDGPT_LAUNCH(broadcast_bias_kernel, cuda::GridFor((size_t)m * n, 256), 256, 0, stream_)(D, bias, n, m);
+    SHARDGPT_LAUNCH(broadcast_bias_kernel, cuda::GridFor((size_t)m * n, 256), 256, 0, stream_)(static_cast<float*>(D),
+                                                                                              bias, n, m);
     SHARDGPT_CUDA_CHECK_LAUNCH("broadcast_bias_kernel");
-    Gemm(trans_a, trans_b, m, n, k, A, lda, B, ldb, D, ldd, 1.0f, nullptr);
+    Gemm(trans_a, trans_b, m, n, k, A, a_type, lda, B, b_type, ldb, D, d_type, ldd, 1.0f, nullptr);
     return;
   }
   if (!plan.found)
@@ -173,40 +196,67 @@ void CudaKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const fl
                                        plan.d, &plan.algo, workspace_, kWorkspaceBytes, stream_));
 }
 
-void CudaKernels::ColumnSums(float* dst, const float* X, int N, int OC) const {
+void CudaKernels::ColumnSums(float* dst, const void* X, int N, int OC) const {
   const int chunks = (N + cuda::kRowsPerChunk - 1) / cuda::kRowsPerChunk;
   float* partial = static_cast<float*>(Scratch(sizeof(float) * chunks * OC));
-  SHARDGPT_LAUNCH(column_sums_partial_kernel, dim3((OC + 31) / 32, chunks), dim3(32, 8), 0, stream_)(partial, X, N, OC);
+  const dim3 grid((OC + 31) / 32, chunks), block(32, 8);
+  if (act_dtype_ == DType::kBF16)
+    SHARDGPT_LAUNCH(column_sums_partial_kernel<uint16_t>, grid, block, 0, stream_)(
+        partial, static_cast<const uint16_t*>(X), N, OC);
+  else
+    SHARDGPT_LAUNCH(column_sums_partial_kernel<float>, grid, block, 0, stream_)(partial, static_cast<const float*>(X),
+                                                                                N, OC);
   SHARDGPT_CUDA_CHECK_LAUNCH("column_sums_partial_kernel");
   SHARDGPT_LAUNCH(add_chunk_sums_kernel, (OC + 255) / 256, 256, 0, stream_)(dst, partial, chunks, OC, OC);
   SHARDGPT_CUDA_CHECK_LAUNCH("add_chunk_sums_kernel");
 }
 
 // out^T (OC x N) = w^T(stored C x OC, transposed) @ inp^T (C x N) + bias
-void CudaKernels::matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C,
+// bf16 activations: inp goes to cuBLASLt as it is; out is written in bf16 by cuBLASLt itself
+// (bf16 products, fp32 accumulation, one rounding) when there is no bias, else (an fp32 bias
+// epilogue, or fp32 products) the fp32 result goes to scratch and is rounded into out once.
+void CudaKernels::matmul_forward(void* out, const void* inp, const float* w, const float* bias, int N, int C,
                                  int OC) const {
   if (N == 0 || OC == 0) return;
   Bind();
+  const DType act = act_dtype_;
+  const bool direct = act == DType::kF32 || (precision_ == MatmulPrecision::kBf16 && bias == nullptr && C > 0);
+  void* D = direct ? out : Scratch(sizeof(float) * N * OC, kResult);
+  const DType d_type = direct ? act : DType::kF32;
   if (C == 0) {  // empty product: out = bias (or 0)
     if (bias) {
-      SHARDGPT_LAUNCH(broadcast_bias_kernel, cuda::GridFor((size_t)N * OC, 256), 256, 0, stream_)(out, bias, N, OC);
+      SHARDGPT_LAUNCH(broadcast_bias_kernel, cuda::GridFor((size_t)N * OC, 256), 256, 0, stream_)(
+          static_cast<float*>(D), bias, N, OC);
       SHARDGPT_CUDA_CHECK_LAUNCH("broadcast_bias_kernel");
     } else {
-      SHARDGPT_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float) * N * OC, stream_));
+      SHARDGPT_CUDA_CHECK(cudaMemsetAsync(D, 0, DTypeSize(d_type) * N * OC, stream_));
     }
-    return;
+  } else {
+    Gemm(/*trans_a=*/true, /*trans_b=*/false, /*m=*/OC, /*n=*/N, /*k=*/C, w, DType::kF32, C, inp, act, C, D, d_type,
+         OC, 0.0f, bias);
   }
-  Gemm(/*trans_a=*/true, /*trans_b=*/false, /*m=*/OC, /*n=*/N, /*k=*/C, w, C, inp, C, out, OC, 0.0f, bias);
+  if (!direct) convert(D, DType::kF32, out, act, (size_t)N * OC);
 }
 
-void CudaKernels::matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+// bf16 activations: dinp += in bf16 by cuBLASLt (beta = 1 reads the bf16 dinp, one rounding of
+// fp32(dinp) + product) at bf16 products; at fp32 products dinp is widened into scratch, added
+// to there and rounded back. dw (fp32) reads inp and dout as they are stored.
+void CudaKernels::matmul_backward(void* dinp, float* dw, float* dbias, const void* dout, const void* inp,
                                   const float* w, int N, int C, int OC) const {
   if (N == 0 || C == 0 || OC == 0) return;
   Bind();
-  // dinp^T (C x N) += w (stored C x OC) @ dout^T (OC x N)
-  if (dinp) Gemm(false, false, /*m=*/C, /*n=*/N, /*k=*/OC, w, C, dout, OC, dinp, C, 1.0f, nullptr);
+  const DType act = act_dtype_;
+  if (dinp) {
+    // dinp^T (C x N) += w (stored C x OC) @ dout^T (OC x N)
+    const bool direct = act == DType::kF32 || precision_ == MatmulPrecision::kBf16;
+    void* D = direct ? dinp : Scratch(sizeof(float) * N * C, kResult);
+    if (!direct) convert(dinp, act, D, DType::kF32, (size_t)N * C);
+    Gemm(false, false, /*m=*/C, /*n=*/N, /*k=*/OC, w, DType::kF32, C, dout, act, OC, D, direct ? act : DType::kF32,
+         C, 1.0f, nullptr);
+    if (!direct) convert(D, DType::kF32, dinp, act, (size_t)N * C);
+  }
   // dw^T (C x OC) += inp^T (C x N) @ (dout^T (OC x N))^T
-  if (dw) Gemm(false, true, /*m=*/C, /*n=*/OC, /*k=*/N, inp, C, dout, OC, dw, C, 1.0f, nullptr);
+  if (dw) Gemm(false, true, /*m=*/C, /*n=*/OC, /*k=*/N, inp, act, C, dout, act, OC, dw, DType::kF32, C, 1.0f, nullptr);
   if (dbias) ColumnSums(dbias, dout, N, OC);
 }
 
