@@ -42,6 +42,14 @@ namespace {
 constexpr double kTolF32 = 1e-5;
 constexpr double kTolBf16 = 1e-2;
 constexpr double kTolAdam = 1e-6;
+// Under the emulation the kernels are compiled by the host compiler with the CPU twins' flags,
+// so the twins that do the same float operations in the same order agree bit for bit there;
+// on a GPU nvcc may contract them into FMAs differently, and such tests use kTolAdam.
+#ifdef SHARDGPT_CUDA_EMULATION
+constexpr bool kEmulated = true;
+#else
+constexpr bool kEmulated = false;
+#endif
 
 // max |gpu - cpu| <= tol * max |cpu| (see the file comment); reports the first few violations.
 void ExpectNear(const std::vector<float>& gpu, const std::vector<float>& cpu, double tol, const std::string& what) {
@@ -641,6 +649,117 @@ TEST_F(GpuTest, ElementwiseKernelsAtEveryAlignment) {
     Twin<uint16_t> h2(*gpu_, *cpu_, yb, "bf16 src");
     for (bool g : {true, false}) k(g).accumulate(h.p(g) + o, DType::kBF16, h2.p(g) + (7 - o), DType::kBF16, n);
     ExpectBitwise(h.Gpu(), h.Cpu(), "accumulate bf16 += bf16");
+  }
+}
+
+// x placed `o` elements into a zero buffer of n + pad, and the n elements read back from there.
+template <typename T>
+std::vector<T> Placed(const std::vector<T>& x, size_t o, size_t pad) {
+  std::vector<T> b(x.size() + pad);
+  std::copy(x.begin(), x.end(), b.begin() + o);
+  return b;
+}
+template <typename T>
+std::vector<T> Slice(const std::vector<T>& b, size_t o, size_t n) {
+  return std::vector<T>(b.begin() + o, b.begin() + o + n);
+}
+// Every element of b outside [o, o + n) is still 0 (nothing written past either end).
+template <typename T>
+void ExpectPadsUntouched(const std::vector<T>& b, size_t o, size_t n, const std::string& what) {
+  for (size_t i = 0; i < b.size(); i++)
+    if (i < o || i >= o + n) ASSERT_EQ(b[i], T(0)) << what << ": element " << i << " outside [" << o << ", " << o + n << ")";
+}
+
+// adamw_mixed's 8-wide path (fp32 master, m and v in two 128-bit accesses per 8 elements, a bf16
+// gradient or stored copy in one) and its scalar fallback: for every (stored form, gradient
+// dtype), with every pointer, or one of them alone, o elements past a 16-byte boundary (o = 0..7:
+// each 4-byte step of fp32, each 2-byte step of bf16; at o = 4 fp32 is aligned again, bf16 is
+// not), on lengths with a tail and below one vector. The logical inputs are the same at every
+// placement, so: the GPU's bits at every placement are those of the all-aligned (vector) run;
+// the stored copy is the new master narrowed (RNE) or copied; nothing outside the n elements is
+// written; and under the emulation every array is bitwise the CPU twin's (on a GPU, kTolAdam).
+// Two steps: the scale as a value, then from device memory.
+TEST_F(GpuTest, AdamWMixedAtEveryAlignment) {
+  const size_t pad = 8;
+  enum Where { kAll, kMaster, kGrad, kMoment1, kMoment2, kStored, kPlaces };
+  const char* const where_name[] = {"every pointer", "master", "grad", "m", "v", "stored"};
+  AdamWConfig cfg;
+  auto factor = Make(std::vector<float>{0.3f, 0.7f}, "factor");
+  for (const size_t n : {size_t{1003}, size_t{21}, size_t{5}}) {
+    const auto x = RandomFloats(n, 140), m0 = RandomFloats(n, 141, -0.01f, 0.01f),
+               v0 = RandomFloats(n, 142, 0.0f, 1e-4f), g32 = RandomFloats(n, 143, -0.1f, 0.1f);
+    std::vector<uint16_t> g16(n);
+    FloatToBf16(g32.data(), g16.data(), n);
+    for (const DType gd : {DType::kF32, DType::kBF16}) {
+      for (const int store : {0, 1, 2}) {  // 0: stored is the master (fp32), 1: a separate fp32 copy, 2: bf16
+        const DType sd = store == 2 ? DType::kBF16 : DType::kF32;
+        std::vector<float> ref_master, ref_m, ref_v;  // the all-aligned run's
+        for (int where = kAll; where < kPlaces; where++) {
+          if (where == kStored && store == 0) continue;  // no separate stored array
+          for (size_t o = 0; o < 8; o++) {
+            if (where != kAll && o == 0) continue;  // the all-aligned run again
+            const std::string c = "n " + std::to_string(n) + " grad " + DTypeName(gd) + " store " +
+                                  std::to_string(store) + ", " + where_name[where] + " at offset " + std::to_string(o);
+            SCOPED_TRACE(c);
+            auto at = [&](int w) { return where == kAll || where == w ? o : size_t{0}; };
+            const size_t om = at(kMaster), og = at(kGrad), o1 = at(kMoment1), o2 = at(kMoment2), os = at(kStored);
+            auto master = Make(Placed(x, om, pad), "master");
+            auto m = Make(Placed(m0, o1, pad), "m");
+            auto v = Make(Placed(v0, o2, pad), "v");
+            auto grad32 = Make(Placed(g32, og, pad), "grad f32");
+            auto grad16 = Twin<uint16_t>(*gpu_, *cpu_, Placed(g16, og, pad), "grad bf16");
+            auto s32 = Zeros(n + pad, "stored f32");
+            auto s16 = Twin<uint16_t>(*gpu_, *cpu_, n + pad, "stored bf16");
+            for (int64_t t = 1; t <= 2; t++) {
+              for (bool g : {true, false}) {
+                const void* gr = gd == DType::kBF16 ? static_cast<const void*>(grad16.p(g) + og) : grad32.p(g) + og;
+                void* st = store == 0   ? static_cast<void*>(master.p(g) + om)
+                           : store == 1 ? static_cast<void*>(s32.p(g) + os)
+                                        : static_cast<void*>(s16.p(g) + os);
+                k(g).adamw_mixed(master.p(g) + om, st, sd, gr, gd, m.p(g) + o1, v.p(g) + o2, n, 6e-4f, 0.1f, cfg, t,
+                                 t == 2 ? factor.p(g) + 1 : nullptr, 0.7f);
+              }
+            }
+            const auto gm = master.Gpu(), g1 = m.Gpu(), g2 = v.Gpu();
+            ExpectPadsUntouched(gm, om, n, "master");
+            ExpectPadsUntouched(g1, o1, n, "m");
+            ExpectPadsUntouched(g2, o2, n, "v");
+            const auto sm = Slice(gm, om, n);
+            if (where == kAll && o == 0) {
+              ref_master = sm, ref_m = Slice(g1, o1, n), ref_v = Slice(g2, o2, n);
+              EXPECT_NE(sm[n - 1], x[n - 1]) << "the parameters moved";
+            } else {
+              ExpectBitwise(sm, ref_master, "master == the aligned run's");
+              ExpectBitwise(Slice(g1, o1, n), ref_m, "m == the aligned run's");
+              ExpectBitwise(Slice(g2, o2, n), ref_v, "v == the aligned run's");
+            }
+            if (store == 1) {
+              const auto gs = s32.Gpu();
+              ExpectPadsUntouched(gs, os, n, "stored f32");
+              ExpectBitwise(Slice(gs, os, n), sm, "stored f32 == master");
+            }
+            if (store == 2) {
+              const auto gs = s16.Gpu();
+              ExpectPadsUntouched(gs, os, n, "stored bf16");
+              std::vector<uint16_t> narrowed(n);
+              FloatToBf16(sm.data(), narrowed.data(), n);
+              ExpectBitwise(Slice(gs, os, n), narrowed, "stored bf16 == RNE(master)");
+            }
+            if (kEmulated) {
+              ExpectBitwise(gm, master.Cpu(), "master vs the CPU twin");
+              ExpectBitwise(g1, m.Cpu(), "m vs the CPU twin");
+              ExpectBitwise(g2, v.Cpu(), "v vs the CPU twin");
+              if (store == 1) ExpectBitwise(s32.Gpu(), s32.Cpu(), "stored f32 vs the CPU twin");
+              if (store == 2) ExpectBitwise(s16.Gpu(), s16.Cpu(), "stored bf16 vs the CPU twin");
+            } else {
+              ExpectNear(gm, master.Cpu(), kTolAdam, "master vs the CPU twin");
+              ExpectNear(g2, v.Cpu(), kTolAdam, "v vs the CPU twin");
+            }
+            if (HasFailure()) return;  // one configuration's failures, not 300
+          }
+        }
+      }
+    }
   }
 }
 
