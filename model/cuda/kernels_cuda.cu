@@ -359,8 +359,8 @@ __global__ void add_mean_loss_kernel(double* acc, const float* losses, int N) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// engine kernels. CPU twins: convert, accumulate, sum_squares (kernels_cpu.h), adamw_update
-// (model/optimizer.cc).
+// engine kernels. CPU twins: convert, accumulate, sum_squares, adamw_mixed (kernels_cpu.h; its
+// per-element step is adamw_update's, model/optimizer.h).
 
 // dst = src, f32 <-> bf16 (RNE narrowing, bit-identical to base/bf16.h)
 template <typename Dst, typename Src>
@@ -413,37 +413,6 @@ __device__ __forceinline__ void adamw_value(float& p, float grad, float& m, floa
   m = b1 * m + (1.0f - b1) * g;
   v = b2 * v + (1.0f - b2) * g * g;
   p -= lr * (wd * p + (m * c1) / (sqrtf(v * c2) + eps));
-}
-
-// All n elements, 8 at a time in 128-bit accesses where the four arrays are 16-byte aligned.
-__device__ __forceinline__ void adamw_all(float* param, const float* grad, float* m, float* v, size_t n, bool vec,
-                                          float lr, float wd, float b1, float b2, float eps, float c1, float c2,
-                                          float grad_scale) {
-  cuda::elementwise(
-      n, vec,
-      [&](size_t i) {
-        float p[cuda::kVec], g[cuda::kVec], mi[cuda::kVec], vi[cuda::kVec];
-        cuda::load8(p, param + i);
-        cuda::load8(g, grad + i);
-        cuda::load8(mi, m + i);
-        cuda::load8(vi, v + i);
-        for (int j = 0; j < cuda::kVec; j++) adamw_value(p[j], g[j], mi[j], vi[j], lr, wd, b1, b2, eps, c1, c2, grad_scale);
-        cuda::store8(m + i, mi);
-        cuda::store8(v + i, vi);
-        cuda::store8(param + i, p);
-      },
-      [&](size_t i) { adamw_value(param[i], grad[i], m[i], v[i], lr, wd, b1, b2, eps, c1, c2, grad_scale); });
-}
-
-__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, size_t n, bool vec, float lr,
-                             float wd, float b1, float b2, float eps, float c1, float c2, float grad_scale) {
-  adamw_all(param, grad, m, v, n, vec, lr, wd, b1, b2, eps, c1, c2, grad_scale);
-}
-
-// adamw_kernel with the gradient scale (the clip factor) read from device memory.
-__global__ void adamw_dev_kernel(float* param, const float* grad, float* m, float* v, size_t n, bool vec, float lr,
-                                 float wd, float b1, float b2, float eps, float c1, float c2, const float* grad_scale) {
-  adamw_all(param, grad, m, v, n, vec, lr, wd, b1, b2, eps, c1, c2, *grad_scale);
 }
 
 // The scalars of one adamw_mixed call.
@@ -814,33 +783,6 @@ void CudaKernels::clip_factor(float* out, const double* ss, float grad_clip) con
   Bind();
   SHARDGPT_LAUNCH(clip_factor_kernel, 1, 1, 0, stream_)(out, ss, grad_clip);
   SHARDGPT_CUDA_CHECK_LAUNCH("clip_factor_kernel");
-}
-
-void CudaKernels::adamw_dev(float* param, const float* grad, float* m, float* v, size_t n, float lr,
-                            float weight_decay, const AdamWConfig& cfg, int64_t t, const float* grad_scale) const {
-  if (n == 0) return;
-  Bind();
-  const float b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps;
-  const float c1 = 1.0f / (1.0f - std::pow(b1, static_cast<float>(t)));
-  const float c2 = 1.0f / (1.0f - std::pow(b2, static_cast<float>(t)));
-  const bool vec = cuda::Aligned16(param) && cuda::Aligned16(grad) && cuda::Aligned16(m) && cuda::Aligned16(v);
-  SHARDGPT_LAUNCH(adamw_dev_kernel, cuda::VecGrid(n, vec, kThreads), kThreads, 0, stream_)(
-      param, grad, m, v, n, vec, lr, weight_decay, b1, b2, eps, c1, c2, grad_scale);
-  SHARDGPT_CUDA_CHECK_LAUNCH("adamw_dev_kernel");
-}
-
-void CudaKernels::adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
-                        const AdamWConfig& cfg, int64_t t, float grad_scale) const {
-  if (n == 0) return;
-  Bind();
-  const float b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps;
-  // exactly as in adamw_update (model/optimizer.cc)
-  const float c1 = 1.0f / (1.0f - std::pow(b1, static_cast<float>(t)));
-  const float c2 = 1.0f / (1.0f - std::pow(b2, static_cast<float>(t)));
-  const bool vec = cuda::Aligned16(param) && cuda::Aligned16(grad) && cuda::Aligned16(m) && cuda::Aligned16(v);
-  SHARDGPT_LAUNCH(adamw_kernel, cuda::VecGrid(n, vec, kThreads), kThreads, 0, stream_)(
-      param, grad, m, v, n, vec, lr, weight_decay, b1, b2, eps, c1, c2, grad_scale);
-  SHARDGPT_CUDA_CHECK_LAUNCH("adamw_kernel");
 }
 
 void CudaKernels::adamw_mixed(float* master, void* stored, DType stored_dtype, const void* grad, DType grad_dtype,
