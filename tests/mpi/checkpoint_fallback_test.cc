@@ -26,98 +26,23 @@
 #include "io/checkpoint.h"
 #include "model/gpt.h"
 #include "parallel/mpi_communicator.h"
+#include "tests/mpi/checkpoint_harness.h"
 
 namespace shardgpt {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr int kB = 2, kT = 16;
+using ckpt_harness::FullState;
+using ckpt_harness::Run;
+using ckpt_harness::SharedDir;
+using ckpt_harness::SmallConfig;
+using ckpt_harness::StateOf;
+using ckpt_harness::Train;
+using ckpt_harness::WorldRank;
 
-int WorldRank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-GPTConfig SmallConfig(int layers = 2) {
-  GPTConfig c;
-  c.n_layer = layers, c.n_head = 2, c.n_embd = 32, c.max_seq_len = 64, c.vocab_size = 256;
-  return c;
-}
-
-// A directory every rank sees (rank 0 makes it; removed by the last barrier's rank 0).
-std::string SharedDir(const char* tag) {
-  char buf[256] = {0};
-  if (WorldRank() == 0) {
-    const std::string t = (fs::temp_directory_path() / (std::string("ckfb_") + tag + "_XXXXXX")).string();
-    std::snprintf(buf, sizeof(buf), "%s", t.c_str());
-    if (mkdtemp(buf) == nullptr) buf[0] = '\0';
-  }
-  MPI_Bcast(buf, sizeof(buf), MPI_CHAR, 0, MPI_COMM_WORLD);
-  return buf;
-}
-
-struct Run {
-  std::unique_ptr<MpiCommunicator> comm;
-  std::unique_ptr<ParamLayout> layout;
-  std::unique_ptr<Engine> engine;
-  std::unique_ptr<GPT> model;
-  int64_t steps = 0;
-};
-
+// A run on MPI_COMM_WORLD at `stage` from InitParameters(seed).
 std::unique_ptr<Run> MakeRun(const GPTConfig& config, int stage, uint64_t seed) {
-  auto run = std::make_unique<Run>();
-  auto comm = MpiCommunicator::Create(MPI_COMM_WORLD, &CpuDevice());
-  EXPECT_TRUE(comm.ok()) << comm.status().ToString();
-  run->comm = std::move(comm).value();
-  run->layout = std::make_unique<ParamLayout>(config);
-  EngineOptions opt;
-  opt.zero_stage = stage;
-  auto engine = Engine::Create(*run->layout, run->comm.get(), opt, CpuDevice());
-  EXPECT_TRUE(engine.ok()) << engine.status().ToString();
-  run->engine = std::move(engine).value();
-  run->engine->InitOwned(seed);
-  run->model = std::make_unique<GPT>(config, kB, kT, CpuDevice());
-  return run;
-}
-
-// Real steps on synthetic tokens, so m and v are not zero.
-void Train(Run& run, int steps) {
-  std::vector<int32_t> x(kB * kT), y(kB * kT);
-  for (int s = 0; s < steps; s++, run.steps++) {
-    for (int i = 0; i < kB * kT; i++) {
-      x[i] = static_cast<int32_t>((i * 7 + run.steps * 13 + run.comm->rank() * 31) % 256);
-      y[i] = static_cast<int32_t>((x[i] * 5 + 3) % 256);
-    }
-    run.engine->BeginStep();
-    run.engine->BeginMicroBatch(0, 1);
-    run.model->Forward(*run.engine, x.data(), y.data(), kB, kT, 1.0f);
-    run.model->Backward(*run.engine);
-    run.engine->Step(1e-2f, 1.0f);
-  }
-}
-
-// master | m | v in layout order, the same on every rank (OR of the owned pieces into zeros).
-std::vector<uint32_t> FullState(Run& run) {
-  const ParamLayout& L = *run.layout;
-  const size_t n = L.total_numel();
-  std::vector<uint32_t> out(3 * n, 0);
-  for (int u = 0; u < L.num_units(); u++)
-    for (const Engine::OwnedState& st : run.engine->OwnedPieces(u)) {
-      const float* src[3] = {st.master, st.m, st.v};
-      for (int k = 0; k < 3; k++) std::memcpy(&out[k * n + L.units()[u].offset + st.begin], src[k], (st.end - st.begin) * 4);
-    }
-  MPI_Allreduce(MPI_IN_PLACE, out.data(), static_cast<int>(out.size()), MPI_UINT32_T, MPI_BOR, MPI_COMM_WORLD);
-  return out;
-}
-
-TrainState StateOf(const Run& run) {
-  TrainState s;
-  s.step = run.steps;
-  s.tokens = run.steps * kB * kT * run.comm->world_size();
-  s.loader_position = static_cast<uint64_t>(run.steps) * kB * run.comm->world_size();
-  s.seed = 77;
-  return s;
+  return ckpt_harness::MakeRun(MPI_COMM_WORLD, config, stage, seed);
 }
 
 void WriteText(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::trunc) << text; }
@@ -231,7 +156,7 @@ TEST(Latest, OneRuleForEveryCase) {
 
 TEST(Fallback, DamageIsNamedOnEveryRankAndTheNextLoadIsClean) {
   const int rank = WorldRank();
-  const std::string dir = SharedDir("dmg");
+  const std::string dir = SharedDir("fb_dmg");
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   const int save_stage = 1, load_stage = world > 1 ? 3 : 0;  // another stage: other owned pieces
@@ -307,7 +232,7 @@ TEST(Fallback, DamageIsNamedOnEveryRankAndTheNextLoadIsClean) {
 
 TEST(Fallback, KeepLastIgnoresQuarantinedAndNamesNeverCollide) {
   const int rank = WorldRank();
-  const std::string dir = SharedDir("keep");
+  const std::string dir = SharedDir("fb_keep");
   auto a = MakeRun(SmallConfig(), 1, 3);
   for (int s = 0; s < 3; s++) {
     Train(*a, 1);
