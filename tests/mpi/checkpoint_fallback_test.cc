@@ -32,18 +32,7 @@ namespace shardgpt {
 namespace {
 
 namespace fs = std::filesystem;
-using ckpt_harness::FullState;
-using ckpt_harness::Run;
-using ckpt_harness::SharedDir;
-using ckpt_harness::SmallConfig;
-using ckpt_harness::StateOf;
-using ckpt_harness::Train;
-using ckpt_harness::WorldRank;
-
-// A run on MPI_COMM_WORLD at `stage` from InitParameters(seed).
-std::unique_ptr<Run> MakeRun(const GPTConfig& config, int stage, uint64_t seed) {
-  return ckpt_harness::MakeRun(MPI_COMM_WORLD, config, stage, seed);
-}
+using namespace ckpt_harness;  // the shared setup (checkpoint_harness.h)
 
 void WriteText(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::trunc) << text; }
 
@@ -160,7 +149,7 @@ TEST(Fallback, DamageIsNamedOnEveryRankAndTheNextLoadIsClean) {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   const int save_stage = 1, load_stage = world > 1 ? 3 : 0;  // another stage: other owned pieces
-  auto a = MakeRun(SmallConfig(), save_stage, 3);
+  auto a = MakeRun(MPI_COMM_WORLD, SmallConfig(), save_stage, 3);
   Train(*a, 2);
   ASSERT_TRUE(SaveCheckpoint(dir, StateOf(*a), *a->engine, *a->layout, *a->comm, 0, true).ok());
   Train(*a, 2);
@@ -168,7 +157,7 @@ TEST(Fallback, DamageIsNamedOnEveryRankAndTheNextLoadIsClean) {
   const std::string good = dir + "/step_00000002", newest = dir + "/step_00000004";
   if (rank == 0) fs::copy(newest, dir + "/pristine");
   // the reference: a fresh engine that loads step 2 directly
-  auto ref = MakeRun(SmallConfig(), load_stage, 9);
+  auto ref = MakeRun(MPI_COMM_WORLD, SmallConfig(), load_stage, 9);
   ASSERT_TRUE(LoadCheckpoint(good, dir, *ref->engine, *ref->layout, *ref->comm, true).ok());
   const std::vector<uint32_t> want = FullState(*ref);
   const int last = world - 1;
@@ -189,7 +178,7 @@ TEST(Fallback, DamageIsNamedOnEveryRankAndTheNextLoadIsClean) {
        "truncated"},
       {"shard header", [&] { FlipByteAt(shard0, 60); }, LoadProblem::kShardHeader, "rank_00000.h5"},
   };
-  auto b = MakeRun(SmallConfig(), load_stage, 11);
+  auto b = MakeRun(MPI_COMM_WORLD, SmallConfig(), load_stage, 11);
   for (const Case& k : cases) {
     SCOPED_TRACE(k.what);
     MPI_Barrier(MPI_COMM_WORLD);
@@ -219,7 +208,7 @@ TEST(Fallback, DamageIsNamedOnEveryRankAndTheNextLoadIsClean) {
     EXPECT_TRUE(FullState(*b) == want) << "state after a failed load then a good one differs from a direct load";
   }
   // another model is about the run, not the files: not damage
-  auto other = MakeRun(SmallConfig(3), load_stage, 1);
+  auto other = MakeRun(MPI_COMM_WORLD, SmallConfig(3), load_stage, 1);
   LoadProblem p = LoadProblem::kNone;
   EXPECT_FALSE(LoadCheckpoint(good, dir, *other->engine, *other->layout, *other->comm, true, &p).ok());
   EXPECT_EQ(p, LoadProblem::kRun);
@@ -233,7 +222,7 @@ TEST(Fallback, DamageIsNamedOnEveryRankAndTheNextLoadIsClean) {
 TEST(Fallback, KeepLastIgnoresQuarantinedAndNamesNeverCollide) {
   const int rank = WorldRank();
   const std::string dir = SharedDir("fb_keep");
-  auto a = MakeRun(SmallConfig(), 1, 3);
+  auto a = MakeRun(MPI_COMM_WORLD, SmallConfig(), 1, 3);
   for (int s = 0; s < 3; s++) {
     Train(*a, 1);
     ASSERT_TRUE(SaveCheckpoint(dir, StateOf(*a), *a->engine, *a->layout, *a->comm, 0, true).ok());

@@ -36,18 +36,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-using ckpt_harness::Cleanup;
-using ckpt_harness::FullState;
-using ckpt_harness::kB;
-using ckpt_harness::kT;
-using ckpt_harness::MakeRun;
-using ckpt_harness::Run;
-using ckpt_harness::SharedDir;
-using ckpt_harness::SmallConfig;
-using ckpt_harness::StateOf;
-using ckpt_harness::Train;
-using ckpt_harness::WorldRank;
-using ckpt_harness::WorldSize;
+using namespace ckpt_harness;  // the shared setup (checkpoint_harness.h)
 
 std::vector<uint32_t> Bits(const std::vector<float>& v) {
   std::vector<uint32_t> b(v.size());
