@@ -175,10 +175,6 @@ class ProfilingKernels final : public Kernels {
     Time("sum_squares (engine)", 0, double(n) * DTypeSize(dtype), [&] { r = k_.sum_squares(x, dtype, n); });
     return r;
   }
-  void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
-             const AdamWConfig& cfg, int64_t t, float grad_scale) const override {
-    Time("adamw (engine)", 0, 4.0 * 7 * n, [&] { k_.adamw(param, grad, m, v, n, lr, weight_decay, cfg, t, grad_scale); });
-  }
   void crossentropy_softmax_acc(void* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                                 float dloss_scale, double* loss_acc) const override {
     Time("crossentropy_softmax", 0, A() * 2.0 * N * Vp + 8.0 * N,
@@ -192,10 +188,6 @@ class ProfilingKernels final : public Kernels {
   }
   void clip_factor(float* out, const double* ss, float grad_clip) const override {
     Time("clip_factor (engine)", 0, 16.0, [&] { k_.clip_factor(out, ss, grad_clip); });
-  }
-  void adamw_dev(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
-                 const AdamWConfig& cfg, int64_t t, const float* grad_scale) const override {
-    Time("adamw (engine)", 0, 4.0 * 7 * n, [&] { k_.adamw_dev(param, grad, m, v, n, lr, weight_decay, cfg, t, grad_scale); });
   }
   // bytes: read master, m, v (fp32) and grad; write master, m, v and stored (nothing more when
   // stored is the master)

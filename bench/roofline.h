@@ -46,14 +46,10 @@ class NullKernels final : public Kernels {
   void convert(const void*, DType, void*, DType, size_t) const override {}
   void accumulate(void*, DType, const void*, DType, size_t) const override {}
   double sum_squares(const void*, DType, size_t) const override { return 0; }
-  void adamw(float*, const float*, float*, float*, size_t, float, float, const AdamWConfig&, int64_t,
-             float) const override {}
   void crossentropy_softmax_acc(void*, float*, const int32_t*, int, int, int, float, double*) const override {}
   void sum_squares_to(double*, const void*, DType, size_t) const override {}
   void sum_f64(double*, const double*, size_t, double) const override {}
   void clip_factor(float*, const double*, float) const override {}
-  void adamw_dev(float*, const float*, float*, float*, size_t, float, float, const AdamWConfig&, int64_t,
-                 const float*) const override {}
   void adamw_mixed(float*, void*, DType, const void*, DType, float*, float*, size_t, float, float, const AdamWConfig&,
                    int64_t, const float*, float) const override {}
 };

@@ -115,10 +115,6 @@ class CpuKernels final : public Kernels {
   double sum_squares(const void* x, DType dtype, size_t n) const override {
     return shardgpt::sum_squares(x, dtype, n);
   }
-  void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
-             const AdamWConfig& cfg, int64_t t, float grad_scale) const override {
-    adamw_update(param, grad, m, v, n, lr, weight_decay, cfg, t, grad_scale);
-  }
   void sum_squares_to(double* dst, const void* x, DType dtype, size_t n) const override {
     *dst = shardgpt::sum_squares(x, dtype, n);
   }
@@ -127,10 +123,6 @@ class CpuKernels final : public Kernels {
   }
   void clip_factor(float* out, const double* ss, float grad_clip) const override {
     shardgpt::clip_factor(out, ss, grad_clip);
-  }
-  void adamw_dev(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
-                 const AdamWConfig& cfg, int64_t t, const float* grad_scale) const override {
-    adamw_update(param, grad, m, v, n, lr, weight_decay, cfg, t, *grad_scale);
   }
   void begin_weight_reuse() override { weights_.Begin(); }
   void end_weight_reuse() override { weights_.End(); }

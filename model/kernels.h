@@ -81,9 +81,6 @@ class Kernels {
   virtual void accumulate(void* dst, DType dtype, const void* src, DType src_dtype, size_t n) const = 0;
   // sum_i x[i]^2 in double precision accumulation (a host value: waits for the device).
   virtual double sum_squares(const void* x, DType dtype, size_t n) const = 0;
-  // adamw_update (model/optimizer.h) over n elements of fp32 param, grad, m, v.
-  virtual void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
-                     const AdamWConfig& cfg, int64_t t, float grad_scale) const = 0;
 
   // ---- device scalars: the step's loss, gradient norm and clip factor without host waits ----
   // Every pointer below is device memory; nothing here waits for the device.
@@ -94,9 +91,6 @@ class Kernels {
   // From a sum of squares *ss: out[0] = norm = float(sqrt(*ss)), out[1] = the clip factor,
   // grad_clip / (norm + 1e-6) if grad_clip > 0 and norm > grad_clip, else 1 (Engine::Step's).
   virtual void clip_factor(float* out, const double* ss, float grad_clip) const = 0;
-  // adamw with grad_scale read from device memory (*grad_scale, e.g. clip_factor's out + 1).
-  virtual void adamw_dev(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
-                         const AdamWConfig& cfg, int64_t t, const float* grad_scale) const = 0;
 
   // ---- weight reuse window ----
   // Between begin_weight_reuse() and end_weight_reuse() the caller guarantees that no matmul

@@ -57,7 +57,7 @@ void ReduceThenAcrossGroups(EngineContext& ctx, std::shared_ptr<Work> rs, void* 
 // them; bf16 gradients go through an fp32 scratch per unit, added once the unit is done.
 class FullGradients : public GradReducer {
  public:
-  explicit FullGradients(EngineContext* ctx) : GradReducer(ctx), ctx_(*ctx), scratch_(ctx->plan.num_units()) {
+  explicit FullGradients(EngineContext* ctx) : GradReducer(ctx), scratch_(ctx->plan.num_units()) {
     grads_ = ctx_.NewBuffer(MemKind::kGrads, ctx_.plan.total_padded() * ctx_.elt(), "gradients");
   }
   void BeginStep() override {
@@ -112,7 +112,6 @@ class FullGradients : public GradReducer {
     ReduceThenAcrossGroups(ctx_, work, back, back_count, rd, convert_back);
   }
 
-  EngineContext& ctx_;
   DeviceBuffer grads_;
   std::vector<DeviceBuffer> scratch_;
   bool sync_ = true;
@@ -174,7 +173,7 @@ class LastMicroReduceScatter final : public FullGradients {
 class EveryMicroReduceScatter final : public GradReducer {
  public:
   explicit EveryMicroReduceScatter(EngineContext* ctx)
-      : GradReducer(ctx), ctx_(*ctx), scratch_(ctx->plan.num_units()) {
+      : GradReducer(ctx), scratch_(ctx->plan.num_units()) {
     shards_ = ctx_.NewBuffer(MemKind::kGrads, ctx_.plan.total_shard() * ctx_.elt(), "gradient shards");
   }
   void BeginStep() override {
@@ -263,7 +262,6 @@ class EveryMicroReduceScatter final : public GradReducer {
     });
   }
   void* Shard(int u) { return shards_.as<uint8_t>() + ctx_.plan.unit(u).shard_offset * ctx_.elt(); }
-  EngineContext& ctx_;
   DeviceBuffer shards_;  // this rank's averaged gradient slice of every unit (dtype)
   std::vector<DeviceBuffer> scratch_;
   int inflight_ = 0;
@@ -275,7 +273,7 @@ class EveryMicroReduceScatter final : public GradReducer {
 
 }  // namespace
 
-GradReducer::GradReducer(EngineContext* ctx) : nctx_(*ctx), first_slot_(ctx->plan.num_units()) {
+GradReducer::GradReducer(EngineContext* ctx) : ctx_(*ctx), first_slot_(ctx->plan.num_units()) {
   for (int u = 0; u < ctx->plan.num_units(); u++) first_slot_[u] = num_slots_, num_slots_ += ctx->Pieces(u).size();
   slots_ = DeviceBuffer(ctx->device, nullptr, MemKind::kWorkspace, std::max<size_t>(1, num_slots_) * sizeof(double),
                         "gradient sum-of-squares partials");
@@ -283,11 +281,11 @@ GradReducer::GradReducer(EngineContext* ctx) : nctx_(*ctx), first_slot_(ctx->pla
 
 void GradReducer::TakeNormPartials(int u) {
   double* slot = slots_.as<double>() + first_slot_[u];
-  for (const OwnedPiece& p : nctx_.Pieces(u))
-    nctx_.kernels().sum_squares_to(slot++, OwnedAt(u, p), nctx_.opt.dtype, p.end - p.begin);
+  for (const OwnedPiece& p : ctx_.Pieces(u))
+    ctx_.kernels().sum_squares_to(slot++, OwnedAt(u, p), ctx_.opt.dtype, p.end - p.begin);
 }
 
-void GradReducer::ZeroNormPartials() { nctx_.device->Zero(slots_.data(), slots_.bytes()); }
+void GradReducer::ZeroNormPartials() { ctx_.device->Zero(slots_.data(), slots_.bytes()); }
 
 std::unique_ptr<GradReducer> GradReducer::Create(EngineContext* ctx) {
   if (!ctx->opt.shards_optimizer()) return std::make_unique<BucketAllReduce>(ctx);

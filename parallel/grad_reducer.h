@@ -65,8 +65,9 @@ class GradReducer {
   // A new step: every slot to 0 (each is set again once its unit is reduced).
   void ZeroNormPartials();
 
+  EngineContext& ctx_;  // the engine's, for every policy
+
  private:
-  EngineContext& nctx_;
   std::vector<size_t> first_slot_;  // per unit
   size_t num_slots_ = 0;
   DeviceBuffer slots_;  // not in the memory ledger (a few doubles, not model state)

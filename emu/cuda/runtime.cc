@@ -249,6 +249,26 @@ uint64_t Enqueued(CUstream_st* s) {
   return s->enqueued;
 }
 
+// The host blocks until op `target` of s has run: traced (TraceHostSync), then run there. The
+// CUDA call that blocks counts itself once (CountHostSync), however many streams it waits for.
+void HostWait(CUstream_st* s, uint64_t target, const char* call) {
+  TraceHostSync(s, target, call);
+  RunUntil(s, target, true);
+}
+// The host blocks until everything queued so far on s has run.
+void HostWaitAll(CUstream_st* s, const char* call) { HostWait(s, Enqueued(s), call); }
+// The same for every stream `pick` selects, each up to what was queued when the call began.
+template <typename Pick>
+void HostWaitStreams(Pick pick, const char* call) {
+  std::vector<std::pair<CUstream_st*, uint64_t>> picked;
+  {
+    std::lock_guard<std::mutex> lock(Emu().mu);
+    for (auto& s : Emu().streams)
+      if (pick(*s)) picked.emplace_back(s.get(), Enqueued(s.get()));
+  }
+  for (auto& s : picked) HostWait(s.first, s.second, call);
+}
+
 // Queues op on s; kind, name and (for waits) the op waited for are what the trace records.
 uint64_t Push(CUstream_st* s, std::function<void()> op, TraceKind kind = TraceKind::kHostFunc,
               const char* name = nullptr, const CUstream_st* ref = nullptr, uint64_t ref_index = 0) {
@@ -392,15 +412,7 @@ Counters GetCounters() {
 }
 
 void SynchronizeAll() {
-  std::vector<std::pair<CUstream_st*, uint64_t>> all;
-  {
-    std::lock_guard<std::mutex> lock(Emu().mu);
-    for (auto& s : Emu().streams) all.emplace_back(s.get(), Enqueued(s.get()));
-  }
-  for (auto& s : all) {
-    TraceHostSync(s.first, s.second, "synchronize all devices");
-    RunUntil(s.first, s.second, true);
-  }
+  HostWaitStreams([](const CUstream_st&) { return true; }, "synchronize all devices");
 }
 
 cudaError_t FuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
@@ -540,16 +552,7 @@ cudaError_t cudaDeviceGetPCIBusId(char* bus, int len, int device) {
 namespace {
 // Runs everything queued so far on the streams of physical device d (not counted: cudaFree's).
 void SynchronizeDevice(int d, const char* call) {
-  std::vector<std::pair<CUstream_st*, uint64_t>> mine;
-  {
-    std::lock_guard<std::mutex> lock(Emu().mu);
-    for (auto& s : Emu().streams)
-      if (s->device == d) mine.emplace_back(s.get(), cuda_emu::Enqueued(s.get()));
-  }
-  for (auto& s : mine) {
-    cuda_emu::TraceHostSync(s.first, s.second, call);
-    cuda_emu::RunUntil(s.first, s.second, true);
-  }
+  cuda_emu::HostWaitStreams([d](const CUstream_st& s) { return s.device == d; }, call);
 }
 }  // namespace
 
@@ -656,9 +659,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   if (s == nullptr || s->legacy) return Record(cudaErrorInvalidResourceHandle);
   // Work already queued still completes (as CUDA documents); then the stream is gone.
-  const uint64_t target = cuda_emu::Enqueued(s);
-  cuda_emu::TraceHostSync(s, target, "cudaStreamDestroy");
-  cuda_emu::RunUntil(s, target, true);
+  cuda_emu::HostWaitAll(s, "cudaStreamDestroy");
   std::lock_guard<std::mutex> q(s->queue_mu);
   if (s->destroyed) return Record(cudaErrorInvalidResourceHandle);
   s->destroyed = true;
@@ -667,9 +668,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   CUstream_st* st = cuda_emu::Resolve(s);
   cuda_emu::CountHostSync("cudaStreamSynchronize");
-  const uint64_t target = cuda_emu::Enqueued(st);
-  cuda_emu::TraceHostSync(st, target, "cudaStreamSynchronize");
-  cuda_emu::RunUntil(st, target, true);
+  cuda_emu::HostWaitAll(st, "cudaStreamSynchronize");
   return cudaSuccess;
 }
 cudaError_t cudaStreamQuery(cudaStream_t s) {
@@ -718,8 +717,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (e == nullptr) return Record(cudaErrorInvalidResourceHandle);
   cuda_emu::CountHostSync("cudaEventSynchronize");
-  if (e->stream) cuda_emu::TraceHostSync(e->stream, e->target, "cudaEventSynchronize");
-  if (e->stream) cuda_emu::RunUntil(e->stream, e->target, true);
+  if (e->stream) cuda_emu::HostWait(e->stream, e->target, "cudaEventSynchronize");
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
@@ -777,17 +775,9 @@ cudaError_t MemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind
   // Pageable destination: the call returns once the bytes are there.
   if (dw == cuda_emu::Where::kPageable) {
     *blocked = true;
-    const uint64_t target = cuda_emu::Enqueued(st);
-    cuda_emu::TraceHostSync(st, target, "cudaMemcpyAsync to pageable memory");
-    cuda_emu::RunUntil(st, target, true);
+    cuda_emu::HostWaitAll(st, "cudaMemcpyAsync to pageable memory");
   }
   return cudaSuccess;
-}
-void RunAll(cudaStream_t s, const char* call) {
-  CUstream_st* st = cuda_emu::Resolve(s);
-  const uint64_t target = cuda_emu::Enqueued(st);
-  cuda_emu::TraceHostSync(st, target, call);
-  cuda_emu::RunUntil(st, target, true);
 }
 }  // namespace
 
@@ -802,7 +792,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   const cudaError_t e = MemcpyAsync(dst, src, bytes, kind, nullptr, &blocked);
   if (e != cudaSuccess) return e;
   cuda_emu::CountHostSync("cudaMemcpy");  // one blocking call, whether or not the copy itself waited
-  RunAll(nullptr, "cudaMemcpy");
+  cuda_emu::HostWaitAll(cuda_emu::Resolve(nullptr), "cudaMemcpy");
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
@@ -817,7 +807,7 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   const cudaError_t e = cudaMemsetAsync(p, value, bytes, nullptr);
   if (e != cudaSuccess) return e;
   cuda_emu::CountHostSync("cudaMemset");
-  RunAll(nullptr, "cudaMemset");
+  cuda_emu::HostWaitAll(cuda_emu::Resolve(nullptr), "cudaMemset");
   return cudaSuccess;
 }
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* user_data) {

@@ -377,8 +377,8 @@ __global__ void add_mean_loss_kernel(double* acc, const float* losses, int N) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// engine kernels. CPU twins: convert, accumulate, sum_squares (kernels_cpu.h), adamw_update
-// (model/optimizer.cc).
+// engine kernels. CPU twins: convert, accumulate, sum_squares, adamw_mixed (kernels_cpu.h; its
+// per-element step is adamw_update's, model/optimizer.h).
 
 // dst = src, f32 <-> bf16 (RNE narrowing, bit-identical to base/bf16.h)
 template <typename Dst, typename Src>
@@ -433,37 +433,6 @@ __device__ __forceinline__ void adamw_value(float& p, float grad, float& m, floa
   p -= lr * (wd * p + (m * c1) / (sqrtf(v * c2) + eps));
 }
 
-// All n elements, 8 at a time in 128-bit accesses where the four arrays are 16-byte aligned.
-__device__ __forceinline__ void adamw_all(float* param, const float* grad, float* m, float* v, size_t n, bool vec,
-                                          float lr, float wd, float b1, float b2, float eps, float c1, float c2,
-                                          float grad_scale) {
-  cuda::elementwise(
-      n, vec,
-      [&](size_t i) {
-        float p[cuda::kVec], g[cuda::kVec], mi[cuda::kVec], vi[cuda::kVec];
-        cuda::load8(p, param + i);
-        cuda::load8(g, grad + i);
-        cuda::load8(mi, m + i);
-        cuda::load8(vi, v + i);
-        for (int j = 0; j < cuda::kVec; j++) adamw_value(p[j], g[j], mi[j], vi[j], lr, wd, b1, b2, eps, c1, c2, grad_scale);
-        cuda::store8(m + i, mi);
-        cuda::store8(v + i, vi);
-        cuda::store8(param + i, p);
-      },
-      [&](size_t i) { adamw_value(param[i], grad[i], m[i], v[i], lr, wd, b1, b2, eps, c1, c2, grad_scale); });
-}
-
-__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, size_t n, bool vec, float lr,
-                             float wd, float b1, float b2, float eps, float c1, float c2, float grad_scale) {
-  adamw_all(param, grad, m, v, n, vec, lr, wd, b1, b2, eps, c1, c2, grad_scale);
-}
-
-// adamw_kernel with the gradient scale (the clip factor) read from device memory.
-__global__ void adamw_dev_kernel(float* param, const float* grad, float* m, float* v, size_t n, bool vec, float lr,
-                                 float wd, float b1, float b2, float eps, float c1, float c2, const float* grad_scale) {
-  adamw_all(param, grad, m, v, n, vec, lr, wd, b1, b2, eps, c1, c2, *grad_scale);
-}
-
 // The scalars of one adamw_mixed call.
 struct AdamWArgs {
   float lr, wd, b1, b2, eps, c1, c2;
@@ -474,27 +443,47 @@ struct AdamWArgs {
 // The optimizer's one pass (CPU twin: adamw_mixed, model/kernels_cpu.h): the gradient read in
 // its dtype G and widened here, adamw_value, then the stored parameters (S: bf16 RNE or fp32;
 // stored null when it is the master itself). The scale: *grad_scale_dev where not null (the
-// clip factor on the device), else grad_scale.
+// clip factor on the device), else grad_scale. With `vec` (every pointer 16-byte aligned) 8
+// elements per step: fp32 master, m, v in two 128-bit accesses each, a bf16 gradient or stored
+// copy in one; the scalar path otherwise and for the tail. Both paths apply adamw_value to each
+// element alone, so the bits do not depend on the alignment.
 template <typename G, typename S>
-__global__ void adamw_mixed_kernel(float* master, S* stored, const G* grad, float* m, float* v, size_t n,
+__global__ void adamw_mixed_kernel(float* master, S* stored, const G* grad, float* m, float* v, size_t n, bool vec,
                                    AdamWArgs a) {
   const float scale = a.grad_scale_dev ? *a.grad_scale_dev : a.grad_scale;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    float p = master[i], mi = m[i], vi = v[i];
-    adamw_value(p, cuda::load_f32(grad, i), mi, vi, a.lr, a.wd, a.b1, a.b2, a.eps, a.c1, a.c2, scale);
-    m[i] = mi;
-    v[i] = vi;
-    master[i] = p;
-    if (stored) cuda::store_f32(stored, i, p);
-  }
+  cuda::elementwise(
+      n, vec,
+      [&](size_t i) {
+        float p[cuda::kVec], g[cuda::kVec], mi[cuda::kVec], vi[cuda::kVec];
+        cuda::load8(p, master + i);
+        cuda::load8(g, grad + i);
+        cuda::load8(mi, m + i);
+        cuda::load8(vi, v + i);
+        for (int j = 0; j < cuda::kVec; j++)
+          adamw_value(p[j], g[j], mi[j], vi[j], a.lr, a.wd, a.b1, a.b2, a.eps, a.c1, a.c2, scale);
+        cuda::store8(m + i, mi);
+        cuda::store8(v + i, vi);
+        cuda::store8(master + i, p);
+        if (stored) cuda::store8(stored + i, p);
+      },
+      [&](size_t i) {
+        float p = master[i], mi = m[i], vi = v[i];
+        adamw_value(p, cuda::load_f32(grad, i), mi, vi, a.lr, a.wd, a.b1, a.b2, a.eps, a.c1, a.c2, scale);
+        m[i] = mi;
+        v[i] = vi;
+        master[i] = p;
+        if (stored) cuda::store_f32(stored, i, p);
+      });
 }
 
 template <typename G, typename S>
 void LaunchAdamWMixed(cudaStream_t stream, float* master, S* stored, const void* grad, float* m, float* v, size_t n,
                       const AdamWArgs& a) {
+  const bool vec = cuda::Aligned16(master) && cuda::Aligned16(grad) && cuda::Aligned16(m) && cuda::Aligned16(v) &&
+                   (stored == nullptr || cuda::Aligned16(stored));
   auto* const adamw_mixed = &adamw_mixed_kernel<G, S>;
-  SHARDGPT_LAUNCH(adamw_mixed, GridFor(n, kThreads), kThreads, 0, stream)(master, stored,
-                                                                         static_cast<const G*>(grad), m, v, n, a);
+  SHARDGPT_LAUNCH(adamw_mixed, cuda::VecGrid(n, vec, kThreads), kThreads, 0, stream)(
+      master, stored, static_cast<const G*>(grad), m, v, n, vec, a);
   SHARDGPT_CUDA_CHECK_LAUNCH("adamw_mixed_kernel");
 }
 
@@ -899,33 +888,6 @@ void CudaKernels::clip_factor(float* out, const double* ss, float grad_clip) con
   Bind();
   SHARDGPT_LAUNCH(clip_factor_kernel, 1, 1, 0, stream_)(out, ss, grad_clip);
   SHARDGPT_CUDA_CHECK_LAUNCH("clip_factor_kernel");
-}
-
-void CudaKernels::adamw_dev(float* param, const float* grad, float* m, float* v, size_t n, float lr,
-                            float weight_decay, const AdamWConfig& cfg, int64_t t, const float* grad_scale) const {
-  if (n == 0) return;
-  Bind();
-  const float b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps;
-  const float c1 = 1.0f / (1.0f - std::pow(b1, static_cast<float>(t)));
-  const float c2 = 1.0f / (1.0f - std::pow(b2, static_cast<float>(t)));
-  const bool vec = cuda::Aligned16(param) && cuda::Aligned16(grad) && cuda::Aligned16(m) && cuda::Aligned16(v);
-  SHARDGPT_LAUNCH(adamw_dev_kernel, cuda::VecGrid(n, vec, kThreads), kThreads, 0, stream_)(
-      param, grad, m, v, n, vec, lr, weight_decay, b1, b2, eps, c1, c2, grad_scale);
-  SHARDGPT_CUDA_CHECK_LAUNCH("adamw_dev_kernel");
-}
-
-void CudaKernels::adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
-                        const AdamWConfig& cfg, int64_t t, float grad_scale) const {
-  if (n == 0) return;
-  Bind();
-  const float b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps;
-  // exactly as in adamw_update (model/optimizer.cc)
-  const float c1 = 1.0f / (1.0f - std::pow(b1, static_cast<float>(t)));
-  const float c2 = 1.0f / (1.0f - std::pow(b2, static_cast<float>(t)));
-  const bool vec = cuda::Aligned16(param) && cuda::Aligned16(grad) && cuda::Aligned16(m) && cuda::Aligned16(v);
-  SHARDGPT_LAUNCH(adamw_kernel, cuda::VecGrid(n, vec, kThreads), kThreads, 0, stream_)(
-      param, grad, m, v, n, vec, lr, weight_decay, b1, b2, eps, c1, c2, grad_scale);
-  SHARDGPT_CUDA_CHECK_LAUNCH("adamw_kernel");
 }
 
 void CudaKernels::adamw_mixed(float* master, void* stored, DType stored_dtype, const void* grad, DType grad_dtype,

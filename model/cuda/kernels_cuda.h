@@ -100,13 +100,9 @@ class CudaKernels final : public Kernels {
   void convert(const void* src, DType from, void* dst, DType to, size_t n) const override;
   void accumulate(void* dst, DType dtype, const void* src, DType src_dtype, size_t n) const override;
   double sum_squares(const void* x, DType dtype, size_t n) const override;
-  void adamw(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
-             const AdamWConfig& cfg, int64_t t, float grad_scale) const override;
   void sum_squares_to(double* dst, const void* x, DType dtype, size_t n) const override;
   void sum_f64(double* dst, const double* src, size_t n, double divisor) const override;
   void clip_factor(float* out, const double* ss, float grad_clip) const override;
-  void adamw_dev(float* param, const float* grad, float* m, float* v, size_t n, float lr, float weight_decay,
-                 const AdamWConfig& cfg, int64_t t, const float* grad_scale) const override;
   void adamw_mixed(float* master, void* stored, DType stored_dtype, const void* grad, DType grad_dtype, float* m,
                    float* v, size_t n, float lr, float weight_decay, const AdamWConfig& cfg, int64_t t,
                    const float* grad_scale_dev, float grad_scale) const override;

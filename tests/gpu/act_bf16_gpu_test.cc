@@ -228,8 +228,8 @@ class DeviceParams : public UnitHooks {
   }
   void PostBackward(int) override {}
   void Step(Device& d, int t) {
-    d.kernels().adamw(p_.as<float>(), g_.as<float>(), m_.as<float>(), v_.as<float>(), n_, 3e-3f, 0.0f, AdamWConfig(),
-                      t, 1.0f);
+    d.kernels().adamw_mixed(p_.as<float>(), p_.data(), DType::kF32, g_.data(), DType::kF32, m_.as<float>(),
+                            v_.as<float>(), n_, 3e-3f, 0.0f, AdamWConfig(), t, nullptr, 1.0f);
     d.Zero(g_.data(), n_ * 4);
   }
 

@@ -20,6 +20,7 @@
 #include "parallel/comm_factory.h"
 #include "parallel/engine.h"
 #include "parallel/mpi_communicator.h"
+#include "tests/mpi/engine_harness.h"
 
 namespace shardgpt {
 namespace {
@@ -27,17 +28,12 @@ namespace {
 constexpr int kGlobalBatch = 16, kT = 32, kSteps = 3;
 const GPTConfig kConfig{2, 4, 64, 64, 300};
 
-void LocalRank(int* lr, int* ls) {
-  MPI_Comm local;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-  MPI_Comm_rank(local, lr), MPI_Comm_size(local, ls);
-  MPI_Comm_free(&local);
-}
+using harness::NodeLocalRank;
 
 // This rank's GPU for an NCCL run: needs one GPU per local rank. Null with the reason.
 std::unique_ptr<Device> GpuPerRank(std::string* why) {
   int lr = 0, ls = 1;
-  LocalRank(&lr, &ls);
+  NodeLocalRank(&lr, &ls);
   if (!NcclBuilt()) return *why = "this build has no NCCL", nullptr;
   const int gpus = VisibleGpuCount();
   if (gpus < ls) return *why = std::to_string(ls) + " ranks need " + std::to_string(ls) + " GPUs, " +
@@ -57,7 +53,7 @@ std::unique_ptr<Device> GpuPerRank(std::string* why) {
 
 std::unique_ptr<Communicator> Make(const std::string& kind, Device& device) {
   int lr = 0, ls = 1;
-  LocalRank(&lr, &ls);
+  NodeLocalRank(&lr, &ls);
   CommOptions o;
   o.kind = kind;
   o.timeout_s = 60;
@@ -117,12 +113,11 @@ TEST(Nccl, EveryCollectiveMatchesMpi) {
   EXPECT_EQ(nccl->ledger().Total().bytes_sent, mpi->ledger().Total().bytes_sent);
 }
 
-struct Trajectory {
-  std::vector<float> losses, params;
+struct Trajectory : harness::Trajectory {
   std::vector<StepReport> reports;
 };
 
-// kSteps steps; rank r, micro m take sequences [(m*N + r)*B, +B) of the global batch.
+// kSteps steps (harness::TrainSteps, lr 3e-3, clip 1) on a new engine.
 Trajectory Train(Communicator& comm, Device& device, EngineOptions eo, int A) {
   ParamLayout layout(kConfig);
   device.kernels().set_matmul_precision(MatmulPrecision::kExact);
@@ -130,25 +125,14 @@ Trajectory Train(Communicator& comm, Device& device, EngineOptions eo, int A) {
   std::vector<float> init(layout.total_numel());
   InitParameters(layout, 1, init.data());
   engine->LoadFullParams(init.data());
-  const int N = comm.world_size(), B = kGlobalBatch / (N * A);
-  GPT model(kConfig, B, kT, device);
+  GPT model(kConfig, kGlobalBatch / (comm.world_size() * A), kT, device);
   Trajectory tr;
-  std::vector<int32_t> x(kGlobalBatch * kT), y(x.size());
-  for (int s = 0; s < kSteps; s++) {
-    Rng rng(700 + s);
-    for (size_t i = 0; i < x.size(); i++) x[i] = rng.Next() % 300, y[i] = (x[i] * 7 + 3) % 300;
-    engine->BeginStep();
-    double loss = 0;
-    for (int m = 0; m < A; m++) {
-      const size_t at = static_cast<size_t>(m * N + comm.rank()) * B * kT;
-      engine->BeginMicroBatch(m, A);
-      loss += model.Forward(*engine, x.data() + at, y.data() + at, B, kT, 1.0f / A);
-      model.Backward(*engine);
-    }
-    engine->Step(3e-3f, 1.0f);
-    tr.losses.push_back(static_cast<float>(comm.AllReduceScalar(loss / A, ReduceOp::kAvg)));
-    tr.reports.push_back(engine->last_report());
-  }
+  harness::TrainSteps(
+      *engine, model, comm, A, kT, 3e-3f, 1.0f,
+      [](int s, std::vector<int32_t>* x, std::vector<int32_t>* y) {
+        harness::SyntheticBatch(700 + s, kGlobalBatch, kT, kConfig.vocab_size, x, y);
+      },
+      0, kSteps, &tr, &tr.reports);
   tr.params.resize(layout.total_numel());
   engine->GatherFullParams(tr.params.data());
   return tr;

@@ -42,6 +42,7 @@
 #include "model/rng.h"
 #include "parallel/comm_factory.h"
 #include "parallel/engine.h"
+#include "tests/mpi/engine_harness.h"
 
 namespace shardgpt {
 namespace {
@@ -294,11 +295,8 @@ void RunOverlap(DType dtype, int stage) {
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (size != 2) GTEST_SKIP() << "runs with 2 ranks";
-  MPI_Comm local;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
   int lr = 0, ls = 1;
-  MPI_Comm_rank(local, &lr), MPI_Comm_size(local, &ls);
-  MPI_Comm_free(&local);
+  harness::NodeLocalRank(&lr, &ls);
   auto dev = CreateDevice("cuda", lr, ls);
   ASSERT_TRUE(dev.ok()) << dev.status().message();
   Device& device = *dev.value();

@@ -17,9 +17,9 @@
 #include "model/device_factory.h"
 #include "model/gpt.h"
 #include "model/kernels_cpu.h"
-#include "model/rng.h"
 #include "parallel/engine.h"
 #include "parallel/mpi_communicator.h"
+#include "tests/mpi/engine_harness.h"
 
 namespace shardgpt {
 namespace {
@@ -27,14 +27,11 @@ namespace {
 constexpr int kGlobalBatch = 16, kT = 32;
 const GPTConfig kConfig{2, 4, 64, 64, 300};  // Vp = 384: exercises the padded vocabulary
 
+using harness::Trajectory;
+
 // This rank's GPU, or null with the reason (a skip, never a pass).
 std::unique_ptr<Device> Gpu(std::string* why) {
-  MPI_Comm local;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-  int lr = 0, ls = 1;
-  MPI_Comm_rank(local, &lr), MPI_Comm_size(local, &ls);
-  MPI_Comm_free(&local);
-  auto d = CreateDevice("cuda", lr, ls);
+  auto d = harness::NodeLocalGpu();
   if (!d.ok()) {
     *why = d.status().message();
     return nullptr;
@@ -47,37 +44,14 @@ std::unique_ptr<Device> Gpu(std::string* why) {
   std::unique_ptr<Device> dev = Gpu(&why_);                     \
   if (!dev) GTEST_SKIP() << "no usable GPU: " << why_
 
-struct Trajectory {
-  std::vector<float> losses, norms, params;
-};
-
 void Batch(int step, std::vector<int32_t>* x, std::vector<int32_t>* y) {
-  Rng rng(500 + step);
-  x->resize(kGlobalBatch * kT), y->resize(kGlobalBatch * kT);
-  for (size_t i = 0; i < x->size(); i++) {
-    (*x)[i] = static_cast<int32_t>(rng.Next() % kConfig.vocab_size);
-    (*y)[i] = ((*x)[i] * 7 + 3) % kConfig.vocab_size;
-  }
+  harness::SyntheticBatch(500 + step, kGlobalBatch, kT, kConfig.vocab_size, x, y);
 }
 
-// steps steps of the engine on `device`, starting at global step `first`; rank r, micro m
-// take sequences [(m*N + r)*B, +B) of the global batch.
+// steps steps of the engine (harness::TrainSteps, lr 3e-3, clip 1), starting at global step
+// `first`.
 void Train(Engine& engine, GPT& model, Communicator& comm, int A, int first, int steps, Trajectory* tr) {
-  const int N = comm.world_size(), B = kGlobalBatch / (N * A);
-  std::vector<int32_t> x, y;
-  for (int s = first; s < first + steps; s++) {
-    Batch(s, &x, &y);
-    engine.BeginStep();
-    double loss = 0;
-    for (int m = 0; m < A; m++) {
-      const size_t at = static_cast<size_t>(m * N + comm.rank()) * B * kT;
-      engine.BeginMicroBatch(m, A);
-      loss += model.Forward(engine, x.data() + at, y.data() + at, B, kT, 1.0f / A);
-      model.Backward(engine);
-    }
-    tr->norms.push_back(engine.Step(3e-3f, 1.0f));
-    tr->losses.push_back(static_cast<float>(comm.AllReduceScalar(loss / A, ReduceOp::kAvg)));
-  }
+  harness::TrainSteps(engine, model, comm, A, kT, 3e-3f, 1.0f, Batch, first, first + steps, tr, nullptr);
 }
 
 struct GpuRun {

@@ -26,99 +26,13 @@
 #include "io/checkpoint.h"
 #include "model/gpt.h"
 #include "parallel/mpi_communicator.h"
+#include "tests/mpi/checkpoint_harness.h"
 
 namespace shardgpt {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr int kB = 2, kT = 16;
-
-int WorldRank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-GPTConfig SmallConfig(int layers = 2) {
-  GPTConfig c;
-  c.n_layer = layers, c.n_head = 2, c.n_embd = 32, c.max_seq_len = 64, c.vocab_size = 256;
-  return c;
-}
-
-// A directory every rank sees (rank 0 makes it; removed by the last barrier's rank 0).
-std::string SharedDir(const char* tag) {
-  char buf[256] = {0};
-  if (WorldRank() == 0) {
-    const std::string t = (fs::temp_directory_path() / (std::string("ckfb_") + tag + "_XXXXXX")).string();
-    std::snprintf(buf, sizeof(buf), "%s", t.c_str());
-    if (mkdtemp(buf) == nullptr) buf[0] = '\0';
-  }
-  MPI_Bcast(buf, sizeof(buf), MPI_CHAR, 0, MPI_COMM_WORLD);
-  return buf;
-}
-
-struct Run {
-  std::unique_ptr<MpiCommunicator> comm;
-  std::unique_ptr<ParamLayout> layout;
-  std::unique_ptr<Engine> engine;
-  std::unique_ptr<GPT> model;
-  int64_t steps = 0;
-};
-
-std::unique_ptr<Run> MakeRun(const GPTConfig& config, int stage, uint64_t seed) {
-  auto run = std::make_unique<Run>();
-  auto comm = MpiCommunicator::Create(MPI_COMM_WORLD, &CpuDevice());
-  EXPECT_TRUE(comm.ok()) << comm.status().ToString();
-  run->comm = std::move(comm).value();
-  run->layout = std::make_unique<ParamLayout>(config);
-  EngineOptions opt;
-  opt.zero_stage = stage;
-  auto engine = Engine::Create(*run->layout, run->comm.get(), opt, CpuDevice());
-  EXPECT_TRUE(engine.ok()) << engine.status().ToString();
-  run->engine = std::move(engine).value();
-  run->engine->InitOwned(seed);
-  run->model = std::make_unique<GPT>(config, kB, kT, CpuDevice());
-  return run;
-}
-
-// Real steps on synthetic tokens, so m and v are not zero.
-void Train(Run& run, int steps) {
-  std::vector<int32_t> x(kB * kT), y(kB * kT);
-  for (int s = 0; s < steps; s++, run.steps++) {
-    for (int i = 0; i < kB * kT; i++) {
-      x[i] = static_cast<int32_t>((i * 7 + run.steps * 13 + run.comm->rank() * 31) % 256);
-      y[i] = static_cast<int32_t>((x[i] * 5 + 3) % 256);
-    }
-    run.engine->BeginStep();
-    run.engine->BeginMicroBatch(0, 1);
-    run.model->Forward(*run.engine, x.data(), y.data(), kB, kT, 1.0f);
-    run.model->Backward(*run.engine);
-    run.engine->Step(1e-2f, 1.0f);
-  }
-}
-
-// master | m | v in layout order, the same on every rank (OR of the owned pieces into zeros).
-std::vector<uint32_t> FullState(Run& run) {
-  const ParamLayout& L = *run.layout;
-  const size_t n = L.total_numel();
-  std::vector<uint32_t> out(3 * n, 0);
-  for (int u = 0; u < L.num_units(); u++)
-    for (const Engine::OwnedState& st : run.engine->OwnedPieces(u)) {
-      const float* src[3] = {st.master, st.m, st.v};
-      for (int k = 0; k < 3; k++) std::memcpy(&out[k * n + L.units()[u].offset + st.begin], src[k], (st.end - st.begin) * 4);
-    }
-  MPI_Allreduce(MPI_IN_PLACE, out.data(), static_cast<int>(out.size()), MPI_UINT32_T, MPI_BOR, MPI_COMM_WORLD);
-  return out;
-}
-
-TrainState StateOf(const Run& run) {
-  TrainState s;
-  s.step = run.steps;
-  s.tokens = run.steps * kB * kT * run.comm->world_size();
-  s.loader_position = static_cast<uint64_t>(run.steps) * kB * run.comm->world_size();
-  s.seed = 77;
-  return s;
-}
+using namespace ckpt_harness;  // the shared setup (checkpoint_harness.h)
 
 void WriteText(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::trunc) << text; }
 
@@ -231,11 +145,11 @@ TEST(Latest, OneRuleForEveryCase) {
 
 TEST(Fallback, DamageIsNamedOnEveryRankAndTheNextLoadIsClean) {
   const int rank = WorldRank();
-  const std::string dir = SharedDir("dmg");
+  const std::string dir = SharedDir("fb_dmg");
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   const int save_stage = 1, load_stage = world > 1 ? 3 : 0;  // another stage: other owned pieces
-  auto a = MakeRun(SmallConfig(), save_stage, 3);
+  auto a = MakeRun(MPI_COMM_WORLD, SmallConfig(), save_stage, 3);
   Train(*a, 2);
   ASSERT_TRUE(SaveCheckpoint(dir, StateOf(*a), *a->engine, *a->layout, *a->comm, 0, true).ok());
   Train(*a, 2);
@@ -243,7 +157,7 @@ TEST(Fallback, DamageIsNamedOnEveryRankAndTheNextLoadIsClean) {
   const std::string good = dir + "/step_00000002", newest = dir + "/step_00000004";
   if (rank == 0) fs::copy(newest, dir + "/pristine");
   // the reference: a fresh engine that loads step 2 directly
-  auto ref = MakeRun(SmallConfig(), load_stage, 9);
+  auto ref = MakeRun(MPI_COMM_WORLD, SmallConfig(), load_stage, 9);
   ASSERT_TRUE(LoadCheckpoint(good, dir, *ref->engine, *ref->layout, *ref->comm, true).ok());
   const std::vector<uint32_t> want = FullState(*ref);
   const int last = world - 1;
@@ -264,7 +178,7 @@ TEST(Fallback, DamageIsNamedOnEveryRankAndTheNextLoadIsClean) {
        "truncated"},
       {"shard header", [&] { FlipByteAt(shard0, 60); }, LoadProblem::kShardHeader, "rank_00000.h5"},
   };
-  auto b = MakeRun(SmallConfig(), load_stage, 11);
+  auto b = MakeRun(MPI_COMM_WORLD, SmallConfig(), load_stage, 11);
   for (const Case& k : cases) {
     SCOPED_TRACE(k.what);
     MPI_Barrier(MPI_COMM_WORLD);
@@ -294,7 +208,7 @@ TEST(Fallback, DamageIsNamedOnEveryRankAndTheNextLoadIsClean) {
     EXPECT_TRUE(FullState(*b) == want) << "state after a failed load then a good one differs from a direct load";
   }
   // another model is about the run, not the files: not damage
-  auto other = MakeRun(SmallConfig(3), load_stage, 1);
+  auto other = MakeRun(MPI_COMM_WORLD, SmallConfig(3), load_stage, 1);
   LoadProblem p = LoadProblem::kNone;
   EXPECT_FALSE(LoadCheckpoint(good, dir, *other->engine, *other->layout, *other->comm, true, &p).ok());
   EXPECT_EQ(p, LoadProblem::kRun);
@@ -307,8 +221,8 @@ TEST(Fallback, DamageIsNamedOnEveryRankAndTheNextLoadIsClean) {
 
 TEST(Fallback, KeepLastIgnoresQuarantinedAndNamesNeverCollide) {
   const int rank = WorldRank();
-  const std::string dir = SharedDir("keep");
-  auto a = MakeRun(SmallConfig(), 1, 3);
+  const std::string dir = SharedDir("fb_keep");
+  auto a = MakeRun(MPI_COMM_WORLD, SmallConfig(), 1, 3);
   for (int s = 0; s < 3; s++) {
     Train(*a, 1);
     ASSERT_TRUE(SaveCheckpoint(dir, StateOf(*a), *a->engine, *a->layout, *a->comm, 0, true).ok());

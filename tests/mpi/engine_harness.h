@@ -1,5 +1,6 @@
-// The harness the multi-rank engine tests share (engine_test.cc, muon_test.cc, hsdp_test.cc):
-// a deterministic global batch per step, one process training on the whole of it (the
+// The harness the multi-rank engine tests share (engine_test.cc, muon_test.cc, hsdp_test.cc;
+// the training loop and the node-local rank also recompute_test.cc and tests/gpu/'s multi-rank
+// tests): a deterministic global batch per step, one process training on the whole of it (the
 // reference), the engine training on its ranks' slices of the same batch, and the comparison of
 // the two updates. What differs between the files (model, batch, sequence length, steps,
 // learning rate) travels in a Harness; each file keeps its own optimizer reference where it has
@@ -17,6 +18,7 @@
 #include <memory>
 #include <vector>
 
+#include "model/device_factory.h"
 #include "model/gpt.h"
 #include "model/optimizer.h"
 #include "model/rng.h"
@@ -50,14 +52,39 @@ inline std::unique_ptr<MpiCommunicator> Comm(MPI_Comm c = MPI_COMM_WORLD) {
   return std::move(made.value());
 }
 
-// Global batch of step s: h.global_batch sequences of h.T inputs and targets.
-inline void GlobalBatch(const Harness& h, int step, std::vector<int32_t>* x, std::vector<int32_t>* y) {
-  Rng rng(100 + step);
-  x->resize(static_cast<size_t>(h.global_batch) * h.T), y->resize(static_cast<size_t>(h.global_batch) * h.T);
+// This rank's index among the ranks of its node and how many there are (MPI's shared-memory
+// split, as the app binds GPUs). Collective over MPI_COMM_WORLD.
+inline void NodeLocalRank(int* local_rank, int* local_size) {
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+  MPI_Comm_rank(local, local_rank);
+  MPI_Comm_size(local, local_size);
+  MPI_Comm_free(&local);
+}
+
+// This rank's GPU as the app picks it (CreateDevice by node-local rank). Collective.
+inline StatusOr<std::unique_ptr<Device>> NodeLocalGpu() {
+  int lr = 0, ls = 1;
+  NodeLocalRank(&lr, &ls);
+  return CreateDevice("cuda", lr, ls);
+}
+
+// `sequences` sequences of T tokens: inputs from Rng(seed) modulo vocab, targets 7x + 3 modulo
+// vocab (a rule the model learns, so the loss visibly falls).
+inline void SyntheticBatch(uint64_t seed, int sequences, int T, int vocab, std::vector<int32_t>* x,
+                           std::vector<int32_t>* y) {
+  Rng rng(seed);
+  x->resize(static_cast<size_t>(sequences) * T), y->resize(static_cast<size_t>(sequences) * T);
   for (size_t i = 0; i < x->size(); i++) {
-    (*x)[i] = static_cast<int32_t>(rng.Next() % 64);  // a narrow vocabulary: the loss visibly falls
-    (*y)[i] = ((*x)[i] * 7 + 3) % 64;
+    (*x)[i] = static_cast<int32_t>(rng.Next() % static_cast<uint64_t>(vocab));
+    (*y)[i] = ((*x)[i] * 7 + 3) % vocab;
   }
+}
+
+// Global batch of step s: h.global_batch sequences of h.T inputs and targets (a narrow
+// vocabulary of 64).
+inline void GlobalBatch(const Harness& h, int step, std::vector<int32_t>* x, std::vector<int32_t>* y) {
+  SyntheticBatch(100 + step, h.global_batch, h.T, 64, x, y);
 }
 
 // The initial parameters of every run here (seed 1).
@@ -124,28 +151,42 @@ inline std::unique_ptr<Engine> NewEngine(const Harness& h, Communicator& comm, c
   return std::move(e.value());
 }
 
-// Steps [first, last) of the global batches on `engine`, A micro-batches each: rank r, micro-batch
-// m takes sequences [(m*N + r)*B, +B) of the global batch, as the DataLoader orders them. Losses
-// (averaged over the ranks) and gradient norms appended to *tr, step reports to *reports.
-inline void Train(const Harness& h, Engine& engine, Communicator& comm, int A, float clip, int first, int last,
-                  Trajectory* tr, std::vector<StepReport>* reports, Device& device = CpuDevice()) {
-  const int N = comm.world_size(), B = h.global_batch / (N * A);
-  GPT model(h.config, B, h.T, device);
+// The global batch of step s (its size: N x A x B sequences of T).
+using BatchFn = std::function<void(int step, std::vector<int32_t>* x, std::vector<int32_t>* y)>;
+
+// Steps [first, last) of `batch` on `engine` and `model` (made for B = sequences / (N * A) of
+// length T), A micro-batches each, learning rate lr, clip norm clip: rank r, micro-batch m takes
+// sequences [(m*N + r)*B, +B) of the global batch, as the DataLoader orders them. Losses
+// (averaged over the ranks) and gradient norms appended to *tr, step reports to *reports (when
+// given).
+inline void TrainSteps(Engine& engine, GPT& model, Communicator& comm, int A, int T, float lr, float clip,
+                       const BatchFn& batch, int first, int last, Trajectory* tr, std::vector<StepReport>* reports) {
+  const int N = comm.world_size();
   std::vector<int32_t> x, y;
   for (int s = first; s < last; s++) {
-    GlobalBatch(h, s, &x, &y);
+    batch(s, &x, &y);
+    const int B = static_cast<int>(x.size() / T) / (N * A);
     engine.BeginStep();
     double loss = 0;
     for (int m = 0; m < A; m++) {
-      const size_t at = static_cast<size_t>(m * N + comm.rank()) * B * h.T;
+      const size_t at = static_cast<size_t>(m * N + comm.rank()) * B * T;
       engine.BeginMicroBatch(m, A);
-      loss += model.Forward(engine, x.data() + at, y.data() + at, B, h.T, 1.0f / A);
+      loss += model.Forward(engine, x.data() + at, y.data() + at, B, T, 1.0f / A);
       model.Backward(engine);
     }
-    tr->norms.push_back(engine.Step(h.lr, clip));
+    tr->norms.push_back(engine.Step(lr, clip));
     tr->losses.push_back(static_cast<float>(comm.AllReduceScalar(loss / A, ReduceOp::kAvg)));
     if (reports) reports->push_back(engine.last_report());
   }
+}
+
+// Steps [first, last) of the harness's global batches on `engine` (TrainSteps, a new model).
+inline void Train(const Harness& h, Engine& engine, Communicator& comm, int A, float clip, int first, int last,
+                  Trajectory* tr, std::vector<StepReport>* reports, Device& device = CpuDevice()) {
+  GPT model(h.config, h.global_batch / (comm.world_size() * A), h.T, device);
+  TrainSteps(engine, model, comm, A, h.T, h.lr, clip,
+             [&h](int s, std::vector<int32_t>* x, std::vector<int32_t>* y) { GlobalBatch(h, s, x, y); }, first, last,
+             tr, reports);
 }
 
 // The engine's full parameters (gathered) into tr->params.

@@ -24,6 +24,7 @@
 #include "parallel/engine.h"
 #include "parallel/memory_model.h"
 #include "parallel/mpi_communicator.h"
+#include "tests/mpi/engine_harness.h"
 
 namespace shardgpt {
 namespace {
@@ -42,12 +43,7 @@ std::unique_ptr<MpiCommunicator> Comm(Device* device = nullptr) {
 }
 
 void Batch(int step, std::vector<int32_t>* x, std::vector<int32_t>* y) {
-  Rng rng(300 + step);
-  x->resize(kGlobal * kT), y->resize(kGlobal * kT);
-  for (size_t i = 0; i < x->size(); i++) {
-    (*x)[i] = static_cast<int32_t>(rng.Next() % kConfig.vocab_size);
-    (*y)[i] = ((*x)[i] * 7 + 3) % kConfig.vocab_size;
-  }
+  harness::SyntheticBatch(300 + step, kGlobal, kT, kConfig.vocab_size, x, y);
 }
 
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -105,14 +101,13 @@ TEST(Recompute, SingleProcessLossesAndAccumulatedGradientsAreBitwiseEqual) {
   EXPECT_GT(g2, 0.0);  // there is a gradient to compare
 }
 
-struct Run {
-  std::vector<float> losses, norms, params;
+struct Run : harness::Trajectory {
   std::vector<StepReport> reports;
 };
 
-// kSteps steps of the global batches on a fresh engine, A micro-batches per step, the model
-// keeping activations as `mode` says (given the engine's ledger); rank r, micro-batch m takes
-// sequences [(m*N + r)*B, +B).
+// kSteps steps of the global batches on a fresh engine (harness::TrainSteps, lr 1e-3, clip 1),
+// A micro-batches per step, the model keeping activations as `mode` says (given the engine's
+// ledger).
 Run Train(Communicator& comm, const EngineOptions& eo, int A, Recompute mode, Device& device) {
   const ParamLayout layout(kConfig);
   Run run;
@@ -123,23 +118,8 @@ Run Train(Communicator& comm, const EngineOptions& eo, int A, Recompute mode, De
   std::vector<float> init(layout.total_numel());
   InitParameters(layout, 1, init.data());
   engine.LoadFullParams(init.data());
-  const int N = comm.world_size(), B = kGlobal / (N * A);
-  GPT model(kConfig, B, kT, device, &engine.memory(), mode);
-  std::vector<int32_t> x, y;
-  for (int s = 0; s < kSteps; s++) {
-    Batch(s, &x, &y);
-    engine.BeginStep();
-    double loss = 0;
-    for (int m = 0; m < A; m++) {
-      const size_t at = static_cast<size_t>(m * N + comm.rank()) * B * kT;
-      engine.BeginMicroBatch(m, A);
-      loss += model.Forward(engine, x.data() + at, y.data() + at, B, kT, 1.0f / A);
-      model.Backward(engine);
-    }
-    run.norms.push_back(engine.Step(1e-3f, 1.0f));
-    run.losses.push_back(static_cast<float>(comm.AllReduceScalar(loss / A, ReduceOp::kAvg)));
-    run.reports.push_back(engine.last_report());
-  }
+  GPT model(kConfig, kGlobal / (comm.world_size() * A), kT, device, &engine.memory(), mode);
+  harness::TrainSteps(engine, model, comm, A, kT, 1e-3f, 1.0f, Batch, 0, kSteps, &run, &run.reports);
   run.params.resize(layout.total_numel());
   engine.GatherFullParams(run.params.data());
   return run;
@@ -217,12 +197,7 @@ TEST(Recompute, EngineEveryStageAndAccumulationBitwiseEqualSameTraffic) {
 
 TEST(RecomputeCuda, EngineEveryStageAndAccumulationBitwiseEqualSameTraffic) {
   if (!std::getenv("SHARDGPT_RECOMPUTE_CUDA")) GTEST_SKIP() << "run by the CTest entry recompute_test_cuda_np*";
-  MPI_Comm local;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-  int lr = 0, ls = 1;
-  MPI_Comm_rank(local, &lr), MPI_Comm_size(local, &ls);
-  MPI_Comm_free(&local);
-  auto d = CreateDevice("cuda", lr, ls);
+  auto d = harness::NodeLocalGpu();
   if (!d.ok()) GTEST_SKIP() << "no usable GPU: " << d.status().message();
   SetComputeThreads(1);
   CompareModes(*d.value(), {DType::kF32});
