@@ -309,6 +309,11 @@ std::atomic<bool> g_weight_reuse{true};
 }  // namespace
 
 void SetBf16WeightReuse(bool on) { g_weight_reuse.store(on); }
+namespace {
+std::atomic<bool> g_bf16_attention{false};
+}  // namespace
+void SetBf16AttentionProducts(bool on) { g_bf16_attention.store(on); }
+bool Bf16AttentionProducts() { return g_bf16_attention.load(); }
 bool Bf16WeightReuse() { return g_weight_reuse.load(); }
 
 void Bf16WeightCache::End() {

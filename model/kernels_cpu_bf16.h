@@ -109,6 +109,11 @@ void gemm_bf16_dot(bool ta, bool tb, int M, int N, int K, float alpha, const flo
 // measurements compare against; on by default.
 void SetBf16WeightReuse(bool on);
 bool Bf16WeightReuse();
+// Whether the CPU device's attention runs its score/value products in bf16 (the tile kernel
+// below, or oneDNN) at MatmulPrecision::kBf16. Off by default: the fp32 tiles were faster at
+// every shape measured; the bf16 kernels stay selectable (tests, measurements).
+void SetBf16AttentionProducts(bool on);
+bool Bf16AttentionProducts();
 
 class Bf16WeightCache {
  public:

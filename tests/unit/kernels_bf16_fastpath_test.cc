@@ -10,10 +10,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "base/bf16.h"
+#include "model/device.h"
 #include "model/kernels_cpu.h"
 #include "model/kernels_cpu_bf16.h"
 #include "tests/common/random_data.h"
@@ -177,6 +179,36 @@ TEST_F(Bf16FastPath, AttentionProductsRunOnTheTileKernel) {
   for (size_t i = 0; i < out.size(); i++) d = std::max(d, (double)std::fabs(out[i] - out32[i]));
   EXPECT_LT(d, 1e-2);
   EXPECT_GT(d, 1e-5) << "bf16 inputs must change the result";
+}
+
+// The CPU device at bf16 precision runs attention's products in fp32 by default (the fp32
+// tiles measured faster than the bf16 tile kernel), and in bf16 when asked: the tile-kernel
+// count tells which ran, and only the bf16 products change the result.
+TEST_F(Bf16FastPath, DeviceAttentionProductsAreFp32UnlessAsked) {
+  if (!OnednnBf16Supported() || !Bf16DotKernelSupported()) GTEST_SKIP() << "needs AVX512-BF16 for the tile kernel";
+  ASSERT_TRUE(SetBf16Gemm(Bf16Gemm::kOnednn));
+  const int B = 2, T = 40, C = 32, NH = 2;
+  std::unique_ptr<Device> dev = NewCpuDevice(false);
+  Kernels& k = dev->kernels();
+  k.set_matmul_precision(MatmulPrecision::kBf16);
+  const VecF qkv = RandomFloats((size_t)B * T * 3 * C, 52);
+  auto run = [&](int64_t* tile_calls) {
+    VecF out((size_t)B * T * C), lse((size_t)B * NH * T);
+    ResetBf16ProductCounts();
+    k.attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+    *tile_calls = GetBf16ProductCounts().dot_kernel_calls;
+    return out;
+  };
+  VecF out32((size_t)B * T * C), lse32((size_t)B * NH * T);
+  attention_forward(out32.data(), lse32.data(), qkv.data(), B, T, C, NH);
+  int64_t calls = -1;
+  EXPECT_EQ(out32, run(&calls)) << "default: the fp32 attention kernel";
+  EXPECT_EQ(0, calls);
+  SetBf16AttentionProducts(true);
+  const VecF out16 = run(&calls);
+  SetBf16AttentionProducts(false);
+  EXPECT_GT(calls, 0) << "asked for: the bf16 tile kernel";
+  EXPECT_NE(out16, out32);
 }
 
 // The bf16 weight cache, on every way of computing bf16 products this CPU has: inside a window
