@@ -310,6 +310,11 @@ int main(int argc, char** argv) {
   if (vocab > 0) c.vocab_size = vocab;
   c.max_seq_len = std::max(c.max_seq_len, T);
   if (Status st = c.Validate(); !st.ok()) { std::fprintf(stderr, "bench_train: %s\n", st.message().c_str()); return 1; }
+  if (steps < 3 && !roofline) {  // steps 0 and 1 are warm-up; the figures are of the rest
+    std::fprintf(stderr, "bench_train: --steps %d: expected at least 3 (the first two are warm-up, not measured)\n",
+                 steps);
+    return 1;
+  }
 
   if (roofline) {  // count one step on a device that runs nothing (bench/roofline.h)
     const Peaks peaks{(peak_tflops > 0 ? peak_tflops : 989) * 1e12, (peak_gbs > 0 ? peak_gbs : 4800) * 1e9};

@@ -30,8 +30,8 @@ ComputeChoice ChooseComputePrecision(DType storage, const std::string& requested
   const std::string fp32_rest = "; LayerNorm statistics, softmax, loss and AdamW in fp32";
   if (f.cpu_bf16_dot && f.onednn_bf16) {
     c.precision = MatmulPrecision::kBf16;
-    c.line = "compute: bf16 matmuls and attention products through oneDNN (" + f.cpu_bf16_dot_name +
-             "), fp32 accumulation" + fp32_rest + " (" + why + ")";
+    c.line = "compute: bf16 matmuls through oneDNN (" + f.cpu_bf16_dot_name +
+             "), fp32 accumulation; attention's products in fp32" + fp32_rest + " (" + why + ")";
     return c;
   }
   if (!forced) {

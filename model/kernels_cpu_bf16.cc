@@ -107,16 +107,16 @@ dnnl::engine& OnednnEngine() {
 
 struct MatmulKey {
   int M, N, K, threads;
-  bool ta, tb, bias, accumulate;
+  bool ta, tb, bias, accumulate, c_bf16;
   bool operator==(const MatmulKey& o) const {
     return M == o.M && N == o.N && K == o.K && threads == o.threads && ta == o.ta && tb == o.tb && bias == o.bias &&
-           accumulate == o.accumulate;
+           accumulate == o.accumulate && c_bf16 == o.c_bf16;
   }
 };
 struct MatmulKeyHash {
   size_t operator()(const MatmulKey& k) const {
     size_t h = static_cast<size_t>(k.M) * 1000003u ^ static_cast<size_t>(k.N) * 10007u ^ static_cast<size_t>(k.K);
-    return h * 31 + (k.threads << 4 | k.ta << 3 | k.tb << 2 | k.bias << 1 | k.accumulate);
+    return h * 31 + (k.threads << 5 | k.c_bf16 << 4 | k.ta << 3 | k.tb << 2 | k.bias << 1 | k.accumulate);
   }
 };
 
@@ -143,17 +143,20 @@ std::string FormatName(const memory::desc& md) {
   return "other";
 }
 
-// C[M,N] (dense fp32) = op(A)[M,K] @ op(B)[K,N] (+ bias[N]) (+ C when accumulate).
+// C[M,N] (dense fp32, or bf16 when c_bf16) = op(A)[M,K] @ op(B)[K,N] (+ bias[N]) (+ C when
+// accumulate). A bf16 C is read (accumulate) and written by oneDNN itself: fp32 accumulation,
+// the sum and bias in fp32, one rounding to nearest even at the store (what widening C, an fp32
+// product and narrowing it back computed, without those two passes over C).
 // A is dense bf16 [M,K], or [K,M] when ta; B is dense bf16 [K,N], or [N,K] when tb.
 // Outside a parallel region oneDNN threads the product over the OpenMP pool; inside one it
 // runs on the calling thread (the thread count is part of the cache key).
 // product: which of the large products this is (recorded for LastOnednnFormats), or null.
 void OnednnMatmul(int M, int N, int K, const uint16_t* A, bool ta, const uint16_t* B, bool tb, const float* bias,
-                  bool accumulate, float* C, const Bf16Product* product = nullptr) {
+                  bool accumulate, void* C, const Bf16Product* product = nullptr, bool c_bf16 = false) {
   thread_local std::unordered_map<MatmulKey, MatmulEntry, MatmulKeyHash> cache;
   thread_local dnnl::stream stream(OnednnEngine());
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  const MatmulKey key{M, N, K, threads, ta, tb, bias != nullptr, accumulate};
+  const MatmulKey key{M, N, K, threads, ta, tb, bias != nullptr, accumulate, c_bf16};
   auto it = cache.find(key);
   if (it == cache.end()) {
     if (cache.size() >= 4096) cache.clear();  // bounded: shapes come from a few (B, T) settings
@@ -163,7 +166,7 @@ void OnednnMatmul(int M, int N, int K, const uint16_t* A, bool ta, const uint16_
     e.a = memory::desc({M, K}, dt::bf16, ta ? tag::ba : tag::ab);
     e.b = memory::desc({K, N}, dt::bf16, tb ? tag::ba : tag::ab);
     e.bias = memory::desc({1, N}, dt::f32, tag::ab);
-    e.c = memory::desc({M, N}, dt::f32, tag::ab);
+    e.c = memory::desc({M, N}, c_bf16 ? dt::bf16 : dt::f32, tag::ab);
     dnnl::primitive_attr attr;
     if (accumulate) {
       dnnl::post_ops ops;
@@ -498,14 +501,14 @@ void matmul_forward_bf16(uint16_t* out, const uint16_t* inp, const float* w, con
   const size_t NC = static_cast<size_t>(N) * C, NOC = static_cast<size_t>(N) * OC, OCC = static_cast<size_t>(OC) * C;
   Bf16WeightCache none;
   Bf16WeightCache& wc = cache ? *cache : none;
-  float* o = cpu_internal::scratch(t_c32, NOC);
   if (CurrentBf16Gemm() == Bf16Gemm::kEmulated) {  // inp is bf16 already: widening is its rounding
+    float* o = cpu_internal::scratch(t_c32, NOC);
     matmul_forward(o, cpu_internal::Widen(inp, NC, t_a32), wc.Rounded(w, OCC, t_b32), bias, N, C, OC);
-  } else {
-    static const Bf16Product kProduct = Bf16Product::kForward;
-    OnednnMatmul(N, OC, C, inp, false, wc.Bits(w, OCC, t_b16), true, bias, false, o, &kProduct);
+    cpu_internal::Narrow(o, out, NOC);
+    return;
   }
-  cpu_internal::Narrow(o, out, NOC);
+  static const Bf16Product kProduct = Bf16Product::kForward;  // out written in bf16 by oneDNN
+  OnednnMatmul(N, OC, C, inp, false, wc.Bits(w, OCC, t_b16), true, bias, false, out, &kProduct, /*c_bf16=*/true);
 }
 
 void matmul_backward_bf16(uint16_t* dinp, float* dw, float* dbias, const uint16_t* dout, const uint16_t* inp,
@@ -513,22 +516,25 @@ void matmul_backward_bf16(uint16_t* dinp, float* dw, float* dbias, const uint16_
   const size_t NC = static_cast<size_t>(N) * C, NOC = static_cast<size_t>(N) * OC, OCC = static_cast<size_t>(OC) * C;
   Bf16WeightCache none;
   Bf16WeightCache& wc = cache ? *cache : none;
-  thread_local std::vector<float> t_dinp32;
-  float* di = dinp ? cpu_internal::Widen(dinp, NC, t_dinp32) : nullptr;
   if (CurrentBf16Gemm() == Bf16Gemm::kEmulated) {
+    thread_local std::vector<float> t_dinp32;
+    float* di = dinp ? cpu_internal::Widen(dinp, NC, t_dinp32) : nullptr;
     const float* rw = dinp ? wc.Rounded(w, OCC, t_b32) : w;
     const float* x = dw ? cpu_internal::Widen(inp, NC, t_a32) : nullptr;
     matmul_backward(di, dw, nullptr, cpu_internal::Widen(dout, NOC, t_c32), x, rw, N, C, OC);
+    if (dinp) cpu_internal::Narrow(di, dinp, NC);
   } else {
     static const Bf16Product kData = Bf16Product::kBackwardData, kWeights = Bf16Product::kBackwardWeights;
-    if (dinp) OnednnMatmul(N, C, OC, dout, false, wc.Bits(w, OCC, t_b16), false, nullptr, true, di, &kData);
+    // dinp (bf16) += dout @ w, read and rounded once by oneDNN (bf16 destination, sum post-op)
+    if (dinp)
+      OnednnMatmul(N, C, OC, dout, false, wc.Bits(w, OCC, t_b16), false, nullptr, true, dinp, &kData,
+                   /*c_bf16=*/true);
     if (dw) {  // dout^T as a dense source (no transposed source, as above)
       uint16_t* d16t = cpu_internal::scratch(t_c16t, NOC);
       Transpose16(dout, N, OC, d16t);
       OnednnMatmul(OC, C, N, d16t, false, inp, false, nullptr, true, dw, &kWeights);
     }
   }
-  if (dinp) cpu_internal::Narrow(di, dinp, NC);
   if (dbias) BiasBackward(dbias, dout, N, OC);
 }
 
