@@ -279,17 +279,24 @@ float* RoundBf16(const float* src, size_t n, std::vector<float>& buf) {
   return ConvertAll(src, n, buf, [](float x) { return RoundToBf16(x); });
 }
 
-// dst[rows,cols] = bf16(src) and dst_t[cols,rows] = its transpose, in one pass over src: the
-// weight-gradient product then gets dout^T as a dense row-major source (oneDNN's brgemm runs
-// a transposed ("ba") source about 2x slower; measured with ONEDNN_VERBOSE, see the README).
-// 32x32 tiles keep the transposed writes within a few cache lines per row.
-void ToBf16AndTransposed(const float* src, int rows, int cols, uint16_t* dst, uint16_t* dst_t) {
+// f(r0, r1, c0, c1) for every 32x32 tile of a rows x cols matrix, over the compute threads: the
+// transposed writes of a tile stay within a few cache lines per row.
+template <typename F>
+void ForEachTile(int rows, int cols, F f) {
   constexpr int kTile = 32;
   const int tr = (rows + kTile - 1) / kTile, tc = (cols + kTile - 1) / kTile;
 #pragma omp parallel for schedule(static) num_threads(ComputeThreads())
   for (int64_t t = 0; t < static_cast<int64_t>(tr) * tc; t++) {
     const int r0 = static_cast<int>(t / tc) * kTile, c0 = static_cast<int>(t % tc) * kTile;
-    const int r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
+    f(r0, std::min(rows, r0 + kTile), c0, std::min(cols, c0 + kTile));
+  }
+}
+
+// dst[rows,cols] = bf16(src) and dst_t[cols,rows] = its transpose, in one pass over src: the
+// weight-gradient product then gets dout^T as a dense row-major source (oneDNN's brgemm runs
+// a transposed ("ba") source about 2x slower; measured with ONEDNN_VERBOSE, see the README).
+void ToBf16AndTransposed(const float* src, int rows, int cols, uint16_t* dst, uint16_t* dst_t) {
+  ForEachTile(rows, cols, [&](int r0, int r1, int c0, int c1) {
     for (int r = r0; r < r1; r++) {
       const float* s = src + static_cast<int64_t>(r) * cols;
       uint16_t* d = dst + static_cast<int64_t>(r) * cols;
@@ -299,7 +306,15 @@ void ToBf16AndTransposed(const float* src, int rows, int cols, uint16_t* dst, ui
         dst_t[static_cast<int64_t>(c) * rows + r] = h;
       }
     }
-  }
+  });
+}
+
+// dst[cols,rows] = src[rows,cols]^T (ToBf16AndTransposed without the conversion).
+void Transpose16(const uint16_t* src, int rows, int cols, uint16_t* dst) {
+  ForEachTile(rows, cols, [&](int r0, int r1, int c0, int c1) {
+    for (int r = r0; r < r1; r++)
+      for (int c = c0; c < c1; c++) dst[static_cast<int64_t>(c) * rows + r] = src[static_cast<int64_t>(r) * cols + c];
+  });
 }
 
 }  // namespace
@@ -479,23 +494,8 @@ void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dou
 // bf16 activations: the operands reach oneDNN as they are stored, with no ToBf16 of the input
 // or of dout (the conversion passes the fp32-activation kernels above make on every call); only
 // the weight is converted (or taken from the cache), dout transposed in bf16 for the weight
-// gradient, and the fp32 results rounded once into out / dinp (dinp = bf16(fp32(dinp) + dout @ w)).
-namespace {
-// dst[cols,rows] = src[rows,cols]^T, 32x32 tiles (ToBf16AndTransposed without the conversion).
-void Transpose16(const uint16_t* src, int rows, int cols, uint16_t* dst) {
-  constexpr int kTile = 32;
-  const int tr = (rows + kTile - 1) / kTile, tc = (cols + kTile - 1) / kTile;
-#pragma omp parallel for schedule(static) num_threads(ComputeThreads())
-  for (int64_t t = 0; t < static_cast<int64_t>(tr) * tc; t++) {
-    const int r0 = static_cast<int>(t / tc) * kTile, c0 = static_cast<int>(t % tc) * kTile;
-    const int r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
-    for (int r = r0; r < r1; r++)
-      for (int c = c0; c < c1; c++)
-        dst[static_cast<int64_t>(c) * rows + r] = src[static_cast<int64_t>(r) * cols + c];
-  }
-}
-}  // namespace
-
+// gradient, and oneDNN writes out / dinp in bf16 itself (dinp = bf16(fp32(dinp) + dout @ w),
+// rounded once); the emulated path widens, computes in fp32 and rounds once the same way.
 void matmul_forward_bf16(uint16_t* out, const uint16_t* inp, const float* w, const float* bias, int N, int C, int OC,
                          Bf16WeightCache* cache) {
   const size_t NC = static_cast<size_t>(N) * C, NOC = static_cast<size_t>(N) * OC, OCC = static_cast<size_t>(OC) * C;
