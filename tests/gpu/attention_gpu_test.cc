@@ -34,6 +34,7 @@
 #include "model/cuda/cuda_device.h"
 #include "model/device.h"
 #include "model/kernels_cpu.h"
+#include "model/kernels_cpu_bf16.h"
 #include "tests/common/random_data.h"
 #include "tests/gpu/mma_test_kernels.h"
 
@@ -151,7 +152,11 @@ class TcAttentionTest : public ::testing::Test {
     ASSERT_TRUE(dev.ok()) << dev.status().message();
     gpu_ = std::move(dev.value());
     cpu_ = NewCpuDevice(false);
+    // the CPU twin of the tensor-core kernels: the CPU device's bf16-product attention, which
+    // it runs only when asked (its default at kBf16 is fp32 products)
+    SetBf16AttentionProducts(true);
   }
+  void TearDown() override { SetBf16AttentionProducts(false); }
   // A buffer on `d` holding v.
   DeviceBuffer Upload(Device& d, const std::vector<float>& v, const char* what) {
     DeviceBuffer b(&d, nullptr, MemKind::kParams, v.size() * 4, what);
