@@ -173,29 +173,6 @@ class CpuDeviceImpl final : public Device {
   ~CpuDeviceImpl() override { ReleaseCache(); }
   void* Allocate(size_t bytes, const std::string& what) override { return AllocateBlock(bytes, what, true); }
   void* AllocateUnfilled(size_t bytes, const std::string& what) override { return AllocateBlock(bytes, what, false); }
-  void* AllocateBlock(size_t bytes, const std::string& what, bool zero) {
-    if (bytes == 0) return nullptr;
-    const size_t size = BlockSize(bytes);
-    void* p = TakeCached(size);
-    if (p != nullptr) {
-      if (zero) ZeroParallel(p, size);
-    } else {
-      p = std::calloc(size, 1);
-      if (p == nullptr) {  // what the cache holds may be what is missing
-        ReleaseCache();
-        p = std::calloc(size, 1);
-      }
-      if (p == nullptr)
-        throw DeviceOutOfMemory("out of host memory allocating " + what + " (" + std::to_string(bytes) +
-                                " bytes); try a higher --zero-stage or a smaller --micro-batch");
-      std::lock_guard<std::mutex> lock(mu_);
-      system_allocations_++;
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    live_[p] = size;
-    if (pretend_) allocations_[reinterpret_cast<uintptr_t>(p)] = bytes;
-    return p;
-  }
   // Keeps the block for the next Allocate of its size (poisoned for ASan while cached, so a use
   // after Free is still reported).
   void Free(void* p) override {
@@ -237,6 +214,30 @@ class CpuDeviceImpl final : public Device {
   Kernels& kernels() override { return kernels_; }
 
  private:
+  // Allocate (zero: zero-filled) and AllocateUnfilled: a cached block of the rounded size, else calloc.
+  void* AllocateBlock(size_t bytes, const std::string& what, bool zero) {
+    if (bytes == 0) return nullptr;
+    const size_t size = BlockSize(bytes);
+    void* p = TakeCached(size);
+    if (p != nullptr) {
+      if (zero) ZeroParallel(p, size);
+    } else {
+      p = std::calloc(size, 1);
+      if (p == nullptr) {  // what the cache holds may be what is missing
+        ReleaseCache();
+        p = std::calloc(size, 1);
+      }
+      if (p == nullptr)
+        throw DeviceOutOfMemory("out of host memory allocating " + what + " (" + std::to_string(bytes) +
+                                " bytes); try a higher --zero-stage or a smaller --micro-batch");
+      std::lock_guard<std::mutex> lock(mu_);
+      system_allocations_++;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    live_[p] = size;
+    if (pretend_) allocations_[reinterpret_cast<uintptr_t>(p)] = bytes;
+    return p;
+  }
   static void Move(void* dst, const void* src, size_t bytes) {
     if (bytes && dst != src) std::memmove(dst, src, bytes);
   }
