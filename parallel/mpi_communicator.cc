@@ -1,10 +1,9 @@
 // MpiCommunicator: one FIFO, one communication thread, blocking MPI calls (see the header).
 #include "parallel/mpi_communicator.h"
 
-#include <chrono>
-
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -17,6 +16,7 @@
 #include <vector>
 
 #include "base/bf16.h"
+#include "parallel/stall_verdict.h"
 
 namespace shardgpt {
 
@@ -255,6 +255,7 @@ StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(MPI_Comm comm
   c->arrivals_ = arrivals;
   c->world_ranks_ = std::move(world_ranks);
   c->seen_.assign(static_cast<size_t>(world), 0);
+  c->heard_.assign(static_cast<size_t>(world), std::chrono::steady_clock::now());
   c->closed_.assign(static_cast<size_t>(world), false);
   c->note_out_.assign(static_cast<size_t>(world), 0);
   c->note_req_.assign(static_cast<size_t>(world), MPI_REQUEST_NULL);
@@ -345,15 +346,23 @@ void MpiCommunicator::DrainNotes() {
     if (MPI_Recv(&seq, 1, MPI_LONG_LONG, status.MPI_SOURCE, 0, arrivals_, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
     if (seq == kClosingNote)  // the peer destroyed its side (after this call's last collective)
       closed_[status.MPI_SOURCE] = true;
-    else
+    else {
       seen_[status.MPI_SOURCE] = std::max(seen_[status.MPI_SOURCE], seq);
+      heard_[status.MPI_SOURCE] = std::chrono::steady_clock::now();
+    }
   }
 }
 
 Status MpiCommunicator::Await(MPI_Request* req, const char* name) {
   calls_++;
   if (world_ > 1) Announce();
-  const auto t0 = std::chrono::steady_clock::now();
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  // While this rank waits inside the call it notes it again every heartbeat, so that a peer
+  // that is silent although it noted the call is known to be stopped or hung inside it (not
+  // waiting, as this rank is). Silence: three heartbeats missed.
+  const double heartbeat_s = std::min(1.0, timeout_s_ / 4), silence_s = 3 * heartbeat_s;
+  auto announced = t0;
   int sleep_us = 20;
   for (;;) {
     int done = 0;
@@ -362,38 +371,48 @@ Status MpiCommunicator::Await(MPI_Request* req, const char* name) {
     if (done) break;
     // The first millisecond spins: a collective the peers are already in (a large transfer
     // moving fragment by fragment included) completes at full speed in here.
-    if (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(1)) continue;
+    const auto now = Clock::now();
+    if (now - t0 < std::chrono::milliseconds(1)) continue;
     // The peers are busy (computing, or gone): sleep, doubling up to 0.5 ms, so the waiting
     // thread does not take a core from the compute threads it waits for.
     std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
     sleep_us = std::min(2 * sleep_us, 500);
-    if (world_ > 1)
-      for (int p = 0; p < world_; p++)
-        if (note_owed_[p]) {
-          Announce();
-          break;
-        }
-    if (timeout_s_ > 0 &&
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s_)
-      TimedOut(name);
+    if (world_ == 1) continue;
+    bool owed = false;
+    for (int p = 0; p < world_; p++) owed = owed || note_owed_[p];
+    if (owed || (timeout_s_ > 0 && std::chrono::duration<double>(now - announced).count() >= heartbeat_s)) {
+      Announce();
+      announced = now;
+    }
+    if (timeout_s_ <= 0) continue;
+    DrainNotes();
+    const double waited = std::chrono::duration<double>(now - t0).count();
+    if (waited <= timeout_s_) continue;
+    // Past the deadline with every peer heard from recently: wait one silence longer, so that a
+    // peer stopped just after its latest note is told apart from MPI being stuck.
+    std::string verdict = Verdict(silence_s);
+    if (!verdict.empty() || waited > timeout_s_ + silence_s) TimedOut(name, verdict);
   }
   if (world_ > 1) DrainNotes();
   return Status::OK();
 }
 
-void MpiCommunicator::TimedOut(const char* name) {
-  DrainNotes();
-  std::string missing;
+std::string MpiCommunicator::Verdict(double silence_s) {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<PeerNotes> peers(static_cast<size_t>(world_));
   for (int p = 0; p < world_; p++)
-    if (p != rank_ && seen_[p] < calls_) missing += (missing.empty() ? "" : ", ") + std::to_string(world_ranks_[p]);
+    peers[p] = {seen_[p], std::chrono::duration<double>(now - heard_[p]).count()};
+  return StallVerdict(calls_, rank_, peers, silence_s, world_ranks_);
+}
+
+void MpiCommunicator::TimedOut(const char* name, const std::string& verdict) {
   const long long step = g_diagnostic_step.load();
-  char buf[512];
+  char buf[768];
   std::snprintf(buf, sizeof(buf),
                 "%s (MPI call %lld on a communicator of %d rank(s), %s%lld) made no progress for %.0f s "
-                "(--comm-timeout): %s%s; ending the job",
+                "(--comm-timeout): %s; ending the job",
                 name, calls_, world_, step >= 0 ? "step " : "before step ", step >= 0 ? step : 1LL, timeout_s_,
-                missing.empty() ? "every rank arrived (MPI itself is stuck)" : "rank(s) ",
-                missing.empty() ? "" : (missing + " did not arrive (stopped, hung or dead)").c_str());
+                verdict.empty() ? "every rank arrived and is waiting (MPI itself is stuck)" : verdict.c_str());
   std::fprintf(stderr, "shardgpt: error: rank %d: %s\n", world_rank_, buf);
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, 1);

@@ -9,8 +9,8 @@
 // that is still computing no longer costs a core spinning inside a blocking MPI call.
 //
 // Watchdog (SetTimeout, --comm-timeout): a call still not complete after that many seconds
-// ends the job (one line naming the call, the step and the ranks that did not arrive, then
-// MPI_Abort): a stopped or hung peer no longer hangs the job.
+// ends the job (one line naming the call, the step and the ranks that did not arrive or that
+// arrived and then fell silent, then MPI_Abort): a stopped or hung peer no longer hangs the job.
 //
 // MPI use: the communicator duplicates the given MPI_Comm (so its traffic never matches
 // anyone else's messages) and, after construction, calls MPI only from its thread, one call
@@ -56,11 +56,13 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -115,8 +117,10 @@ class MpiCommunicator final : public Communicator {
 
   // The watchdog (--comm-timeout): an MPI call of this communicator that has not completed
   // after `seconds` ends the job with one line naming the call, the step and the ranks that
-  // did not arrive at it (each rank notes every call it enters to the others on a side
-  // channel). 0 (the default) waits forever. Split and DuplicateControl pass it on. Set
+  // did not arrive at it, or arrived and fell silent (each rank notes every call it enters to
+  // the others on a side channel, and again every heartbeat while it waits inside it: a rank
+  // stopped inside a collective is told apart from MPI being stuck). 0 (the default) waits
+  // forever. Split and DuplicateControl pass it on. Set
   // before the first collective.
   void SetTimeout(double seconds) { timeout_s_ = seconds; }
   // The training step the watchdog's line names (process-wide; the training loop sets it).
@@ -162,11 +166,14 @@ class MpiCommunicator final : public Communicator {
   // backoff sleep (no core burnt while the peers compute); past timeout_s_ it ends the job.
   Status Await(MPI_Request* req, const char* name);
   void Announce();    // the note "I entered call calls_" to every other rank
-  void DrainNotes();  // the others' notes into seen_
+  void DrainNotes();  // the others' notes into seen_ (and heard_, when each came in)
   // Destructor: hands arrivals_ to the retired side channels (mpi_communicator.cc), which free
   // it once every peer's closing note came in, so that no note reaches a freed channel.
   void RetireArrivals();
-  [[noreturn]] void TimedOut(const char* name);
+  // The verdict on the call stalled in Await (stall_verdict.h): empty when every peer is
+  // waiting in it, noting it every heartbeat.
+  std::string Verdict(double silence_s);
+  [[noreturn]] void TimedOut(const char* name, const std::string& verdict);
 
   MPI_Comm comm_;   // our duplicate; freed in the destructor
   const int rank_;
@@ -191,6 +198,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<int> world_ranks_;        // MPI_COMM_WORLD rank of each member
   long long calls_ = 0;                 // MPI calls entered on comm_
   std::vector<long long> seen_;         // the latest call each peer noted
+  std::vector<std::chrono::steady_clock::time_point> heard_;  // when each peer's latest note came in
   std::vector<bool> closed_;            // the peer's closing note came in (it destroyed its side)
   std::vector<long long> note_out_;     // send buffers of the notes in flight
   std::vector<MPI_Request> note_req_;
