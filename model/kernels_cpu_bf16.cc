@@ -336,7 +336,7 @@ bool Bf16WeightReuse() { return g_weight_reuse.load(); }
 
 void Bf16WeightCache::End() {
   std::lock_guard<std::mutex> lock(mu_);
-  sources_.clear();
+  sources_.Reset(false);
   if (!open()) return;  // (closing twice must not drop the storage kept for the next window)
   for (auto it = entries_.begin(); it != entries_.end();) {
     if (it->second.window == window_) ++it;  // used in this window: keep the storage
@@ -346,32 +346,14 @@ void Bf16WeightCache::End() {
 }
 
 void Bf16WeightCache::NoteSource(const float* widened, const uint16_t* bf16, size_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (open() && n > 0) sources_.push_back({widened, bf16, n});
-}
-
-const Bf16WeightCache::Source* Bf16WeightCache::SourceOf(const float* w, size_t n) const {
-  for (const Source& s : sources_)
-    if (w >= s.widened && w + n <= s.widened + s.n) return &s;
-  return nullptr;
-}
-
-// Overlap of [a, a + an) and [b, b + bn) in bytes.
-static bool Overlaps(const void* a, size_t an, const void* b, size_t bn) {
-  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
-  return x < y + bn && y < x + an;
+  sources_.Note(widened, bf16, n);  // taken only while the window is open (Begin)
 }
 
 void Bf16WeightCache::Forget(const void* p, size_t bytes) {
+  sources_.Forget(p, bytes);
   std::lock_guard<std::mutex> lock(mu_);
-  sources_.erase(std::remove_if(sources_.begin(), sources_.end(),
-                                [&](const Source& s) {
-                                  return Overlaps(s.widened, s.n * sizeof(float), p, bytes) ||
-                                         Overlaps(s.bf16, s.n * sizeof(uint16_t), p, bytes);
-                                }),
-                 sources_.end());
   for (auto& [key, e] : entries_)  // not served again; the storage stays for the next window
-    if (Overlaps(key.first.first, key.first.second * sizeof(float), p, bytes)) e.window = 0;
+    if (Bf16SourceNotes::Overlaps(key.first.first, key.first.second * sizeof(float), p, bytes)) e.window = 0;
 }
 
 Bf16WeightCache::Entry* Bf16WeightCache::Find(const float* w, size_t n, bool bits, bool* fresh) {
@@ -391,9 +373,9 @@ const T* Bf16WeightCache::Lookup(const float* w, size_t n, std::vector<T>& scrat
     g_weight_conversions.fetch_add(1, std::memory_order_relaxed);
     return convert(w, n, scratch);
   }
-  if (const Source* s = SourceOf(w, n)) {  // w is bf16 values already: serve them as they are
+  if (const uint16_t* stored = sources_.Find(w, n)) {  // w is bf16 values already: serve them as they are
     g_weights_from_stored.fetch_add(1, std::memory_order_relaxed);
-    if constexpr (std::is_same<T, uint16_t>::value) return s->bf16 + (w - s->widened);
+    if constexpr (std::is_same<T, uint16_t>::value) return stored;
     else return w;
   }
   bool fresh = false;

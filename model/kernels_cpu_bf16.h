@@ -39,6 +39,8 @@
 #include <utility>
 #include <vector>
 
+#include "model/bf16_source_notes.h"
+
 namespace shardgpt {
 
 // True when this CPU has bf16 dot-product instructions that the OS lets us use: AVX512-BF16
@@ -119,8 +121,8 @@ class Bf16WeightCache {
  public:
   void Begin() {
     std::lock_guard<std::mutex> lock(mu_);
-    sources_.clear();
     window_ = Bf16WeightReuse() ? ++last_window_ : 0;
+    sources_.Reset(open());
   }
   void End();
   bool open() const { return window_ != 0; }
@@ -132,13 +134,6 @@ class Bf16WeightCache {
   void Forget(const void* p, size_t bytes);
 
  private:
-  struct Source {  // widened[0, n) holds exactly the bf16 values bf16[0, n)
-    const float* widened;
-    const uint16_t* bf16;
-    size_t n;
-  };
-  // The noted source covering w[0, n), or null.
-  const Source* SourceOf(const float* w, size_t n) const;
   struct Entry {
     uint64_t window = 0;
     std::vector<uint16_t> bits;
@@ -150,8 +145,8 @@ class Bf16WeightCache {
                   T* (*convert)(const float*, size_t, std::vector<T>&));
   uint64_t window_ = 0, last_window_ = 0;
   std::map<std::pair<std::pair<const float*, size_t>, bool>, Entry> entries_;
-  std::vector<Source> sources_;  // of the open window
-  std::mutex mu_;                // Forget may come from another thread
+  Bf16SourceNotes sources_;  // of the open window
+  std::mutex mu_;            // guards the entries and the window: Forget may come from another thread
 };
 
 // out[N,OC] = bf16(inp)[N,C] @ bf16(w)[OC,C]^T + bias[OC]   (bias may be null; fp32 bias)

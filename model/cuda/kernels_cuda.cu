@@ -572,53 +572,27 @@ void* CudaKernels::Scratch(size_t bytes, ScratchSlot slot) const {
 // copy keeps X's leading dimension.
 const uint16_t* CudaKernels::Bf16Copy(const float* X, int rows, int cols, int ld, ScratchSlot slot) const {
   const size_t n = (size_t)(cols - 1) * ld + rows;
-  {
-    std::lock_guard<std::mutex> lock(sources_mu_);
-    for (const Bf16Source& s : sources_) {
-      if (X < s.widened || X + n > s.widened + s.n) continue;
-      const uint16_t* stored = s.bf16 + (X - s.widened);  // the same layout, already bf16
-      // 16-byte aligned, as cuBLASLt's bf16 tensor-core algorithms want (else the copy, 256)
-      if (reinterpret_cast<uintptr_t>(stored) % 16 != 0) break;
-      operands_from_stored_++;
-      return stored;
-    }
+  // the same layout, already bf16; 16-byte aligned, as cuBLASLt's bf16 tensor-core algorithms
+  // want (else the copy, 256-byte aligned)
+  const uint16_t* stored = sources_.Find(X, n);
+  if (stored && reinterpret_cast<uintptr_t>(stored) % 16 == 0) {
+    operands_from_stored_++;
+    return stored;
   }
   uint16_t* dst = static_cast<uint16_t*>(Scratch(n * sizeof(uint16_t), slot));
   convert(X, DType::kF32, dst, DType::kBF16, n);
   return dst;
 }
 
-void CudaKernels::begin_weight_reuse() {
-  std::lock_guard<std::mutex> lock(sources_mu_);
-  window_open_ = true;
-  sources_.clear();
-}
+void CudaKernels::begin_weight_reuse() { sources_.Reset(true); }
 
-void CudaKernels::end_weight_reuse() {
-  std::lock_guard<std::mutex> lock(sources_mu_);
-  window_open_ = false;
-  sources_.clear();
-}
+void CudaKernels::end_weight_reuse() { sources_.Reset(false); }
 
 void CudaKernels::note_bf16_source(const float* widened, const void* bf16, size_t n) {
-  std::lock_guard<std::mutex> lock(sources_mu_);
-  if (window_open_ && n > 0) sources_.push_back({widened, static_cast<const uint16_t*>(bf16), n});
+  sources_.Note(widened, static_cast<const uint16_t*>(bf16), n);
 }
 
-void CudaKernels::ForgetMemory(const void* p, size_t bytes) {
-  const auto lo = reinterpret_cast<uintptr_t>(p), hi = lo + bytes;
-  auto touches = [&](const void* q, size_t qbytes) {
-    const auto a = reinterpret_cast<uintptr_t>(q);
-    return a < hi && lo < a + qbytes;
-  };
-  std::lock_guard<std::mutex> lock(sources_mu_);
-  sources_.erase(std::remove_if(sources_.begin(), sources_.end(),
-                                [&](const Bf16Source& s) {
-                                  return touches(s.widened, s.n * sizeof(float)) ||
-                                         touches(s.bf16, s.n * sizeof(uint16_t));
-                                }),
-                 sources_.end());
-}
+void CudaKernels::ForgetMemory(const void* p, size_t bytes) { sources_.Forget(p, bytes); }
 
 const float* CudaKernels::F32Copy(const uint16_t* X, int rows, int cols, int ld, ScratchSlot slot) const {
   const size_t n = (size_t)(cols - 1) * ld + rows;

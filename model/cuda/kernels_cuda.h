@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "model/bf16_source_notes.h"
 #include "model/kernels.h"
 
 namespace shardgpt {
@@ -194,15 +195,7 @@ class CudaKernels final : public Kernels {
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
   mutable std::map<GemmKey, GemmPlan> plans_;
-  // note_bf16_source's notes of the open window (ForgetMemory may run on another thread).
-  struct Bf16Source {
-    const float* widened;
-    const uint16_t* bf16;
-    size_t n;
-  };
-  mutable std::mutex sources_mu_;
-  bool window_open_ = false;
-  std::vector<Bf16Source> sources_;
+  Bf16SourceNotes sources_;  // note_bf16_source's notes of the open window
   mutable std::atomic<uint64_t> operands_from_stored_{0};
   bool cudnn_attention_ = false;
   mutable void* scratch_[kNumSlots] = {};
