@@ -33,6 +33,7 @@
 #include "model/optimizer.h"
 #include "model/param_layout.h"
 #include "tests/common/random_data.h"
+#include "tests/gpu/gpu_and_cpu.h"
 
 namespace shardgpt {
 namespace {
@@ -92,12 +93,8 @@ class Pair {
 class GpuBf16Act : public ::testing::TestWithParam<MatmulPrecision> {
  protected:
   void SetUp() override {
-    std::string error;
-    if (CudaVisibleDeviceCount(&error) == 0) GTEST_SKIP() << "no usable GPU: " << error;
-    auto dev = CreateCudaDevice(0, 1);
-    ASSERT_TRUE(dev.ok()) << dev.status().message();
-    gpu_ = std::move(dev.value());
-    cpu_ = NewCpuDevice(false);
+    std::string skip;
+    if (!OpenGpuAndCpu(&gpu_, &cpu_, &skip)) GTEST_SKIP() << skip;
     for (bool g : {true, false}) {
       k(g).set_activation_dtype(DType::kBF16);
       k(g).set_matmul_precision(GetParam());

@@ -37,6 +37,7 @@
 #include "model/device_factory.h"
 #include "model/optimizer.h"
 #include "tests/common/random_data.h"
+#include "tests/gpu/gpu_and_cpu.h"
 
 namespace shardgpt {
 namespace {
@@ -120,12 +121,8 @@ class Twin {
 class GpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string error;
-    if (CudaVisibleDeviceCount(&error) == 0) GTEST_SKIP() << "no usable GPU: " << error;
-    auto dev = CreateCudaDevice(0, 1);
-    ASSERT_TRUE(dev.ok()) << dev.status().message();
-    gpu_ = std::move(dev.value());
-    cpu_ = NewCpuDevice(false);
+    std::string skip;
+    if (!OpenGpuAndCpu(&gpu_, &cpu_, &skip)) GTEST_SKIP() << skip;
   }
   Device& dev(bool on_gpu) { return on_gpu ? *gpu_ : *cpu_; }
   Kernels& k(bool on_gpu) { return dev(on_gpu).kernels(); }
