@@ -118,6 +118,8 @@ class CudaKernels final : public Kernels {
   void ForgetMemory(const void* p, size_t bytes);
   // Matmul operands read from a noted bf16 source since this kernel set was made (tests).
   uint64_t operands_from_stored() const { return operands_from_stored_.load(); }
+  // Forward biases read from a noted bf16 source (a bf16 D with its bf16 bias in one call).
+  uint64_t biases_from_stored() const { return biases_from_stored_.load(); }
 
   // --attention cudnn: attention through cuDNN's SDPA (attention_cudnn.cc; bf16 products
   // at every precision). Only where CudnnAttentionBuilt() (attention_cudnn.h).
@@ -146,8 +148,9 @@ class CudaKernels final : public Kernels {
   // cuBLAS choose bf16 or TF32 rounding: not what the CPU twin computes.)
   // Each operand fp32 or bf16 (an activation at bf16 activations); D fp32, or bf16 with kBf16
   // (cuBLASLt rounds the fp32 accumulation once). kExact widens bf16 operands to fp32 copies.
+  // The bias has D's type (cuBLASLt's rule outside fp8: CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE).
   void Gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* A, DType a_type, int lda, const void* B,
-            DType b_type, int ldb, void* D, DType d_type, int ldd, float beta, const float* bias) const;
+            DType b_type, int ldb, void* D, DType d_type, int ldd, float beta, const void* bias) const;
   // The bf16 copy of the column-major rows x cols matrix X (leading dimension ld) in `slot`.
   const uint16_t* Bf16Copy(const float* X, int rows, int cols, int ld, ScratchSlot slot) const;
   // The fp32 copy (exact) of a bf16 one.
@@ -175,7 +178,7 @@ class CudaKernels final : public Kernels {
     cublasLtMatmulAlgo_t algo{};
     bool found = false;  // false: the heuristic had no algorithm for this key
   };
-  GemmPlan& Plan(const GemmKey& key, const float* bias) const;
+  GemmPlan& Plan(const GemmKey& key, const void* bias) const;
   // dst[OC] += sum_n X[n, :] over X[N, OC], deterministic (matmul's dbias).
   void ColumnSums(float* dst, const void* X, int N, int OC) const;  // X in the activation dtype
 
@@ -197,6 +200,7 @@ class CudaKernels final : public Kernels {
   mutable std::map<GemmKey, GemmPlan> plans_;
   Bf16SourceNotes sources_;  // note_bf16_source's notes of the open window
   mutable std::atomic<uint64_t> operands_from_stored_{0};
+  mutable std::atomic<uint64_t> biases_from_stored_{0};
   bool cudnn_attention_ = false;
   mutable void* scratch_[kNumSlots] = {};
   mutable size_t scratch_bytes_[kNumSlots] = {};

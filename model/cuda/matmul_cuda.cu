@@ -40,8 +40,10 @@ namespace shardgpt {
 
 namespace {
 
-// out[n, o] = bias[o]: the fallback when no bias-epilogue algorithm exists for a shape.
-__global__ void broadcast_bias_kernel(float* out, const float* bias, int N, int OC) {
+// out[n, o] = bias[o]: the fallback when no bias-epilogue algorithm exists for a shape (fp32, or
+// bf16 out with its bf16 bias).
+template <typename T>
+__global__ void broadcast_bias_kernel(T* out, const T* bias, int N, int OC) {
   const size_t total = (size_t)N * OC;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
     out[i] = bias[i % OC];
@@ -89,7 +91,7 @@ struct PreferenceHandle {  // destroys the heuristic's preference descriptor on 
 
 // Made once per key. The plan enters plans_ before its descriptors are made, so that the
 // destructor frees them even if a call below throws.
-CudaKernels::GemmPlan& CudaKernels::Plan(const GemmKey& key, const float* bias) const {
+CudaKernels::GemmPlan& CudaKernels::Plan(const GemmKey& key, const void* bias) const {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
   GemmPlan& p = plans_.emplace(key, GemmPlan{}).first->second;
@@ -105,7 +107,7 @@ CudaKernels::GemmPlan& CudaKernels::Plan(const GemmKey& key, const float* bias) 
   SHARDGPT_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
   if (key.bias) {
-    const cudaDataType_t bias_type = CUDA_R_32F;
+    const cudaDataType_t bias_type = d_type;  // D's type: cuBLASLt's rule outside fp8
     SHARDGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                          sizeof(bias_type)));
     // The heuristic reads the pointer's value for its alignment.
@@ -143,7 +145,7 @@ CudaKernels::GemmPlan& CudaKernels::Plan(const GemmKey& key, const float* bias) 
 
 void CudaKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* A, DType a_type, int lda,
                        const void* B, DType b_type, int ldb, void* D, DType d_type, int ldd, float beta,
-                       const float* bias) const {
+                       const void* bias) const {
   // The operands as the plan reads them, of one type: at kBf16 the bf16 operands as they are
   // (activations) and bf16 copies (256-byte aligned scratch) of the fp32 ones (weights); at
   // kExact fp32 copies of the bf16 ones (widening is exact). D is fp32, or bf16 at kBf16.
@@ -175,11 +177,16 @@ void CudaKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const vo
     found = &Plan(key, bias);
   }
   GemmPlan& plan = *found;
-  if (!plan.found && bias && d_type == DType::kF32) {
+  if (!plan.found && bias) {
     // No epilogue algorithm for this shape: D = bias broadcast (D is contiguous: ldd == m, as in
-    // matmul_forward, the only caller with a bias), then D += A B.
-    SHARDGPT_LAUNCH(broadcast_bias_kernel, cuda::GridFor((size_t)m * n, 256), 256, 0, stream_)(static_cast<float*>(D),
-                                                                                              bias, n, m);
+    // matmul_forward, the only caller with a bias), then D += A B (rounded once: a bf16 bias is
+    // exactly representable in the bf16 D it is broadcast into).
+    if (d_type == DType::kF32)
+      SHARDGPT_LAUNCH(broadcast_bias_kernel<float>, cuda::GridFor((size_t)m * n, 256), 256, 0, stream_)(
+          static_cast<float*>(D), static_cast<const float*>(bias), n, m);
+    else
+      SHARDGPT_LAUNCH(broadcast_bias_kernel<uint16_t>, cuda::GridFor((size_t)m * n, 256), 256, 0, stream_)(
+          static_cast<uint16_t*>(D), static_cast<const uint16_t*>(bias), n, m);
     SHARDGPT_CUDA_CHECK_LAUNCH("broadcast_bias_kernel");
     Gemm(trans_a, trans_b, m, n, k, A, a_type, lda, B, b_type, ldb, D, d_type, ldd, 1.0f, nullptr);
     return;
@@ -213,19 +220,26 @@ void CudaKernels::ColumnSums(float* dst, const void* X, int N, int OC) const {
 
 // out^T (OC x N) = w^T(stored C x OC, transposed) @ inp^T (C x N) + bias
 // bf16 activations: inp goes to cuBLASLt as it is; out is written in bf16 by cuBLASLt itself
-// (bf16 products, fp32 accumulation, one rounding) when there is no bias, else (an fp32 bias
-// epilogue, or fp32 products) the fp32 result goes to scratch and is rounded into out once.
+// (bf16 products, fp32 accumulation, one rounding) when there is no bias, or when the fp32 bias
+// is a noted widening of stored bf16 values (bf16 storage: the bias epilogue of a bf16 D takes a
+// bf16 bias, and that one is the fp32 bias exactly). Else (an fp32 bias that may not be bf16
+// values, or fp32 products) the fp32 result goes to scratch and is rounded into out once: 8
+// bytes per output element more of memory traffic.
 void CudaKernels::matmul_forward(void* out, const void* inp, const float* w, const float* bias, int N, int C,
                                  int OC) const {
   if (N == 0 || OC == 0) return;
   Bind();
   const DType act = act_dtype_;
-  const bool direct = act == DType::kF32 || (precision_ == MatmulPrecision::kBf16 && bias == nullptr && C > 0);
+  const bool bf16_d = act == DType::kBF16 && precision_ == MatmulPrecision::kBf16 && C > 0;
+  const uint16_t* stored_bias = bf16_d && bias ? sources_.Find(bias, OC) : nullptr;
+  const bool direct = act == DType::kF32 || (bf16_d && (bias == nullptr || stored_bias != nullptr));
   void* D = direct ? out : Scratch(sizeof(float) * N * OC, kResult);
   const DType d_type = direct ? act : DType::kF32;
+  const void* d_bias = d_type == DType::kBF16 ? static_cast<const void*>(stored_bias) : bias;
+  if (stored_bias) biases_from_stored_++;
   if (C == 0) {  // empty product: out = bias (or 0)
     if (bias) {
-      SHARDGPT_LAUNCH(broadcast_bias_kernel, cuda::GridFor((size_t)N * OC, 256), 256, 0, stream_)(
+      SHARDGPT_LAUNCH(broadcast_bias_kernel<float>, cuda::GridFor((size_t)N * OC, 256), 256, 0, stream_)(
           static_cast<float*>(D), bias, N, OC);
       SHARDGPT_CUDA_CHECK_LAUNCH("broadcast_bias_kernel");
     } else {
@@ -233,7 +247,7 @@ void CudaKernels::matmul_forward(void* out, const void* inp, const float* w, con
     }
   } else {
     Gemm(/*trans_a=*/true, /*trans_b=*/false, /*m=*/OC, /*n=*/N, /*k=*/C, w, DType::kF32, C, inp, act, C, D, d_type,
-         OC, 0.0f, bias);
+         OC, 0.0f, d_bias);
   }
   if (!direct) convert(D, DType::kF32, out, act, (size_t)N * OC);
 }

@@ -404,6 +404,52 @@ TEST_F(GpuTest, MatmulBf16ReadsTheNotedBf16SourceUntilFreed) {
   k(true).set_matmul_precision(MatmulPrecision::kExact);
 }
 
+// bf16 activations with bf16 storage: a forward bias that is a noted widening of stored bf16
+// values reaches cuBLASLt as those bf16 values, in the bias epilogue of the bf16 result (one
+// call, no fp32 result in scratch); any other fp32 bias takes the fp32 result rounded once
+// after. As above, the noted source is deliberately other values (twice the bias), so that the
+// output shows which bias was read. Both paths round fp32(product) + bias once to bf16: under
+// the emulation they agree bit for bit; on a GPU cuBLASLt may pick another algorithm for a bf16
+// result (another summation order): within one bf16 rounding there.
+TEST_F(GpuTest, MatmulForwardTakesANotedBf16BiasIntoItsBf16Result) {
+  const int N = 32, C = 64, OC = 48;
+  std::vector<float> b = RandomFloats(OC, 61), b2(OC);
+  for (int i = 0; i < OC; i++) b[i] = RoundToBf16(4 * b[i]), b2[i] = 2 * b[i];  // 2b: exact in bf16
+  std::vector<uint16_t> inp_bits((size_t)N * C), b2_bits(OC);
+  const std::vector<float> inp = RandomFloats((size_t)N * C, 62);
+  FloatToBf16(inp.data(), inp_bits.data(), inp.size());
+  FloatToBf16(b2.data(), b2_bits.data(), OC);
+  k(true).set_matmul_precision(MatmulPrecision::kBf16);
+  k(true).set_activation_dtype(DType::kBF16);
+  auto d_inp = Make(inp_bits, "inp");
+  auto d_w = Make(RandomFloats((size_t)OC * C, 63), "w");
+  auto d_b = Make(b, "bias"), d_b2 = Make(b2, "2 x bias");
+  auto forward = [&](const float* bias) {
+    Twin<uint16_t> out = Make(std::vector<uint16_t>((size_t)N * OC), "out");
+    k(true).matmul_forward(out.p(true), d_inp.p(true), d_w.p(true), bias, N, C, OC);
+    std::vector<float> widened((size_t)N * OC);
+    const std::vector<uint16_t> bits = out.Gpu();
+    for (size_t i = 0; i < bits.size(); i++) widened[i] = Bf16ToFloat(bits[i]);
+    return widened;
+  };
+  const std::vector<float> out_b = forward(d_b.p(true)), out_b2 = forward(d_b2.p(true));
+  ASSERT_NE(out_b, out_b2);
+  auto expect_same = [&](const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+    if (kEmulated) ExpectBitwise(got, want, what);
+    else ExpectNear(got, want, 1.0 / 128, what);  // one bf16 rounding of the largest value
+  };
+  DeviceBuffer src(gpu_.get(), nullptr, MemKind::kParams, OC * sizeof(uint16_t), "bf16 bias source");
+  gpu_->CopyToDevice(src.data(), b2_bits.data(), OC * sizeof(uint16_t));
+  k(true).begin_weight_reuse();
+  k(true).note_bf16_source(d_b.p(true), src.data(), OC);
+  expect_same(forward(d_b.p(true)), out_b2, "a bias inside the noted copy, read from its bf16 source");
+  src.Free();
+  ExpectBitwise(forward(d_b.p(true)), out_b, "after the source's Free: the fp32 bias again");
+  k(true).end_weight_reuse();
+  k(true).set_activation_dtype(DType::kF32);
+  k(true).set_matmul_precision(MatmulPrecision::kExact);
+}
+
 // What kBf16 computes, told apart from the alternatives cuBLAS could pick: the products of
 // bf16-rounded (RNE) inputs summed in fp32, not TF32-rounded inputs (10-bit mantissas, what
 // CUBLAS_COMPUTE_32F_FAST_16BF on fp32 operands may do) and not fp32. Inputs are chosen not to
