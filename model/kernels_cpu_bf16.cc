@@ -901,9 +901,13 @@ void AttentionForwardBatched(OutT* out, float* lse, const uint16_t* qkv, int B, 
 // dqkv (fp32, or bf16 bits when GradT is uint16_t) += the gradients, from bf16 dout, qkv, out.
 // Each element of dqkv gets exactly one fp32 sum added (its head's dq, dk or dv over the whole
 // sequence), so a bf16 dqkv is rounded once, as widening, adding and narrowing would.
+// out32 / dout32: the fp32 activations dout and out were rounded from, when they are fp32
+// (null for bf16 activations): D = dO . o is then taken from them unrounded, as the tile
+// kernels and the GPU's tensor-core attention do (only the products' inputs are rounded).
 template <typename GradT>
 void AttentionBackwardBatched(GradT* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
-                              const float* lse, int B, int T, int C, int NH) {
+                              const float* lse, int B, int T, int C, int NH, const float* dout32 = nullptr,
+                              const float* out32 = nullptr) {
   const int hs = C / NH, C3 = 3 * C, BH = B * NH, G0 = AttentionChunk(BH, T);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const size_t TT = static_cast<size_t>(T) * T, Thd = static_cast<size_t>(T) * hs;
@@ -918,11 +922,17 @@ void AttentionBackwardBatched(GradT* dqkv, const uint16_t* dout, const uint16_t*
     uint16_t *dS = P + G0 * TT, *qd = dS + G0 * TT, *kd = qd + G0 * Thd, *vd = kd + G0 * Thd, *dOd = vd + G0 * Thd;
     hv.gather(qkv, C3, 0, qd), hv.gather(qkv, C3, C, kd), hv.gather(qkv, C3, 2 * C, vd), hv.gather(dout, C, 0, dOd);
     for (int64_t row = 0; row < static_cast<int64_t>(G) * T; row++) {  // D[t] = dO_t . o_t (fp32)
-      const uint16_t* o = out + hv.at(static_cast<int>(row / T), static_cast<int>(row % T), C, 0);
-      const uint16_t* g = dOd + row * hs;
+      const int64_t at = hv.at(static_cast<int>(row / T), static_cast<int>(row % T), C, 0);
       float acc = 0.0f;
+      if (out32) {
+        const float *o = out32 + at, *g = dout32 + at;
 #pragma omp simd reduction(+ : acc)
-      for (int i = 0; i < hs; i++) acc += Bf16ToFloat(o[i]) * Bf16ToFloat(g[i]);
+        for (int i = 0; i < hs; i++) acc += o[i] * g[i];
+      } else {
+        const uint16_t *o = out + at, *g = dOd + row * hs;
+#pragma omp simd reduction(+ : acc)
+        for (int i = 0; i < hs; i++) acc += Bf16ToFloat(o[i]) * Bf16ToFloat(g[i]);
+      }
       D[row] = acc;
     }
     OnednnBatched(G, T, T, hs, qd, false, kd, true, scale, S, false);  // S = scale q k^T
@@ -965,7 +975,7 @@ void AttentionBackwardBatched(GradT* dqkv, const uint16_t* dout, const uint16_t*
 // kOnednn: the batched attention above (fp32 activations converted to bf16 once per call);
 // kEmulated: the tile policy over kernels_cpu_internal.h's blocked attention.
 namespace {
-thread_local std::vector<uint16_t> t_batt_qkv, t_batt_o, t_batt_do;
+thread_local std::vector<uint16_t> t_batt_qkv, t_batt_do;
 bool Batched() { return CurrentBf16Gemm() == Bf16Gemm::kOnednn; }
 }  // namespace
 
@@ -983,7 +993,7 @@ void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, c
   if (Batched()) {
     const size_t NC = static_cast<size_t>(B) * T * C;
     return AttentionBackwardBatched(dqkv, ToBf16(dout, NC, t_batt_do), ToBf16(qkv, 3 * NC, t_batt_qkv),
-                                    ToBf16(out, NC, t_batt_o), lse, B, T, C, NH);
+                                    /*out=*/nullptr, lse, B, T, C, NH, dout, out);
   }
   cpu_internal::BlasSingleThread single;
   cpu_internal::AttentionBackward(Bf16GemmPolicy{CurrentBf16Gemm()}, ComputeThreads(), dqkv, dout, qkv, out, lse, B,
