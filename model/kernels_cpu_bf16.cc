@@ -898,6 +898,13 @@ void AttentionForwardBatched(OutT* out, float* lse, const uint16_t* qkv, int B, 
   }
 }
 
+// d[0, n) += g[0, n) (fp32 sums; a bf16 d rounded once).
+template <typename GradT>
+inline void AddRow(GradT* __restrict d, const float* __restrict g, int n) {
+#pragma omp simd
+  for (int i = 0; i < n; i++) cpu_internal::St(d, i, cpu_internal::Ld(d, i) + g[i]);
+}
+
 // dqkv (fp32, or bf16 bits when GradT is uint16_t) += the gradients, from bf16 dout, qkv, out.
 // Each element of dqkv gets exactly one fp32 sum added (its head's dq, dk or dv over the whole
 // sequence), so a bf16 dqkv is rounded once, as widening, adding and narrowing would.
@@ -959,13 +966,7 @@ void AttentionBackwardBatched(GradT* dqkv, const uint16_t* dout, const uint16_t*
     OnednnBatched(G, T, hs, T, P, true, dOd, false, 1.0f, dvd, false);    // dv = P^T dO
     for (int64_t row = 0; row < static_cast<int64_t>(G) * T; row++) {
       GradT* d = dqkv + hv.at(static_cast<int>(row / T), static_cast<int>(row % T), C3, 0);
-      const float *gq = dqd + row * hs, *gk = dkd + row * hs, *gv = dvd + row * hs;
-#pragma omp simd
-      for (int i = 0; i < hs; i++) {
-        cpu_internal::St(d, i, cpu_internal::Ld(d, i) + gq[i]);
-        cpu_internal::St(d, C + i, cpu_internal::Ld(d, C + i) + gk[i]);
-        cpu_internal::St(d, 2 * C + i, cpu_internal::Ld(d, 2 * C + i) + gv[i]);
-      }
+      AddRow(d, dqd + row * hs, hs), AddRow(d + C, dkd + row * hs, hs), AddRow(d + 2 * C, dvd + row * hs, hs);
     }
   }
 }
