@@ -22,7 +22,9 @@
 #include <random>
 #include <vector>
 
+#include "base/bf16.h"
 #include "model/kernels_cpu.h"
+#include "model/kernels_cpu_bf16.h"
 #include "tests/common/random_data.h"
 
 namespace shardgpt {
@@ -113,6 +115,61 @@ void BM_AttentionForwardBackward(benchmark::State& st) {
 BENCHMARK(BM_AttentionForward)->ATTN_SHAPES;
 BENCHMARK(BM_AttentionBackward)->ATTN_SHAPES;
 BENCHMARK(BM_AttentionForwardBackward)->ATTN_SHAPES;
+
+// Attention on bf16 activations (the trainer at --dtype bf16), side by side: products=0 widens
+// q/k/v to fp32 and runs the fp32 kernel (OpenBLAS tiles); products=1 is the bf16-product
+// kernel of kernels_cpu_bf16.h (batched oneDNN where this CPU takes bf16 matmuls: count its
+// calls with ONEDNN_VERBOSE=1, which also prints each product's time, to split the products
+// from the softmax / copy passes). The CPU device at kBf16 picks one by Bf16AttentionProducts().
+struct AttnData16 {
+  AttnData f;
+  std::vector<uint16_t> qkv, out, dout, dqkv;
+  AttnData16(int B, int T, int C, int NH) : f(B, T, C, NH) {
+    auto to16 = [](const std::vector<float>& v) {
+      std::vector<uint16_t> r(v.size());
+      for (size_t i = 0; i < v.size(); i++) r[i] = FloatToBf16(v[i]);
+      return r;
+    };
+    qkv = to16(f.qkv), dout = to16(f.dout), out.resize(f.out.size()), dqkv.assign(qkv.size(), 0);
+  }
+  void forward(bool bf16_products) {
+    if (bf16_products) return attention_forward_bf16(out.data(), f.lse.data(), qkv.data(), f.B, f.T, f.C, f.NH);
+    attention_forward(out.data(), f.lse.data(), qkv.data(), f.B, f.T, f.C, f.NH);
+  }
+  void backward(bool bf16_products) {
+    if (bf16_products)
+      return attention_backward_bf16(dqkv.data(), dout.data(), qkv.data(), out.data(), f.lse.data(), f.B, f.T, f.C,
+                                     f.NH);
+    attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), f.lse.data(), f.B, f.T, f.C, f.NH);
+  }
+};
+
+void BM_AttentionBf16Forward(benchmark::State& st) {
+  AttnData16 a(st.range(0), st.range(1), st.range(2), st.range(3));
+  const bool bf16_products = st.range(4);
+  for (auto _ : st) {
+    a.forward(bf16_products);
+    benchmark::DoNotOptimize(a.out.data());
+  }
+  SetGflops(st, 2 * a.f.causal_product_flops());
+}
+
+void BM_AttentionBf16Backward(benchmark::State& st) {
+  AttnData16 a(st.range(0), st.range(1), st.range(2), st.range(3));
+  const bool bf16_products = st.range(4);
+  a.forward(bf16_products);
+  for (auto _ : st) {
+    a.backward(bf16_products);
+    benchmark::DoNotOptimize(a.dqkv.data());
+  }
+  SetGflops(st, 5 * a.f.causal_product_flops());
+}
+
+#define ATTN16_SHAPES Args({8, 256, 256, 4, 0})->Args({8, 256, 256, 4, 1})->Args({8, 256, 384, 6, 0}) \
+  ->Args({8, 256, 384, 6, 1})->Args({4, 64, 768, 12, 0})->Args({4, 64, 768, 12, 1})                 \
+  ->ArgNames({"B", "T", "C", "NH", "products"})->Unit(benchmark::kMillisecond)
+BENCHMARK(BM_AttentionBf16Forward)->ATTN16_SHAPES;
+BENCHMARK(BM_AttentionBf16Backward)->ATTN16_SHAPES;
 
 // ---- layernorm, gelu, residual, encoder ------------------------------------------------------
 

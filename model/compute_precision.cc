@@ -31,7 +31,7 @@ ComputeChoice ChooseComputePrecision(DType storage, const std::string& requested
   if (f.cpu_bf16_dot && f.onednn_bf16) {
     c.precision = MatmulPrecision::kBf16;
     c.line = "compute: bf16 matmuls through oneDNN (" + f.cpu_bf16_dot_name +
-             "), fp32 accumulation; attention's products in fp32" + fp32_rest + " (" + why + ")";
+             "), fp32 accumulation, attention's products too" + fp32_rest + " (" + why + ")";
     return c;
   }
   if (!forced) {

@@ -141,9 +141,9 @@ class CpuKernels final : public Kernels {
 
  private:
   bool bf16() const { return precision_ == MatmulPrecision::kBf16; }
-  // Attention's products at kBf16: fp32 (OpenBLAS tiles, on the widened activations) unless
-  // Bf16AttentionProducts(): the bf16 tile kernel measured 2.2-2.5x slower than the fp32 tiles
-  // at every bench shape (README, "bf16 compute"), and fp32 products are the more exact.
+  // Attention's products at kBf16: bf16 when Bf16AttentionProducts() (by default where the
+  // batched oneDNN attention runs on bf16 dot-product instructions: faster than the fp32 tiles),
+  // else fp32 (OpenBLAS tiles, on the widened activations).
   bool bf16_attention() const { return bf16() && Bf16AttentionProducts(); }
   bool act16() const { return act_dtype_ == DType::kBF16; }
   // Activation pointers as the kernels take them: fp32, or bf16 bits.

@@ -4,7 +4,8 @@
 // oneDNN is used in its simplest form: dense bf16 operands (no transposed source: oneDNN 2.6's
 // brgemm runs one ~2x slower), a dense fp32 destination, an optional fp32 bias and an optional
 // sum post-op (+=). Primitives are built once per shape and cached per thread (building one
-// costs far more than a small product). Attention's tiles use our vdpbf16ps kernel instead.
+// costs far more than a small product). Attention's products are batched over heads (dense
+// per-head copies, so oneDNN's brgemm / AMX kernels take them; see "attention on oneDNN").
 #include "model/kernels_cpu_bf16.h"
 
 #include <cpuid.h>
@@ -16,7 +17,9 @@
 #include <atomic>
 #include <cstring>
 #include <immintrin.h>
+#include <map>
 #include <mutex>
+#include <tuple>
 #include <unordered_map>
 #include <type_traits>
 #include <vector>
@@ -328,10 +331,14 @@ std::atomic<bool> g_weight_reuse{true};
 
 void SetBf16WeightReuse(bool on) { g_weight_reuse.store(on); }
 namespace {
-std::atomic<bool> g_bf16_attention{false};
+std::atomic<int> g_bf16_attention{-1};  // -1: not set, the default below
 }  // namespace
-void SetBf16AttentionProducts(bool on) { g_bf16_attention.store(on); }
-bool Bf16AttentionProducts() { return g_bf16_attention.load(); }
+void SetBf16AttentionProducts(bool on) { g_bf16_attention.store(on ? 1 : 0); }
+bool Bf16AttentionProducts() {
+  const int set = g_bf16_attention.load();
+  if (set >= 0) return set == 1;
+  return CurrentBf16Gemm() == Bf16Gemm::kOnednn && CpuHasBf16Dot();
+}
 bool Bf16WeightReuse() { return g_weight_reuse.load(); }
 
 void Bf16WeightCache::End() {
@@ -729,21 +736,258 @@ struct Bf16GemmPolicy {
 
 }  // namespace
 
+// ----------------------------------------------------------------------------------------------
+// attention on oneDNN, batched by head chunks: OpenMP over chunks of G (b,h) heads (one parallel
+// region per call: under load, every extra region waits for a descheduled thread), and each
+// product is ONE single-threaded oneDNN call over the chunk's G heads. oneDNN 2.6 runs a
+// matmul on its brgemm kernels (AMX / AVX512-BF16) only when every operand is dense
+// ([G, rows, cols] row-major, the weights possibly transposed); strided views into qkv, or
+// row-block sub-views of a head, fall to its gemm:jit path at ~1/5 the speed (checked with
+// ONEDNN_VERBOSE). So a chunk copies its heads' q, k, v (and dO) into dense [G, T, hs] bf16
+// buffers and multiplies whole [T, T] score tiles: the masked upper triangle is computed and
+// discarded (2x the causal FLOPs, on AMX still less time than the blocked fp32 tiles), and P /
+// dS are zero there before the second products.
+//   forward:  S = scale q k^T (fp32);  softmax per row in fp32: lse, P (bf16, 0 for s > t);
+//             o = P v (fp32, or bf16 rounded once by oneDNN), copied into out.
+//   backward: S = scale q k^T, dP = dO v^T (fp32);  P = exp(S - lse), dS = P (dP - D) (bf16);
+//             dq = scale dS k, dk = scale dS^T q, dv = P^T dO (fp32; oneDNN reads dS and P
+//             transposed in place: a transposed source is still brgemm), added into dqkv.
+// Memory: per thread, one chunk's scratch: 16 T^2 bytes per head (S, dP fp32; P, dS bf16) plus
+// 20 T hs bytes; G = max(1, min(8, kAttentionChunkBytes / (16 T^2))) heads (T = 256: 2 heads,
+// 2 MB, in L2; T = 1024: 1 head, 16 MB). Nothing is kept between forward and backward but o and lse.
+// Deterministic on any thread count: each head's products and passes are the same single-
+// threaded code whichever thread runs its chunk, and the chunks depend only on the shape.
+
+namespace {
+
+constexpr size_t kAttentionChunkBytes = size_t{2} << 20;
+constexpr size_t kAttentionMaxChunk = 8;  // heads: short sequences still give every thread chunks
+
+// Heads per chunk for sequence length T.
+int AttentionChunk(int BH, int T) {
+  const size_t per_head = size_t{16} * T * T;
+  const size_t fit = std::min<size_t>(kAttentionMaxChunk, kAttentionChunkBytes / per_head);
+  return static_cast<int>(std::max<size_t>(1, std::min<size_t>(BH, fit)));
+}
+
+// C[g] = alpha * op(A[g]) @ op(B[g]) for g < G: A dense bf16 [G,M,K], or [G,K,M] when ta;
+// B dense bf16 [G,K,N], or [G,N,K] when tb; C dense [G,M,N], fp32 or bf16 (c_bf16). Single-threaded inside a parallel
+// region (per-thread primitive cache and stream).
+struct BatchedKey {
+  int threads, G, M, N, K;
+  bool ta, tb, c_bf16;
+  float alpha;
+  bool operator<(const BatchedKey& o) const {
+    return std::tie(threads, G, M, N, K, ta, tb, c_bf16, alpha) <
+           std::tie(o.threads, o.G, o.M, o.N, o.K, o.ta, o.tb, o.c_bf16, o.alpha);
+  }
+};
+
+void OnednnBatched(int G, int M, int N, int K, const uint16_t* A, bool ta, const uint16_t* B, bool tb, float alpha,
+                   void* C, bool c_bf16) {
+  struct Entry {
+    memory::desc a, b, c;
+    dnnl::matmul prim;
+  };
+  thread_local std::map<BatchedKey, Entry> cache;
+  thread_local dnnl::stream stream(OnednnEngine());
+  const BatchedKey key{omp_in_parallel() ? 1 : omp_get_max_threads(), G, M, N, K, ta, tb, c_bf16, alpha};
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    if (cache.size() >= 1024) cache.clear();  // bounded: shapes come from a few (B, T) settings
+    using dt = memory::data_type;
+    using tag = memory::format_tag;
+    Entry e;
+    e.a = memory::desc({G, M, K}, dt::bf16, ta ? tag::acb : tag::abc);
+    e.b = memory::desc({G, K, N}, dt::bf16, tb ? tag::acb : tag::abc);
+    e.c = memory::desc({G, M, N}, c_bf16 ? dt::bf16 : dt::f32, tag::abc);
+    dnnl::primitive_attr attr;
+    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e.a, e.b, e.c), attr, OnednnEngine());
+    e.prim = dnnl::matmul(pd);
+    it = cache.emplace(key, std::move(e)).first;
+  }
+  Entry& e = it->second;
+  g_onednn_calls.fetch_add(1, std::memory_order_relaxed);
+  dnnl::engine& eng = OnednnEngine();
+  e.prim.execute(stream, {{DNNL_ARG_SRC, memory(e.a, eng, const_cast<uint16_t*>(A))},
+                          {DNNL_ARG_WEIGHTS, memory(e.b, eng, const_cast<uint16_t*>(B))},
+                          {DNNL_ARG_DST, memory(e.c, eng, C)}});
+  stream.wait();
+}
+
+thread_local std::vector<float> t_batt_f32;
+thread_local std::vector<uint16_t> t_batt_b16;
+
+// The heads bh0 .. bh0+G-1 of a [B, T, ld] activation, column col: row (g, t) is at
+// src + ((b*T + t)*ld + col + h*hs) with b, h = divmod(bh0 + g, NH).
+struct HeadView {
+  int bh0, G, T, NH, hs;
+  int64_t at(int g, int t, int64_t ld, int col) const {
+    const int64_t bh = bh0 + g, b = bh / NH, h = bh % NH;
+    return (b * T + t) * ld + col + h * hs;
+  }
+  // dst[g][t][i] = src[g, t, i] (dense [G, T, hs])
+  void gather(const uint16_t* src, int64_t ld, int col, uint16_t* dst) const {
+    for (int g = 0; g < G; g++)
+      for (int t = 0; t < T; t++)
+        std::memcpy(dst + (static_cast<int64_t>(g) * T + t) * hs, src + at(g, t, ld, col), hs * sizeof(uint16_t));
+  }
+};
+
+// out (bf16 bits when OutT is uint16_t, else fp32) and lse from bf16 qkv.
+template <typename OutT>
+void AttentionForwardBatched(OutT* out, float* lse, const uint16_t* qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH, C3 = 3 * C, BH = B * NH, G0 = AttentionChunk(BH, T);
+  constexpr bool kOut16 = std::is_same<OutT, uint16_t>::value;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const size_t TT = static_cast<size_t>(T) * T, Thd = static_cast<size_t>(T) * hs;
+  const int chunks = (BH + G0 - 1) / G0;
+#pragma omp parallel for schedule(static) num_threads(ComputeThreads())
+  for (int c = 0; c < chunks; c++) {
+    const HeadView hv{c * G0, std::min(G0, BH - c * G0), T, NH, hs};
+    const int G = hv.G;
+    float* S = cpu_internal::scratch(t_batt_f32, G0 * (TT + Thd));
+    float* o32 = S + G0 * TT;
+    uint16_t* P = cpu_internal::scratch(t_batt_b16, G0 * (TT + 4 * Thd));
+    uint16_t *qd = P + G0 * TT, *kd = qd + G0 * Thd, *vd = kd + G0 * Thd, *o16 = vd + G0 * Thd;
+    hv.gather(qkv, C3, 0, qd), hv.gather(qkv, C3, C, kd), hv.gather(qkv, C3, 2 * C, vd);
+    OnednnBatched(G, T, T, hs, qd, false, kd, /*tb=*/true, scale, S, false);  // S = scale q k^T
+    for (int64_t row = 0; row < static_cast<int64_t>(G) * T; row++) {
+      const int t = static_cast<int>(row % T);
+      float* srow = S + row * T;
+      uint16_t* prow = P + row * T;
+      float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+      for (int s = 0; s <= t; s++) mx = mx > srow[s] ? mx : srow[s];
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int s = 0; s <= t; s++) {
+        srow[s] = cpu_internal::exp_fast(srow[s] - mx);
+        sum += srow[s];
+      }
+      const float inv = 1.0f / sum;
+#pragma omp simd
+      for (int s = 0; s <= t; s++) prow[s] = FloatToBf16(srow[s] * inv);
+      std::fill(prow + t + 1, prow + T, uint16_t{0});
+      lse[static_cast<int64_t>(hv.bh0) * T + row] = mx + std::log(sum);
+    }
+    OutT* od = kOut16 ? reinterpret_cast<OutT*>(o16) : reinterpret_cast<OutT*>(o32);
+    OnednnBatched(G, T, hs, T, P, false, vd, false, 1.0f, od, kOut16);  // o = P v
+    for (int g = 0; g < G; g++)
+      for (int t = 0; t < T; t++)
+        std::memcpy(out + hv.at(g, t, C, 0), od + (static_cast<int64_t>(g) * T + t) * hs, hs * sizeof(OutT));
+  }
+}
+
+// d[0, n) += g[0, n) (fp32 sums; a bf16 d rounded once).
+template <typename GradT>
+inline void AddRow(GradT* __restrict d, const float* __restrict g, int n) {
+#pragma omp simd
+  for (int i = 0; i < n; i++) cpu_internal::St(d, i, cpu_internal::Ld(d, i) + g[i]);
+}
+
+// dqkv (fp32, or bf16 bits when GradT is uint16_t) += the gradients, from bf16 dout, qkv, out.
+// Each element of dqkv gets exactly one fp32 sum added (its head's dq, dk or dv over the whole
+// sequence), so a bf16 dqkv is rounded once, as widening, adding and narrowing would.
+// out32 / dout32: the fp32 activations dout and out were rounded from, when they are fp32
+// (null for bf16 activations): D = dO . o is then taken from them unrounded, as the tile
+// kernels and the GPU's tensor-core attention do (only the products' inputs are rounded).
+template <typename GradT>
+void AttentionBackwardBatched(GradT* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
+                              const float* lse, int B, int T, int C, int NH, const float* dout32 = nullptr,
+                              const float* out32 = nullptr) {
+  const int hs = C / NH, C3 = 3 * C, BH = B * NH, G0 = AttentionChunk(BH, T);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const size_t TT = static_cast<size_t>(T) * T, Thd = static_cast<size_t>(T) * hs;
+  const int chunks = (BH + G0 - 1) / G0;
+#pragma omp parallel for schedule(static) num_threads(ComputeThreads())
+  for (int c = 0; c < chunks; c++) {
+    const HeadView hv{c * G0, std::min(G0, BH - c * G0), T, NH, hs};
+    const int G = hv.G;
+    float* S = cpu_internal::scratch(t_batt_f32, G0 * (2 * TT + 3 * Thd + T));
+    float *dP = S + G0 * TT, *dqd = dP + G0 * TT, *dkd = dqd + G0 * Thd, *dvd = dkd + G0 * Thd, *D = dvd + G0 * Thd;
+    uint16_t* P = cpu_internal::scratch(t_batt_b16, G0 * (2 * TT + 4 * Thd));
+    uint16_t *dS = P + G0 * TT, *qd = dS + G0 * TT, *kd = qd + G0 * Thd, *vd = kd + G0 * Thd, *dOd = vd + G0 * Thd;
+    hv.gather(qkv, C3, 0, qd), hv.gather(qkv, C3, C, kd), hv.gather(qkv, C3, 2 * C, vd), hv.gather(dout, C, 0, dOd);
+    for (int64_t row = 0; row < static_cast<int64_t>(G) * T; row++) {  // D[t] = dO_t . o_t (fp32)
+      const int64_t at = hv.at(static_cast<int>(row / T), static_cast<int>(row % T), C, 0);
+      float acc = 0.0f;
+      if (out32) {
+        const float *o = out32 + at, *g = dout32 + at;
+#pragma omp simd reduction(+ : acc)
+        for (int i = 0; i < hs; i++) acc += o[i] * g[i];
+      } else {
+        const uint16_t *o = out + at, *g = dOd + row * hs;
+#pragma omp simd reduction(+ : acc)
+        for (int i = 0; i < hs; i++) acc += Bf16ToFloat(o[i]) * Bf16ToFloat(g[i]);
+      }
+      D[row] = acc;
+    }
+    OnednnBatched(G, T, T, hs, qd, false, kd, true, scale, S, false);  // S = scale q k^T
+    OnednnBatched(G, T, T, hs, dOd, false, vd, true, 1.0f, dP, false);  // dP = dO v^T
+    // P = exp(S - lse), dS = P (dP - D), as bf16 (0 above the diagonal)
+    for (int64_t row = 0; row < static_cast<int64_t>(G) * T; row++) {
+      const int t = static_cast<int>(row % T);
+      const float* srow = S + row * T;
+      const float* dprow = dP + row * T;
+      uint16_t* prow = P + row * T;
+      uint16_t* dsrow = dS + row * T;
+      const float lt = lse[static_cast<int64_t>(hv.bh0) * T + row], Dt = D[row];
+#pragma omp simd
+      for (int s = 0; s <= t; s++) {
+        const float p = cpu_internal::exp_fast(srow[s] - lt);
+        prow[s] = FloatToBf16(p);
+        dsrow[s] = FloatToBf16(p * (dprow[s] - Dt));
+      }
+      std::fill(prow + t + 1, prow + T, uint16_t{0});
+      std::fill(dsrow + t + 1, dsrow + T, uint16_t{0});
+    }
+    OnednnBatched(G, T, hs, T, dS, false, kd, false, scale, dqd, false);  // dq = scale dS k
+    OnednnBatched(G, T, hs, T, dS, true, qd, false, scale, dkd, false);   // dk = scale dS^T q
+    OnednnBatched(G, T, hs, T, P, true, dOd, false, 1.0f, dvd, false);    // dv = P^T dO
+    for (int64_t row = 0; row < static_cast<int64_t>(G) * T; row++) {
+      GradT* d = dqkv + hv.at(static_cast<int>(row / T), static_cast<int>(row % T), C3, 0);
+      AddRow(d, dqd + row * hs, hs), AddRow(d + C, dkd + row * hs, hs), AddRow(d + 2 * C, dvd + row * hs, hs);
+    }
+  }
+}
+
+}  // namespace
+
+// kOnednn: the batched attention above (fp32 activations converted to bf16 once per call);
+// kEmulated: the tile policy over kernels_cpu_internal.h's blocked attention.
+namespace {
+thread_local std::vector<uint16_t> t_batt_qkv, t_batt_do;
+bool Batched() { return CurrentBf16Gemm() == Bf16Gemm::kOnednn; }
+}  // namespace
+
 void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+  if (Batched()) {
+    const size_t NC = static_cast<size_t>(B) * T * C;
+    return AttentionForwardBatched(out, lse, ToBf16(qkv, 3 * NC, t_batt_qkv), B, T, C, NH);
+  }
   cpu_internal::BlasSingleThread single;
   cpu_internal::AttentionForward(Bf16GemmPolicy{CurrentBf16Gemm()}, ComputeThreads(), out, lse, qkv, B, T, C, NH);
 }
 
 void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                              int B, int T, int C, int NH) {
+  if (Batched()) {
+    const size_t NC = static_cast<size_t>(B) * T * C;
+    return AttentionBackwardBatched(dqkv, ToBf16(dout, NC, t_batt_do), ToBf16(qkv, 3 * NC, t_batt_qkv),
+                                    /*out=*/nullptr, lse, B, T, C, NH, dout, out);
+  }
   cpu_internal::BlasSingleThread single;
   cpu_internal::AttentionBackward(Bf16GemmPolicy{CurrentBf16Gemm()}, ComputeThreads(), dqkv, dout, qkv, out, lse, B,
                                   T, C, NH);
 }
 
-// bf16 activations: widened to fp32 and the kernels above (whose tile packing rounds to bf16
-// again: a no-op on bf16 values), the outputs rounded once.
+// bf16 activations: kOnednn reads and writes them in place (o rounded once by oneDNN, dqkv
+// once in the sum). kEmulated: widened to fp32 and the kernels above (whose tile
+// packing rounds to bf16 again: a no-op on bf16 values), the outputs rounded once.
 void attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int C, int NH) {
+  if (Batched()) return AttentionForwardBatched(out, lse, qkv, B, T, C, NH);
   const size_t NC = static_cast<size_t>(B) * T * C;
   std::vector<float> q, o(NC);
   attention_forward_bf16(o.data(), lse, cpu_internal::Widen(qkv, 3 * NC, q), B, T, C, NH);
@@ -753,6 +997,7 @@ void attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, int 
 void attention_backward_bf16(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
                              const float* lse, int B, int T, int C, int NH) {
   const size_t NC = static_cast<size_t>(B) * T * C;
+  if (Batched()) return AttentionBackwardBatched(dqkv, dout, qkv, out, lse, B, T, C, NH);
   std::vector<float> q, o, d, dq;
   cpu_internal::Widen(out, NC, o), cpu_internal::Widen(dout, NC, d), cpu_internal::Widen(dqkv, 3 * NC, dq);
   attention_backward_bf16(dq.data(), d.data(), cpu_internal::Widen(qkv, 3 * NC, q), o.data(), lse, B, T, C, NH);

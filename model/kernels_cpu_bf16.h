@@ -15,17 +15,20 @@
 //   kEmulated  the inputs rounded to bf16 and kept as fp32, then the fp32 kernels (OpenBLAS).
 //              Runs on every CPU (tests, and --compute-dtype bf16 on CPUs without AVX-512);
 //              slower than plain fp32.
-// Under kOnednn, attention's small tile products run on our own AVX512-BF16 kernel
-// (gemm_bf16_dot) where the CPU has the instruction, not on oneDNN (whose per-call setup costs
-// more than a tile's FLOPs). No oneDNN product is given a transposed source (the weight
+// Under kOnednn, attention's products are batched: one single-threaded oneDNN call per
+// product per chunk of heads (dense bf16 copies of the chunk's q, k, v, dO: oneDNN 2.6 runs
+// only dense operands on its brgemm / AMX kernels), under one OpenMP loop over the chunks; the
+// softmax stays fp32 between the products (kernels_cpu_bf16.cc, "attention on oneDNN"). The
+// AVX512-BF16 tile kernel (gemm_bf16_dot) is kept, tested, but no longer used by attention.
+// No oneDNN product is given a transposed source (the weight
 // gradient reads a transposed bf16 copy of dout). A weight's bf16 copy may be kept for a reuse
 // window (Bf16WeightCache).
 //
 // Threading: the same single OpenMP pool as kernels_cpu.h. oneDNN here is built on OpenMP
 // (checked at compile time) and uses the same libgomp, sized by SetComputeThreads: the large
 // matmuls call oneDNN outside any parallel region and it threads them itself; inside
-// attention's (b,h)-parallel loop oneDNN sees it is in a parallel region and runs
-// single-threaded on each thread's tile.
+// attention's loop over head chunks oneDNN sees it is in a parallel region and runs
+// single-threaded on each thread's chunk.
 //
 // Thread contract: the kernels are called from one thread at a time (the training thread), as
 // the fp32 kernels are. SetBf16Gemm must not race with running kernels.
@@ -111,9 +114,12 @@ void gemm_bf16_dot(bool ta, bool tb, int M, int N, int K, float alpha, const flo
 // measurements compare against; on by default.
 void SetBf16WeightReuse(bool on);
 bool Bf16WeightReuse();
-// Whether the CPU device's attention runs its score/value products in bf16 (the tile kernel
-// below, or oneDNN) at MatmulPrecision::kBf16. Off by default: the fp32 tiles were faster at
-// every shape measured; the bf16 kernels stay selectable (tests, measurements).
+// Whether the CPU device's attention runs its score/value products in bf16 (the kernels
+// attention_*_bf16 below) at MatmulPrecision::kBf16, rather than in fp32 on the widened
+// activations. Default (until set): on where the batched oneDNN attention runs on bf16
+// dot-product instructions (CurrentBf16Gemm() == kOnednn and CpuHasBf16Dot(): 2.5-3x faster
+// than the fp32 tiles at the bench shapes), off elsewhere (oneDNN emulating bf16 on plain
+// AVX-512, or the emulation, are slower than the fp32 tiles).
 void SetBf16AttentionProducts(bool on);
 bool Bf16AttentionProducts();
 
@@ -166,11 +172,14 @@ void matmul_backward_bf16(uint16_t* dinp, float* dw, float* dbias, const uint16_
                           const float* w, int N, int C, int OC, Bf16WeightCache* cache = nullptr);
 
 // attention_forward/backward (kernels_cpu.h) with bf16 inputs to q k^T, P v (forward) and
-// dO v^T, dS k, P^T dO, dS^T q (backward); softmax, lse and D = dO . o in fp32.
+// dO v^T, dS k, P^T dO, dS^T q (backward); softmax, lse and D = dO . o in fp32. Under kOnednn
+// the batched kernel (fp32 activations rounded to bf16 once per call); under kEmulated the
+// blocked tile kernel of kernels_cpu_internal.h on rounded fp32 tiles.
 void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
 void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                              int B, int T, int C, int NH);
-// On bf16 activations: widened, the kernels above, the outputs rounded once.
+// On bf16 activations: under kOnednn read and written in place (out and each dqkv element
+// rounded once); under kEmulated widened, the kernels above, the outputs rounded once.
 void attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int C, int NH);
 void attention_backward_bf16(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
                              const float* lse, int B, int T, int C, int NH);

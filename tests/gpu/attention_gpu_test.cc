@@ -152,11 +152,13 @@ class TcAttentionTest : public ::testing::Test {
     ASSERT_TRUE(dev.ok()) << dev.status().message();
     gpu_ = std::move(dev.value());
     cpu_ = NewCpuDevice(false);
-    // the CPU twin of the tensor-core kernels: the CPU device's bf16-product attention, which
-    // it runs only when asked (its default at kBf16 is fp32 products)
+    // the CPU twin of the tensor-core kernels: the CPU device's bf16-product attention (its
+    // default at kBf16 only where the CPU has bf16 dot-product instructions)
+    saved_bf16_attention_ = Bf16AttentionProducts();
     SetBf16AttentionProducts(true);
   }
-  void TearDown() override { SetBf16AttentionProducts(false); }
+  void TearDown() override { SetBf16AttentionProducts(saved_bf16_attention_); }
+  bool saved_bf16_attention_ = false;
   // A buffer on `d` holding v.
   DeviceBuffer Upload(Device& d, const std::vector<float>& v, const char* what) {
     DeviceBuffer b(&d, nullptr, MemKind::kParams, v.size() * 4, what);

@@ -1,7 +1,7 @@
 // Tests of the bf16 kernels' fast paths (model/kernels_cpu_bf16.h): the operand layouts each
 // large product hands oneDNN (read back from the primitives' own descriptors, so a transposed
-// source cannot come back unseen), and the AVX512-BF16 tile kernel of attention against a
-// double reference on bf16-rounded inputs, at every transpose combination, odd reductions and
+// source cannot come back unseen), attention's batched oneDNN products (call counts, the same
+// bits on any thread count), and the AVX512-BF16 tile kernel against a double reference on bf16-rounded inputs, at every transpose combination, odd reductions and
 // column tails. Each skips, with the reason, on CPUs that lack what it needs.
 //
 // Tolerance of the tile kernel: products of bf16 values are exact in fp32, so only the fp32
@@ -153,14 +153,13 @@ TEST_F(Bf16FastPath, DotTileKernelRoundsAsFloatToBf16) {
     }
 }
 
-// Under oneDNN with AVX512-BF16, attention runs its products on the tile kernel: no oneDNN
-// calls (the thousands of tiny primitive executions per step are gone), and each row block's
-// products are counted.
-TEST_F(Bf16FastPath, AttentionProductsRunOnTheTileKernel) {
+// Under oneDNN, attention's products are batched: one oneDNN call per product per chunk of
+// heads (here all B*NH = 4 heads fit one chunk), whatever T and its row blocks, so the
+// thousands of per-tile products per step are gone; no tile-kernel calls.
+TEST_F(Bf16FastPath, AttentionProductsAreBatchedOnOnednn) {
   if (!OnednnBf16Supported()) GTEST_SKIP() << "oneDNN cannot run bf16 matmuls on this CPU (it needs AVX-512)";
-  if (!Bf16DotKernelSupported()) GTEST_SKIP() << "this CPU has no AVX512-BF16: attention's tiles run on oneDNN";
   ASSERT_TRUE(SetBf16Gemm(Bf16Gemm::kOnednn));
-  const int B = 2, T = 40, C = 32, NH = 2;  // row blocks of 32: two per (b, h)
+  const int B = 2, T = 40, C = 32, NH = 2;
   VecF qkv = RandomFloats((size_t)B * T * 3 * C, 50), dout = RandomFloats((size_t)B * T * C, 51);
   VecF out((size_t)B * T * C), lse((size_t)B * NH * T), dqkv(qkv.size(), 0.0f);
   ResetBf16ProductCounts();
@@ -168,9 +167,9 @@ TEST_F(Bf16FastPath, AttentionProductsRunOnTheTileKernel) {
   const Bf16ProductCounts fwd = GetBf16ProductCounts();
   attention_backward_bf16(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
   const Bf16ProductCounts all = GetBf16ProductCounts();
-  EXPECT_EQ(0, all.onednn_calls);
-  EXPECT_EQ(B * NH * 2 * 2, fwd.dot_kernel_calls) << "forward: 2 products per row block";
-  EXPECT_EQ(B * NH * (2 * 2 + 2 * 3 + 2 * 2), all.dot_kernel_calls) << "backward: 3 per row block, 2 per column block";
+  EXPECT_EQ(2, fwd.onednn_calls) << "forward: S = q k^T and o = P v, each one call for all heads";
+  EXPECT_EQ(2 + 5, all.onednn_calls) << "backward: S, dP, dq, dk, dv";
+  EXPECT_EQ(0, all.dot_kernel_calls);
   // and the results agree with the fp32 kernel within bf16's rounding (kernels_bf16_test.cc
   // checks this at more shapes)
   VecF out32(out.size()), lse32(lse.size());
@@ -181,34 +180,80 @@ TEST_F(Bf16FastPath, AttentionProductsRunOnTheTileKernel) {
   EXPECT_GT(d, 1e-5) << "bf16 inputs must change the result";
 }
 
-// The CPU device at bf16 precision runs attention's products in fp32 by default (the fp32
-// tiles measured faster than the bf16 tile kernel), and in bf16 when asked: the tile-kernel
-// count tells which ran, and only the bf16 products change the result.
-TEST_F(Bf16FastPath, DeviceAttentionProductsAreFp32UnlessAsked) {
-  if (!OnednnBf16Supported() || !Bf16DotKernelSupported()) GTEST_SKIP() << "needs AVX512-BF16 for the tile kernel";
+// The batched attention gives the same bits on 1, 2 and 3 threads (its head chunks and each
+// head's single-threaded products do not depend on the thread count), and on bf16 activations
+// it equals the fp32-activation kernel on the same values with the outputs rounded once.
+TEST_F(Bf16FastPath, BatchedAttentionSameBitsOnAnyThreadsAndRoundsOnce) {
+  if (!OnednnBf16Supported()) GTEST_SKIP() << "oneDNN cannot run bf16 matmuls on this CPU (it needs AVX-512)";
+  ASSERT_TRUE(SetBf16Gemm(Bf16Gemm::kOnednn));
+  const int B = 3, T = 130, C = 64, NH = 4;  // 12 heads: several chunks over the threads
+  auto bf16_values = [](VecF v) {
+    for (float& x : v) x = RoundToBf16(x);
+    return v;
+  };
+  const VecF qkv = bf16_values(RandomFloats((size_t)B * T * 3 * C, 60, -2, 2));
+  const VecF dout = bf16_values(RandomFloats((size_t)B * T * C, 61));
+  const VecF dqkv0 = bf16_values(RandomFloats(qkv.size(), 62));
+  auto run = [&](int threads) {
+    const int saved = ComputeThreads();
+    SetComputeThreads(threads);
+    VecF out((size_t)B * T * C), lse((size_t)B * NH * T), dqkv = dqkv0;
+    attention_forward_bf16(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+    out = bf16_values(out);  // what the next layer would read
+    attention_backward_bf16(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
+    SetComputeThreads(saved);
+    return std::vector<VecF>{out, lse, dqkv};
+  };
+  const std::vector<VecF> r1 = run(1), r2 = run(2), r3 = run(3);
+  for (int i = 0; i < 3; i++) {
+    EXPECT_EQ(r1[i], r2[i]) << "output #" << i << ": 1 vs 2 threads";
+    EXPECT_EQ(r1[i], r3[i]) << "output #" << i << ": 1 vs 3 threads";
+  }
+  auto bits = [](const VecF& v) {
+    std::vector<uint16_t> r(v.size());
+    for (size_t i = 0; i < v.size(); i++) r[i] = FloatToBf16(v[i]);
+    return r;
+  };
+  std::vector<uint16_t> qkv16 = bits(qkv), dout16 = bits(dout), out16((size_t)B * T * C), dqkv16 = bits(dqkv0);
+  VecF lse((size_t)B * NH * T);
+  attention_forward_bf16(out16.data(), lse.data(), qkv16.data(), B, T, C, NH);
+  EXPECT_EQ(bits(r2[0]), out16) << "o rounded once";
+  EXPECT_EQ(r2[1], lse);
+  attention_backward_bf16(dqkv16.data(), dout16.data(), qkv16.data(), out16.data(), lse.data(), B, T, C, NH);
+  EXPECT_EQ(bits(r2[2]), dqkv16) << "dqkv: one fp32 sum added to each element, rounded once";
+}
+
+// The CPU device at bf16 precision runs attention's products in bf16 (batched oneDNN) by
+// default where the CPU has bf16 dot-product instructions, and in fp32 when told
+// (SetBf16AttentionProducts(false)): the oneDNN call count tells which ran, and the fp32
+// products give exactly the fp32 kernel's result.
+TEST_F(Bf16FastPath, DeviceAttentionProductsAreBf16WhereTheCpuHasThem) {
+  if (!OnednnBf16Supported() || !CpuHasBf16Dot()) GTEST_SKIP() << "needs oneDNN bf16 on AVX512-BF16 or AMX-BF16";
   ASSERT_TRUE(SetBf16Gemm(Bf16Gemm::kOnednn));
   const int B = 2, T = 40, C = 32, NH = 2;
   std::unique_ptr<Device> dev = NewCpuDevice(false);
   Kernels& k = dev->kernels();
   k.set_matmul_precision(MatmulPrecision::kBf16);
   const VecF qkv = RandomFloats((size_t)B * T * 3 * C, 52);
-  auto run = [&](int64_t* tile_calls) {
+  auto run = [&](int64_t* onednn_calls) {
     VecF out((size_t)B * T * C), lse((size_t)B * NH * T);
     ResetBf16ProductCounts();
     k.attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
-    *tile_calls = GetBf16ProductCounts().dot_kernel_calls;
+    *onednn_calls = GetBf16ProductCounts().onednn_calls;
     return out;
   };
   VecF out32((size_t)B * T * C), lse32((size_t)B * NH * T);
   attention_forward(out32.data(), lse32.data(), qkv.data(), B, T, C, NH);
   int64_t calls = -1;
-  EXPECT_EQ(out32, run(&calls)) << "default: the fp32 attention kernel";
-  EXPECT_EQ(0, calls);
-  SetBf16AttentionProducts(true);
+  ASSERT_TRUE(Bf16AttentionProducts()) << "default on this CPU";
   const VecF out16 = run(&calls);
-  SetBf16AttentionProducts(false);
-  EXPECT_GT(calls, 0) << "asked for: the bf16 tile kernel";
+  EXPECT_EQ(2, calls) << "default: the batched bf16 attention";
   EXPECT_NE(out16, out32);
+  SetBf16AttentionProducts(false);
+  const VecF outf = run(&calls);
+  SetBf16AttentionProducts(true);
+  EXPECT_EQ(0, calls);
+  EXPECT_EQ(out32, outf) << "told: the fp32 attention kernel";
 }
 
 // The bf16 weight cache, on every way of computing bf16 products this CPU has: inside a window
