@@ -492,10 +492,11 @@ int main(int argc, char** argv) {
                    Peaks{peak_tflops * 1e12, peak_gbs * 1e9});
       if (!device.is_cuda() && compute.precision == MatmulPrecision::kBf16) {
         const Bf16ProductCounts n = GetBf16ProductCounts();
-        std::printf("bf16 products per step (%s): %.0f oneDNN primitive calls, %.0f AVX512-BF16 tile-kernel calls "
-                    "(attention's tiles; their time is in the attention rows); weights converted to bf16 %.0f "
-                    "times, reused %.0f times, read from the stored bf16 parameters %.0f times\n",
+        std::printf("bf16 products per step (%s): %.0f oneDNN primitive calls (%.0f of them attention's batched "
+                    "products; their time is in the attention rows), %.0f AVX512-BF16 tile-kernel calls; weights "
+                    "converted to bf16 %.0f times, reused %.0f times, read from the stored bf16 parameters %.0f times\n",
                     Bf16GemmName(CurrentBf16Gemm()), double(n.onednn_calls) / run.measured_steps,
+                    double(n.attention_calls) / run.measured_steps,
                     double(n.dot_kernel_calls) / run.measured_steps, double(n.weight_conversions) / run.measured_steps,
                     double(n.weight_reuses) / run.measured_steps, double(n.weights_from_stored) / run.measured_steps);
       }

@@ -130,7 +130,7 @@ struct MatmulEntry {
 };
 
 std::atomic<int64_t> g_onednn_calls{0}, g_dot_calls{0}, g_weight_conversions{0}, g_weight_reuses{0},
-    g_weights_from_stored{0};
+    g_weights_from_stored{0}, g_attention_calls{0};
 
 // The last formats each large product's primitive used (tests: the layouts cannot regress unseen).
 std::mutex g_formats_mu;
@@ -243,7 +243,7 @@ OnednnOperandFormats LastOnednnFormats(Bf16Product product) {
 Bf16ProductCounts GetBf16ProductCounts() {
   return {g_onednn_calls.load(std::memory_order_relaxed), g_dot_calls.load(std::memory_order_relaxed),
           g_weight_conversions.load(std::memory_order_relaxed), g_weight_reuses.load(std::memory_order_relaxed),
-          g_weights_from_stored.load(std::memory_order_relaxed)};
+          g_weights_from_stored.load(std::memory_order_relaxed), g_attention_calls.load(std::memory_order_relaxed)};
 }
 
 void ResetBf16ProductCounts() {
@@ -252,6 +252,7 @@ void ResetBf16ProductCounts() {
   g_weight_conversions.store(0, std::memory_order_relaxed);
   g_weight_reuses.store(0, std::memory_order_relaxed);
   g_weights_from_stored.store(0, std::memory_order_relaxed);
+  g_attention_calls.store(0, std::memory_order_relaxed);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -809,6 +810,7 @@ void OnednnBatched(int G, int M, int N, int K, const uint16_t* A, bool ta, const
   }
   Entry& e = it->second;
   g_onednn_calls.fetch_add(1, std::memory_order_relaxed);
+  g_attention_calls.fetch_add(1, std::memory_order_relaxed);
   dnnl::engine& eng = OnednnEngine();
   e.prim.execute(stream, {{DNNL_ARG_SRC, memory(e.a, eng, const_cast<uint16_t*>(A))},
                           {DNNL_ARG_WEIGHTS, memory(e.b, eng, const_cast<uint16_t*>(B))},

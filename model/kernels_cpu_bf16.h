@@ -81,6 +81,7 @@ struct Bf16ProductCounts {
   // matmul weights converted to bf16; weights served from a Bf16WeightCache's copies instead;
   // weights served from the stored bf16 parameters they were widened from (NoteSource)
   int64_t weight_conversions = 0, weight_reuses = 0, weights_from_stored = 0;
+  int64_t attention_calls = 0;  // of onednn_calls: attention's batched products
 };
 Bf16ProductCounts GetBf16ProductCounts();
 void ResetBf16ProductCounts();

@@ -169,6 +169,7 @@ TEST_F(Bf16FastPath, AttentionProductsAreBatchedOnOnednn) {
   const Bf16ProductCounts all = GetBf16ProductCounts();
   EXPECT_EQ(2, fwd.onednn_calls) << "forward: S = q k^T and o = P v, each one call for all heads";
   EXPECT_EQ(2 + 5, all.onednn_calls) << "backward: S, dP, dq, dk, dv";
+  EXPECT_EQ(all.onednn_calls, all.attention_calls) << "each counted as attention's";
   EXPECT_EQ(0, all.dot_kernel_calls);
   // and the results agree with the fp32 kernel within bf16's rounding (kernels_bf16_test.cc
   // checks this at more shapes)
