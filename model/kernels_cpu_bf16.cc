@@ -957,15 +957,17 @@ void AttentionBackwardBatched(GradT* dqkv, const uint16_t* dout, const uint16_t*
 
 }  // namespace
 
-// kOnednn: the batched attention above (fp32 activations converted to bf16 once per call);
-// kEmulated: the tile policy over kernels_cpu_internal.h's blocked attention.
+// kOnednn up to T = kBatchedAttentionMaxT: the batched attention above (fp32 activations
+// converted to bf16 once per call); kEmulated, and longer sequences: the tile policy over
+// kernels_cpu_internal.h's blocked attention, whose scratch is O(T x block), not 16 T^2 bytes
+// per thread (64 MB at T = 2048, 1 GB at T = 8192).
 namespace {
 thread_local std::vector<uint16_t> t_batt_qkv, t_batt_do;
-bool Batched() { return CurrentBf16Gemm() == Bf16Gemm::kOnednn; }
+bool Batched(int T) { return CurrentBf16Gemm() == Bf16Gemm::kOnednn && T <= kBatchedAttentionMaxT; }
 }  // namespace
 
 void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
-  if (Batched()) {
+  if (Batched(T)) {
     const size_t NC = static_cast<size_t>(B) * T * C;
     return AttentionForwardBatched(out, lse, ToBf16(qkv, 3 * NC, t_batt_qkv), B, T, C, NH);
   }
@@ -975,7 +977,7 @@ void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int
 
 void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                              int B, int T, int C, int NH) {
-  if (Batched()) {
+  if (Batched(T)) {
     const size_t NC = static_cast<size_t>(B) * T * C;
     return AttentionBackwardBatched(dqkv, ToBf16(dout, NC, t_batt_do), ToBf16(qkv, 3 * NC, t_batt_qkv),
                                     /*out=*/nullptr, lse, B, T, C, NH, dout, out);
@@ -989,7 +991,7 @@ void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, c
 // once in the sum). kEmulated: widened to fp32 and the kernels above (whose tile
 // packing rounds to bf16 again: a no-op on bf16 values), the outputs rounded once.
 void attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int C, int NH) {
-  if (Batched()) return AttentionForwardBatched(out, lse, qkv, B, T, C, NH);
+  if (Batched(T)) return AttentionForwardBatched(out, lse, qkv, B, T, C, NH);
   const size_t NC = static_cast<size_t>(B) * T * C;
   std::vector<float> q, o(NC);
   attention_forward_bf16(o.data(), lse, cpu_internal::Widen(qkv, 3 * NC, q), B, T, C, NH);
@@ -999,7 +1001,7 @@ void attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, int 
 void attention_backward_bf16(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
                              const float* lse, int B, int T, int C, int NH) {
   const size_t NC = static_cast<size_t>(B) * T * C;
-  if (Batched()) return AttentionBackwardBatched(dqkv, dout, qkv, out, lse, B, T, C, NH);
+  if (Batched(T)) return AttentionBackwardBatched(dqkv, dout, qkv, out, lse, B, T, C, NH);
   std::vector<float> q, o, d, dq;
   cpu_internal::Widen(out, NC, o), cpu_internal::Widen(dout, NC, d), cpu_internal::Widen(dqkv, 3 * NC, dq);
   attention_backward_bf16(dq.data(), d.data(), cpu_internal::Widen(qkv, 3 * NC, q), o.data(), lse, B, T, C, NH);

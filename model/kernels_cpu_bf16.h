@@ -174,8 +174,10 @@ void matmul_backward_bf16(uint16_t* dinp, float* dw, float* dbias, const uint16_
 
 // attention_forward/backward (kernels_cpu.h) with bf16 inputs to q k^T, P v (forward) and
 // dO v^T, dS k, P^T dO, dS^T q (backward); softmax, lse and D = dO . o in fp32. Under kOnednn
-// the batched kernel (fp32 activations rounded to bf16 once per call); under kEmulated the
-// blocked tile kernel of kernels_cpu_internal.h on rounded fp32 tiles.
+// up to T = kBatchedAttentionMaxT the batched kernel (fp32 activations rounded to bf16 once per
+// call; 16 T^2 bytes of scratch per thread); under kEmulated, or past that T, the blocked tile
+// kernel of kernels_cpu_internal.h on rounded fp32 tiles (scratch O(T x block)).
+constexpr int kBatchedAttentionMaxT = 2048;
 void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
 void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                              int B, int T, int C, int NH);

@@ -181,6 +181,30 @@ TEST_F(Bf16FastPath, AttentionProductsAreBatchedOnOnednn) {
   EXPECT_GT(d, 1e-5) << "bf16 inputs must change the result";
 }
 
+// Past kBatchedAttentionMaxT the batched kernel's 16 T^2 bytes of scratch per thread would be a
+// T x T tensor in all but name (1 GB at T = 8192): longer sequences take the blocked tile kernel,
+// whose scratch is O(T x block), with the same bf16-product semantics.
+TEST_F(Bf16FastPath, LongSequencesTakeTheBlockedTileAttention) {
+  if (!OnednnBf16Supported()) GTEST_SKIP() << "oneDNN cannot run bf16 matmuls on this CPU (it needs AVX-512)";
+  ASSERT_TRUE(SetBf16Gemm(Bf16Gemm::kOnednn));
+  const int B = 1, T = kBatchedAttentionMaxT + 1, C = 16, NH = 2;
+  VecF qkv = RandomFloats((size_t)B * T * 3 * C, 52);
+  VecF out((size_t)B * T * C), lse((size_t)B * NH * T), out32(out.size()), lse32(lse.size());
+  ResetBf16ProductCounts();
+  attention_forward_bf16(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+  EXPECT_EQ(0, GetBf16ProductCounts().attention_calls) << "no batched products at T = " << T;
+  attention_forward(out32.data(), lse32.data(), qkv.data(), B, T, C, NH);
+  double d = 0;
+  for (size_t i = 0; i < out.size(); i++) d = std::max(d, (double)std::fabs(out[i] - out32[i]));
+  EXPECT_LT(d, 1e-2);
+  EXPECT_GT(d, 1e-6) << "bf16 products must change the result";
+  // one position shorter: batched
+  ResetBf16ProductCounts();
+  const int T2 = kBatchedAttentionMaxT;
+  attention_forward_bf16(out.data(), lse.data(), qkv.data(), B, T2, C, NH);
+  EXPECT_EQ(2 * B * NH, GetBf16ProductCounts().attention_calls) << "batched at T = " << T2 << " (one head per chunk)";
+}
+
 // The batched attention gives the same bits on 1, 2 and 3 threads (its head chunks and each
 // head's single-threaded products do not depend on the thread count), and on bf16 activations
 // it equals the fp32-activation kernel on the same values with the outputs rounded once.
