@@ -232,6 +232,26 @@ bool SetBf16Gemm(Bf16Gemm gemm) {
 
 const char* Bf16GemmName(Bf16Gemm gemm) { return gemm == Bf16Gemm::kOnednn ? "oneDNN" : "emulated"; }
 
+namespace {
+// AMX-BF16: oneDNN's brg:avx512_core_amx_bf16 reads a transposed source as fast as a dense
+// one (it packs the source into tiles either way), so the transposed copy is a pass saved.
+// AVX512-BF16 without AMX: brg:avx512_core_bf16 ran a transposed source ~2-3x slower than the
+// forward's dense one (issue 20), so dout^T is written out first. Measured: README "bf16 compute".
+std::atomic<int> g_dw_source{-1};  // -1: not chosen yet
+}  // namespace
+
+Bf16DwSource CurrentBf16DwSource() {
+  const int s = g_dw_source.load();
+  if (s >= 0) return static_cast<Bf16DwSource>(s);
+  return Bf16Dot() == 2 ? Bf16DwSource::kTransposedSource : Bf16DwSource::kTransposedCopy;
+}
+
+void SetBf16DwSource(Bf16DwSource source) { g_dw_source.store(static_cast<int>(source)); }
+
+const char* Bf16DwSourceName(Bf16DwSource source) {
+  return source == Bf16DwSource::kTransposedSource ? "transposed source" : "transposed copy";
+}
+
 OnednnOperandFormats LastOnednnFormats(Bf16Product product) {
   std::lock_guard<std::mutex> lock(g_formats_mu);
   return g_formats[static_cast<int>(product)];
@@ -279,42 +299,45 @@ float* RoundBf16(const float* src, size_t n, std::vector<float>& buf) {
   return ConvertAll(src, n, buf, [](float x) { return RoundToBf16(x); });
 }
 
-// f(r0, r1, c0, c1) for every 32x32 tile of a rows x cols matrix, over the compute threads: the
-// transposed writes of a tile stay within a few cache lines per row.
-template <typename F>
-void ForEachTile(int rows, int cols, F f) {
-  constexpr int kTile = 32;
+// dst_t[cols,rows] = f(src)^T, and dst[rows,cols] = f(src) when dst is not null, in one pass
+// over src: 64x64 tiles over the compute threads, each transposed through a small buffer so
+// that every write to dst_t is a contiguous run of a tile's rows. (Writing the transposed
+// elements one by one put each of a tile's columns on its own line of dst_t, rows * 2 bytes
+// apart: at rows = 2048 (4 KiB apart) they all fell into one L1 set, and the 3 MB copy of the
+// tiny config's dout took 2.6-6.5 ms instead of ~0.2 ms.)
+template <typename S, typename F>
+void TransposeTiles(const S* src, int rows, int cols, uint16_t* dst, uint16_t* dst_t, F f) {
+  constexpr int kTile = 64;
   const int tr = (rows + kTile - 1) / kTile, tc = (cols + kTile - 1) / kTile;
 #pragma omp parallel for schedule(static) num_threads(ComputeThreads())
   for (int64_t t = 0; t < static_cast<int64_t>(tr) * tc; t++) {
     const int r0 = static_cast<int>(t / tc) * kTile, c0 = static_cast<int>(t % tc) * kTile;
-    f(r0, std::min(rows, r0 + kTile), c0, std::min(cols, c0 + kTile));
+    const int nr = std::min(rows - r0, kTile), nc = std::min(cols - c0, kTile);
+    alignas(64) uint16_t buf[kTile][kTile];  // buf[c][r] = f(src[r0 + r, c0 + c])
+    for (int r = 0; r < nr; r++) {
+      const S* s = src + static_cast<int64_t>(r0 + r) * cols + c0;
+      uint16_t* d = dst ? dst + static_cast<int64_t>(r0 + r) * cols + c0 : nullptr;
+      for (int c = 0; c < nc; c++) {
+        const uint16_t h = f(s[c]);
+        buf[c][r] = h;
+        if (d) d[c] = h;
+      }
+    }
+    for (int c = 0; c < nc; c++)
+      std::memcpy(dst_t + static_cast<int64_t>(c0 + c) * rows + r0, buf[c], nr * sizeof(uint16_t));
   }
 }
 
 // dst[rows,cols] = bf16(src) and dst_t[cols,rows] = its transpose, in one pass over src: the
-// weight-gradient product then gets dout^T as a dense row-major source (oneDNN's brgemm runs
-// a transposed ("ba") source about 2x slower; measured with ONEDNN_VERBOSE, see the README).
+// weight-gradient product's dout^T as a dense row-major source where a transposed source is
+// slow (DwFromTransposedSource).
 void ToBf16AndTransposed(const float* src, int rows, int cols, uint16_t* dst, uint16_t* dst_t) {
-  ForEachTile(rows, cols, [&](int r0, int r1, int c0, int c1) {
-    for (int r = r0; r < r1; r++) {
-      const float* s = src + static_cast<int64_t>(r) * cols;
-      uint16_t* d = dst + static_cast<int64_t>(r) * cols;
-      for (int c = c0; c < c1; c++) {
-        const uint16_t h = FloatToBf16(s[c]);
-        d[c] = h;
-        dst_t[static_cast<int64_t>(c) * rows + r] = h;
-      }
-    }
-  });
+  TransposeTiles(src, rows, cols, dst, dst_t, [](float x) { return FloatToBf16(x); });
 }
 
 // dst[cols,rows] = src[rows,cols]^T (ToBf16AndTransposed without the conversion).
 void Transpose16(const uint16_t* src, int rows, int cols, uint16_t* dst) {
-  ForEachTile(rows, cols, [&](int r0, int r1, int c0, int c1) {
-    for (int r = r0; r < r1; r++)
-      for (int c = c0; c < c1; c++) dst[static_cast<int64_t>(c) * rows + r] = src[static_cast<int64_t>(r) * cols + c];
-  });
+  TransposeTiles(src, rows, cols, nullptr, dst, [](uint16_t x) { return x; });
 }
 
 }  // namespace
@@ -479,14 +502,18 @@ void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dou
     matmul_backward(dinp, dw, nullptr, RoundBf16(dout, NOC, t_c32), RoundBf16(inp, NC, t_a32), rw, N, C, OC);
   } else {
     static const Bf16Product kData = Bf16Product::kBackwardData, kWeights = Bf16Product::kBackwardWeights;
-    // dout in bf16 as [N,OC] for dinp and as [OC,N] (written transposed) for dw: no product
-    // reads a transposed source
+    // dout in bf16 as [N,OC] for dinp, and for dw either that same copy read as a transposed
+    // source, or a second copy written transposed ([OC,N], in the same pass) where a
+    // transposed source is slow (Bf16DwSource)
+    const bool copy_t = dw && CurrentBf16DwSource() == Bf16DwSource::kTransposedCopy;
     uint16_t* d16 = cpu_internal::scratch(t_c16, NOC);
-    uint16_t* d16t = dw ? cpu_internal::scratch(t_c16t, NOC) : nullptr;
-    if (dw) ToBf16AndTransposed(dout, N, OC, d16, d16t);
+    uint16_t* d16t = copy_t ? cpu_internal::scratch(t_c16t, NOC) : nullptr;
+    if (copy_t) ToBf16AndTransposed(dout, N, OC, d16, d16t);
     else ToBf16(dout, NOC, t_c16);
     if (dinp) OnednnMatmul(N, C, OC, d16, false, wc.Bits(w, OCC, t_b16), false, nullptr, true, dinp, &kData);
-    if (dw) OnednnMatmul(OC, C, N, d16t, false, ToBf16(inp, NC, t_a16), false, nullptr, true, dw, &kWeights);
+    if (dw)
+      OnednnMatmul(OC, C, N, copy_t ? d16t : d16, !copy_t, ToBf16(inp, NC, t_a16), false, nullptr, true, dw,
+                   &kWeights);
   }
   if (dbias) BiasBackward(dbias, dout, N, OC);
 }
@@ -529,10 +556,14 @@ void matmul_backward_bf16(uint16_t* dinp, float* dw, float* dbias, const uint16_
     if (dinp)
       OnednnMatmul(N, C, OC, dout, false, wc.Bits(w, OCC, t_b16), false, nullptr, true, dinp, &kData,
                    /*c_bf16=*/true);
-    if (dw) {  // dout^T as a dense source (no transposed source, as above)
-      uint16_t* d16t = cpu_internal::scratch(t_c16t, NOC);
-      Transpose16(dout, N, OC, d16t);
-      OnednnMatmul(OC, C, N, d16t, false, inp, false, nullptr, true, dw, &kWeights);
+    if (dw) {  // dout^T: dout itself as a transposed source, or a transposed copy (as above)
+      if (CurrentBf16DwSource() == Bf16DwSource::kTransposedSource) {
+        OnednnMatmul(OC, C, N, dout, true, inp, false, nullptr, true, dw, &kWeights);
+      } else {
+        uint16_t* d16t = cpu_internal::scratch(t_c16t, NOC);
+        Transpose16(dout, N, OC, d16t);
+        OnednnMatmul(OC, C, N, d16t, false, inp, false, nullptr, true, dw, &kWeights);
+      }
     }
   }
   if (dbias) BiasBackward(dbias, dout, N, OC);
