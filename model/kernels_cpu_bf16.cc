@@ -1,9 +1,9 @@
 // bf16 matmul kernels of the CPU device (see kernels_cpu_bf16.h): inputs rounded to bf16 (RNE,
 // base/bf16.h), products accumulated in fp32 by oneDNN, or by OpenBLAS on the rounded values.
 //
-// oneDNN is used in its simplest form: dense bf16 operands (no transposed source: oneDNN 2.6's
-// brgemm runs one ~2x slower), a dense fp32 destination, an optional fp32 bias and an optional
-// sum post-op (+=). Primitives are built once per shape and cached per thread (building one
+// oneDNN is used in its simplest form: dense bf16 operands (row-major, or transposed where the
+// CPU's brgemm runs that as fast: the weight gradient's dout on AMX, Bf16DwSource), a dense
+// fp32 or bf16 destination, an optional fp32 bias and an optional sum post-op (+=). Primitives are built once per shape and cached per thread (building one
 // costs far more than a small product). Attention's tiles use our vdpbf16ps kernel instead.
 #include "model/kernels_cpu_bf16.h"
 
@@ -324,7 +324,7 @@ inline void Transpose8x8(const uint16_t* a, int lda, uint16_t* t, int ldt) {
 // transposed in 8x8 blocks into a second one, and written out as contiguous runs of a tile's
 // rows. (Writing the transposed elements one by one put each of a tile's columns on its own
 // line of dst_t, rows * 2 bytes apart: at rows = 2048 (4 KiB apart) they all fell into one L1
-// set, and the 3 MB copy of the tiny config's dout took 2.6-6.5 ms instead of ~0.2 ms.)
+// set: the tiny config's 3 MB dout took 2.6-6.5 ms to transpose, 4-10x its product's time.)
 template <typename S, typename F>
 void TransposeTiles(const S* src, int rows, int cols, uint16_t* dst, uint16_t* dst_t, F f) {
   constexpr int kRows = 128, kCols = 64;  // 16 KiB per buffer; 256-byte runs in dst_t
@@ -350,7 +350,7 @@ void TransposeTiles(const S* src, int rows, int cols, uint16_t* dst, uint16_t* d
 
 // dst[rows,cols] = bf16(src) and dst_t[cols,rows] = its transpose, in one pass over src: the
 // weight-gradient product's dout^T as a dense row-major source where a transposed source is
-// slow (DwFromTransposedSource).
+// slow (Bf16DwSource).
 void ToBf16AndTransposed(const float* src, int rows, int cols, uint16_t* dst, uint16_t* dst_t) {
   TransposeTiles(src, rows, cols, dst, dst_t, [](float x) { return FloatToBf16(x); });
 }
@@ -540,8 +540,8 @@ void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dou
 
 // bf16 activations: the operands reach oneDNN as they are stored, with no ToBf16 of the input
 // or of dout (the conversion passes the fp32-activation kernels above make on every call); only
-// the weight is converted (or taken from the cache), dout transposed in bf16 for the weight
-// gradient, and oneDNN writes out / dinp in bf16 itself (dinp = bf16(fp32(dinp) + dout @ w),
+// the weight is converted (or taken from the cache), dout read transposed by the weight
+// gradient's primitive (or transposed in bf16 first, Bf16DwSource), and oneDNN writes out / dinp in bf16 itself (dinp = bf16(fp32(dinp) + dout @ w),
 // rounded once); the emulated path widens, computes in fp32 and rounds once the same way.
 void matmul_forward_bf16(uint16_t* out, const uint16_t* inp, const float* w, const float* bias, int N, int C, int OC,
                          Bf16WeightCache* cache) {

@@ -72,8 +72,8 @@ const char* Bf16DwSourceName(Bf16DwSource source);  // "transposed copy" or "tra
 // The memory formats of the source and weights operands of the oneDNN primitive that the last
 // call of a large product ran: "ab" (dense row-major), "ba" (dense, transposed) or "other";
 // both "" when that product has not run on oneDNN in this process. Taken from the primitive's
-// own descriptors, so tests can check that no product reads a transposed source (oneDNN's
-// brgemm runs one about 2x slower).
+// own descriptors, so tests can check the layouts each product gets (Bf16DwSource: which
+// transposed source is fast depends on the CPU).
 enum class Bf16Product { kForward, kBackwardData, kBackwardWeights };
 struct OnednnOperandFormats {
   std::string src, weights;
