@@ -1,11 +1,12 @@
 // bf16 matmul kernels of the CPU device (see kernels_cpu_bf16.h): inputs rounded to bf16 (RNE,
 // base/bf16.h), products accumulated in fp32 by oneDNN, or by OpenBLAS on the rounded values.
 //
-// oneDNN is used in its simplest form: dense bf16 operands (no transposed source: oneDNN 2.6's
-// brgemm runs one ~2x slower), a dense fp32 destination, an optional fp32 bias and an optional
-// sum post-op (+=). Primitives are built once per shape and cached per thread (building one
-// costs far more than a small product). Attention's products are batched over heads (dense
-// per-head copies, so oneDNN's brgemm / AMX kernels take them; see "attention on oneDNN").
+// oneDNN is used in its simplest form: dense bf16 operands (row-major, or transposed where the
+// CPU's brgemm runs that as fast: the weight gradient's dout on AMX, Bf16DwSource), a dense
+// fp32 or bf16 destination, an optional fp32 bias and an optional sum post-op (+=). Primitives
+// are built once per shape and cached per thread (building one costs far more than a small
+// product). Attention's products are batched over heads (dense per-head copies, so oneDNN's
+// brgemm / AMX kernels take them; see "attention on oneDNN").
 #include "model/kernels_cpu_bf16.h"
 
 #include <cpuid.h>
@@ -235,6 +236,26 @@ bool SetBf16Gemm(Bf16Gemm gemm) {
 
 const char* Bf16GemmName(Bf16Gemm gemm) { return gemm == Bf16Gemm::kOnednn ? "oneDNN" : "emulated"; }
 
+namespace {
+// AMX-BF16: oneDNN's brg:avx512_core_amx_bf16 reads a transposed source as fast as a dense
+// one (it packs the source into tiles either way), so the transposed copy is a pass saved.
+// AVX512-BF16 without AMX: brg:avx512_core_bf16 ran a transposed source ~2-3x slower than the
+// forward's dense one (issue 20), so dout^T is written out first. Measured: README "bf16 compute".
+std::atomic<int> g_dw_source{-1};  // -1: not chosen yet
+}  // namespace
+
+Bf16DwSource CurrentBf16DwSource() {
+  const int s = g_dw_source.load();
+  if (s >= 0) return static_cast<Bf16DwSource>(s);
+  return Bf16Dot() == 2 ? Bf16DwSource::kTransposedSource : Bf16DwSource::kTransposedCopy;
+}
+
+void SetBf16DwSource(Bf16DwSource source) { g_dw_source.store(static_cast<int>(source)); }
+
+const char* Bf16DwSourceName(Bf16DwSource source) {
+  return source == Bf16DwSource::kTransposedSource ? "transposed source" : "transposed copy";
+}
+
 OnednnOperandFormats LastOnednnFormats(Bf16Product product) {
   std::lock_guard<std::mutex> lock(g_formats_mu);
   return g_formats[static_cast<int>(product)];
@@ -283,42 +304,65 @@ float* RoundBf16(const float* src, size_t n, std::vector<float>& buf) {
   return ConvertAll(src, n, buf, [](float x) { return RoundToBf16(x); });
 }
 
-// f(r0, r1, c0, c1) for every 32x32 tile of a rows x cols matrix, over the compute threads: the
-// transposed writes of a tile stay within a few cache lines per row.
-template <typename F>
-void ForEachTile(int rows, int cols, F f) {
-  constexpr int kTile = 32;
-  const int tr = (rows + kTile - 1) / kTile, tc = (cols + kTile - 1) / kTile;
+// t[c][r] = a[r][c] for an 8x8 block of 16-bit values (rows of a lda apart, of t ldt apart):
+// three rounds of interleaving (SSE2).
+inline void Transpose8x8(const uint16_t* a, int lda, uint16_t* t, int ldt) {
+  __m128i r[8], u[8];
+  for (int i = 0; i < 8; i++) r[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i * lda));
+  for (int i = 0; i < 4; i++) {
+    u[2 * i] = _mm_unpacklo_epi16(r[2 * i], r[2 * i + 1]);
+    u[2 * i + 1] = _mm_unpackhi_epi16(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 2; j++) {
+      r[4 * i + 2 * j] = _mm_unpacklo_epi32(u[4 * i + j], u[4 * i + j + 2]);
+      r[4 * i + 2 * j + 1] = _mm_unpackhi_epi32(u[4 * i + j], u[4 * i + j + 2]);
+    }
+  for (int j = 0; j < 4; j++) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(t + (2 * j) * ldt), _mm_unpacklo_epi64(r[j], r[j + 4]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(t + (2 * j + 1) * ldt), _mm_unpackhi_epi64(r[j], r[j + 4]));
+  }
+}
+
+// dst_t[cols,rows] = f(src)^T, and dst[rows,cols] = f(src) when dst is not null, in one pass
+// over src: 128x64 tiles over the compute threads, each converted into a row-major buffer,
+// transposed in 8x8 blocks into a second one, and written out as contiguous runs of a tile's
+// rows. (Writing the transposed elements one by one put each of a tile's columns on its own
+// line of dst_t, rows * 2 bytes apart: at rows = 2048 (4 KiB apart) they all fell into one L1
+// set: the tiny config's 3 MB dout took 2.6-6.5 ms to transpose, 4-10x its product's time.)
+template <typename S, typename F>
+void TransposeTiles(const S* src, int rows, int cols, uint16_t* dst, uint16_t* dst_t, F f) {
+  constexpr int kRows = 128, kCols = 64;  // 16 KiB per buffer; 256-byte runs in dst_t
+  const int tr = (rows + kRows - 1) / kRows, tc = (cols + kCols - 1) / kCols;
 #pragma omp parallel for schedule(static) num_threads(ComputeThreads())
   for (int64_t t = 0; t < static_cast<int64_t>(tr) * tc; t++) {
-    const int r0 = static_cast<int>(t / tc) * kTile, c0 = static_cast<int>(t % tc) * kTile;
-    f(r0, std::min(rows, r0 + kTile), c0, std::min(cols, c0 + kTile));
+    const int r0 = static_cast<int>(t / tc) * kRows, c0 = static_cast<int>(t % tc) * kCols;
+    const int nr = std::min(rows - r0, kRows), nc = std::min(cols - c0, kCols);
+    alignas(64) uint16_t in[kRows][kCols], out[kCols][kRows];  // in[r][c] = f(src[r0 + r, c0 + c]); out = in^T
+    for (int r = 0; r < nr; r++) {
+      const S* s = src + static_cast<int64_t>(r0 + r) * cols + c0;
+      for (int c = 0; c < nc; c++) in[r][c] = f(s[c]);
+      for (int c = nc; c < kCols; c++) in[r][c] = 0;  // the tail: transposed, never written out
+      if (dst) std::memcpy(dst + static_cast<int64_t>(r0 + r) * cols + c0, in[r], nc * sizeof(uint16_t));
+    }
+    for (int r = nr; r < ((nr + 7) & ~7); r++) std::memset(in[r], 0, sizeof(in[r]));
+    for (int rb = 0; rb < nr; rb += 8)
+      for (int cb = 0; cb < nc; cb += 8) Transpose8x8(&in[rb][cb], kCols, &out[cb][rb], kRows);
+    for (int c = 0; c < nc; c++)
+      std::memcpy(dst_t + static_cast<int64_t>(c0 + c) * rows + r0, out[c], nr * sizeof(uint16_t));
   }
 }
 
 // dst[rows,cols] = bf16(src) and dst_t[cols,rows] = its transpose, in one pass over src: the
-// weight-gradient product then gets dout^T as a dense row-major source (oneDNN's brgemm runs
-// a transposed ("ba") source about 2x slower; measured with ONEDNN_VERBOSE, see the README).
+// weight-gradient product's dout^T as a dense row-major source where a transposed source is
+// slow (Bf16DwSource).
 void ToBf16AndTransposed(const float* src, int rows, int cols, uint16_t* dst, uint16_t* dst_t) {
-  ForEachTile(rows, cols, [&](int r0, int r1, int c0, int c1) {
-    for (int r = r0; r < r1; r++) {
-      const float* s = src + static_cast<int64_t>(r) * cols;
-      uint16_t* d = dst + static_cast<int64_t>(r) * cols;
-      for (int c = c0; c < c1; c++) {
-        const uint16_t h = FloatToBf16(s[c]);
-        d[c] = h;
-        dst_t[static_cast<int64_t>(c) * rows + r] = h;
-      }
-    }
-  });
+  TransposeTiles(src, rows, cols, dst, dst_t, [](float x) { return FloatToBf16(x); });
 }
 
 // dst[cols,rows] = src[rows,cols]^T (ToBf16AndTransposed without the conversion).
 void Transpose16(const uint16_t* src, int rows, int cols, uint16_t* dst) {
-  ForEachTile(rows, cols, [&](int r0, int r1, int c0, int c1) {
-    for (int r = r0; r < r1; r++)
-      for (int c = c0; c < c1; c++) dst[static_cast<int64_t>(c) * rows + r] = src[static_cast<int64_t>(r) * cols + c];
-  });
+  TransposeTiles(src, rows, cols, nullptr, dst, [](uint16_t x) { return x; });
 }
 
 }  // namespace
@@ -469,22 +513,26 @@ void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dou
     matmul_backward(dinp, dw, nullptr, RoundBf16(dout, NOC, t_c32), RoundBf16(inp, NC, t_a32), rw, N, C, OC);
   } else {
     static const Bf16Product kData = Bf16Product::kBackwardData, kWeights = Bf16Product::kBackwardWeights;
-    // dout in bf16 as [N,OC] for dinp and as [OC,N] (written transposed) for dw: no product
-    // reads a transposed source
+    // dout in bf16 as [N,OC] for dinp, and for dw either that same copy read as a transposed
+    // source, or a second copy written transposed ([OC,N], in the same pass) where a
+    // transposed source is slow (Bf16DwSource)
+    const bool copy_t = dw && CurrentBf16DwSource() == Bf16DwSource::kTransposedCopy;
     uint16_t* d16 = cpu_internal::scratch(t_c16, NOC);
-    uint16_t* d16t = dw ? cpu_internal::scratch(t_c16t, NOC) : nullptr;
-    if (dw) ToBf16AndTransposed(dout, N, OC, d16, d16t);
+    uint16_t* d16t = copy_t ? cpu_internal::scratch(t_c16t, NOC) : nullptr;
+    if (copy_t) ToBf16AndTransposed(dout, N, OC, d16, d16t);
     else ToBf16(dout, NOC, t_c16);
     if (dinp) OnednnMatmul(N, C, OC, d16, false, wc.Bits(w, OCC, t_b16), false, nullptr, true, dinp, &kData);
-    if (dw) OnednnMatmul(OC, C, N, d16t, false, ToBf16(inp, NC, t_a16), false, nullptr, true, dw, &kWeights);
+    if (dw)
+      OnednnMatmul(OC, C, N, copy_t ? d16t : d16, !copy_t, ToBf16(inp, NC, t_a16), false, nullptr, true, dw,
+                   &kWeights);
   }
   if (dbias) BiasBackward(dbias, dout, N, OC);
 }
 
 // bf16 activations: the operands reach oneDNN as they are stored, with no ToBf16 of the input
 // or of dout (the conversion passes the fp32-activation kernels above make on every call); only
-// the weight is converted (or taken from the cache), dout transposed in bf16 for the weight
-// gradient, and oneDNN writes out / dinp in bf16 itself (dinp = bf16(fp32(dinp) + dout @ w),
+// the weight is converted (or taken from the cache), dout read transposed by the weight
+// gradient's primitive (or transposed in bf16 first, Bf16DwSource), and oneDNN writes out / dinp in bf16 itself (dinp = bf16(fp32(dinp) + dout @ w),
 // rounded once); the emulated path widens, computes in fp32 and rounds once the same way.
 void matmul_forward_bf16(uint16_t* out, const uint16_t* inp, const float* w, const float* bias, int N, int C, int OC,
                          Bf16WeightCache* cache) {
@@ -519,10 +567,14 @@ void matmul_backward_bf16(uint16_t* dinp, float* dw, float* dbias, const uint16_
     if (dinp)
       OnednnMatmul(N, C, OC, dout, false, wc.Bits(w, OCC, t_b16), false, nullptr, true, dinp, &kData,
                    /*c_bf16=*/true);
-    if (dw) {  // dout^T as a dense source (no transposed source, as above)
-      uint16_t* d16t = cpu_internal::scratch(t_c16t, NOC);
-      Transpose16(dout, N, OC, d16t);
-      OnednnMatmul(OC, C, N, d16t, false, inp, false, nullptr, true, dw, &kWeights);
+    if (dw) {  // dout^T: dout itself as a transposed source, or a transposed copy (as above)
+      if (CurrentBf16DwSource() == Bf16DwSource::kTransposedSource) {
+        OnednnMatmul(OC, C, N, dout, true, inp, false, nullptr, true, dw, &kWeights);
+      } else {
+        uint16_t* d16t = cpu_internal::scratch(t_c16t, NOC);
+        Transpose16(dout, N, OC, d16t);
+        OnednnMatmul(OC, C, N, d16t, false, inp, false, nullptr, true, dw, &kWeights);
+      }
     }
   }
   if (dbias) BiasBackward(dbias, dout, N, OC);

@@ -63,11 +63,22 @@ Bf16Gemm CurrentBf16Gemm();
 bool SetBf16Gemm(Bf16Gemm gemm);
 const char* Bf16GemmName(Bf16Gemm gemm);  // "oneDNN" or "emulated"
 
+// How the weight-gradient product dw[OC,C] += dout^T inp gets dout^T on oneDNN:
+// kTransposedSource: dout [N,OC] itself, read by the primitive as a transposed ("ba") source;
+// kTransposedCopy: a bf16 copy of dout written transposed ([OC,N], dense "ab") first.
+// Default: kTransposedSource on CPUs with AMX-BF16 (oneDNN's AMX brgemm runs it as fast as a
+// dense source), kTransposedCopy elsewhere (its AVX512-BF16 brgemm runs it 2-3x slower).
+// Results differ at most in summation order. SetBf16DwSource: tests and measurements.
+enum class Bf16DwSource { kTransposedCopy, kTransposedSource };
+Bf16DwSource CurrentBf16DwSource();
+void SetBf16DwSource(Bf16DwSource source);
+const char* Bf16DwSourceName(Bf16DwSource source);  // "transposed copy" or "transposed source"
+
 // The memory formats of the source and weights operands of the oneDNN primitive that the last
 // call of a large product ran: "ab" (dense row-major), "ba" (dense, transposed) or "other";
 // both "" when that product has not run on oneDNN in this process. Taken from the primitive's
-// own descriptors, so tests can check that no product reads a transposed source (oneDNN's
-// brgemm runs one about 2x slower).
+// own descriptors, so tests can check the layouts each product gets (Bf16DwSource: which
+// transposed source is fast depends on the CPU).
 enum class Bf16Product { kForward, kBackwardData, kBackwardWeights };
 struct OnednnOperandFormats {
   std::string src, weights;

@@ -1,8 +1,10 @@
 // Tests of the bf16 kernels' fast paths (model/kernels_cpu_bf16.h): the operand layouts each
-// large product hands oneDNN (read back from the primitives' own descriptors, so a transposed
-// source cannot come back unseen), attention's batched oneDNN products (call counts, the same
-// bits on any thread count), and the AVX512-BF16 tile kernel against a double reference on bf16-rounded inputs, at every transpose combination, odd reductions and
-// column tails. Each skips, with the reason, on CPUs that lack what it needs.
+// large product hands oneDNN (read back from the primitives' own descriptors, so a layout
+// cannot change unseen), the weight gradient under both ways of getting dout^T, attention's
+// batched oneDNN products (call counts, the same bits on any thread count), and the AVX512-BF16
+// tile kernel against a double reference on bf16-rounded inputs, at every transpose
+// combination, odd reductions and column tails. Each skips, with the reason, on CPUs that lack
+// what it needs.
 //
 // Tolerance of the tile kernel: products of bf16 values are exact in fp32, so only the fp32
 // accumulation rounds: |got - ref| <= 1e-5 * sum |a b| + 1e-6 (as kernels_bf16_test.cc).
@@ -32,55 +34,120 @@ class Bf16FastPath : public ::testing::Test {
   Bf16Gemm saved_gemm_ = Bf16Gemm::kEmulated;
 };
 
-// Every large product (forward, dinp, dw) reaches oneDNN with a dense row-major source; the
-// weights operand may be transposed (the forward's w[OC,C] is the [C,OC] operand as "ba").
-TEST_F(Bf16FastPath, OnednnProductsSeeNoTransposedSource) {
+// The forward and dinp products reach oneDNN with a dense row-major source (the forward's
+// weights w[OC,C] are the [C,OC] operand as "ba"); the weight gradient's source is dout read
+// transposed ("ba") under kTransposedSource and the dense transposed copy ("ab") under
+// kTransposedCopy, for both the fp32- and the bf16-activation kernels, dinp or not.
+class Bf16DwSources : public Bf16FastPath, public ::testing::WithParamInterface<Bf16DwSource> {
+ protected:
+  void SetUp() override {
+    Bf16FastPath::SetUp();
+    saved_source_ = CurrentBf16DwSource();
+    SetBf16DwSource(GetParam());
+  }
+  void TearDown() override {
+    SetBf16DwSource(saved_source_);
+    Bf16FastPath::TearDown();
+  }
+  Bf16DwSource saved_source_ = Bf16DwSource::kTransposedCopy;
+};
+
+TEST_P(Bf16DwSources, OnednnOperandFormats) {
   if (!OnednnBf16Supported())
     GTEST_SKIP() << "oneDNN cannot run bf16 matmuls on this CPU (it needs AVX-512): no primitive to inspect";
   ASSERT_TRUE(SetBf16Gemm(Bf16Gemm::kOnednn));
   const int N = 48, C = 40, OC = 72;
+  const char* dw_src = GetParam() == Bf16DwSource::kTransposedSource ? "ba" : "ab";
   VecF inp = RandomFloats((size_t)N * C, 1), w = RandomFloats((size_t)OC * C, 2), dout = RandomFloats((size_t)N * OC, 3);
   VecF out((size_t)N * OC), dinp((size_t)N * C, 0.0f), dw((size_t)OC * C, 0.0f);
-  matmul_forward_bf16(out.data(), inp.data(), w.data(), nullptr, N, C, OC);
-  matmul_backward_bf16(dinp.data(), dw.data(), nullptr, dout.data(), inp.data(), w.data(), N, C, OC);
-  const struct {
-    Bf16Product product;
-    const char* name;
-    const char* weights;
-  } expected[] = {{Bf16Product::kForward, "forward", "ba"},
-                  {Bf16Product::kBackwardData, "dinp", "ab"},
-                  {Bf16Product::kBackwardWeights, "dw", "ab"}};
-  for (const auto& e : expected) {
-    const OnednnOperandFormats f = LastOnednnFormats(e.product);
-    EXPECT_EQ("ab", f.src) << e.name << ": the source must be dense row-major (a transposed source is the slow path)";
-    EXPECT_EQ(e.weights, f.weights) << e.name << ": weights operand format";
+  std::vector<uint16_t> inp16(inp.size()), dout16(dout.size()), out16(out.size()), dinp16(dinp.size(), 0);
+  for (size_t i = 0; i < inp.size(); i++) inp16[i] = FloatToBf16(inp[i]);
+  for (size_t i = 0; i < dout.size(); i++) dout16[i] = FloatToBf16(dout[i]);
+  for (int act16 = 0; act16 < 2; act16++) {
+    const std::string kernel = act16 ? "bf16 activations" : "fp32 activations";
+    if (act16) {
+      matmul_forward_bf16(out16.data(), inp16.data(), w.data(), nullptr, N, C, OC);
+      matmul_backward_bf16(dinp16.data(), dw.data(), nullptr, dout16.data(), inp16.data(), w.data(), N, C, OC);
+    } else {
+      matmul_forward_bf16(out.data(), inp.data(), w.data(), nullptr, N, C, OC);
+      matmul_backward_bf16(dinp.data(), dw.data(), nullptr, dout.data(), inp.data(), w.data(), N, C, OC);
+    }
+    const struct {
+      Bf16Product product;
+      const char* name;
+      const char *src, *weights;
+    } expected[] = {{Bf16Product::kForward, "forward", "ab", "ba"},
+                    {Bf16Product::kBackwardData, "dinp", "ab", "ab"},
+                    {Bf16Product::kBackwardWeights, "dw", dw_src, "ab"}};
+    for (const auto& e : expected) {
+      const OnednnOperandFormats f = LastOnednnFormats(e.product);
+      EXPECT_EQ(e.src, f.src) << kernel << ", " << e.name << ": source format";
+      EXPECT_EQ(e.weights, f.weights) << kernel << ", " << e.name << ": weights operand format";
+    }
+    // dw alone (the tied LM head's end-of-backward call) takes the same layout
+    if (act16)
+      matmul_backward_bf16(static_cast<uint16_t*>(nullptr), dw.data(), nullptr, dout16.data(), inp16.data(), w.data(),
+                           N, C, OC);
+    else
+      matmul_backward_bf16(static_cast<float*>(nullptr), dw.data(), nullptr, dout.data(), inp.data(), w.data(), N, C,
+                           OC);
+    EXPECT_EQ(dw_src, LastOnednnFormats(Bf16Product::kBackwardWeights).src) << kernel << ": dw without dinp";
   }
-  // dw alone (the tied LM head's end-of-backward call) takes the same layout
-  matmul_backward_bf16(nullptr, dw.data(), nullptr, dout.data(), inp.data(), w.data(), N, C, OC);
-  EXPECT_EQ("ab", LastOnednnFormats(Bf16Product::kBackwardWeights).src) << "dw without dinp";
 }
 
-// The transposed bf16 copy of dout is what dw multiplies: dw matches the bf16-input reference
-// at shapes whose sides are not multiples of the 32x32 conversion tile.
-TEST_F(Bf16FastPath, WeightGradientFromTransposedCopy) {
+// dw matches the bf16-input reference under either source, for both kernels, at shapes whose
+// sides are not multiples of the 64x64 transpose tile (one tile, and several with tails).
+TEST_P(Bf16DwSources, WeightGradientMatchesReference) {
   if (!OnednnBf16Supported()) GTEST_SKIP() << "oneDNN cannot run bf16 matmuls on this CPU (it needs AVX-512)";
   ASSERT_TRUE(SetBf16Gemm(Bf16Gemm::kOnednn));
-  const int N = 67, C = 19, OC = 45;
-  VecF inp = RandomFloats((size_t)N * C, 4), w = RandomFloats((size_t)OC * C, 5), dout = RandomFloats((size_t)N * OC, 6);
-  VecF dw0 = RandomFloats((size_t)OC * C, 7), dw = dw0;
-  matmul_backward_bf16(nullptr, dw.data(), nullptr, dout.data(), inp.data(), w.data(), N, C, OC);
-  int bad = 0;
-  for (int o = 0; o < OC; o++)
-    for (int c = 0; c < C; c++) {
-      double ref = dw0[(size_t)o * C + c], mag = 0;
-      for (int n = 0; n < N; n++) {
-        const double p = (double)RoundToBf16(dout[(size_t)n * OC + o]) * RoundToBf16(inp[(size_t)n * C + c]);
-        ref += p, mag += std::fabs(p);
-      }
-      if (std::fabs(dw[(size_t)o * C + c] - ref) > 1e-5 * mag + 1e-6 && bad++ < 5)
-        ADD_FAILURE() << "dw[" << o << "," << c << "] = " << dw[(size_t)o * C + c] << ", want " << ref;
+  const int shapes[][3] = {{67, 19, 45}, {197, 24, 131}};
+  for (const auto& sh : shapes) {
+    const int N = sh[0], C = sh[1], OC = sh[2];
+    VecF inp = RandomFloats((size_t)N * C, 4), w = RandomFloats((size_t)OC * C, 5);
+    VecF dout = RandomFloats((size_t)N * OC, 6), dw0 = RandomFloats((size_t)OC * C, 7);
+    std::vector<uint16_t> inp16(inp.size()), dout16(dout.size());
+    for (size_t i = 0; i < inp.size(); i++) inp16[i] = FloatToBf16(inp[i]);
+    for (size_t i = 0; i < dout.size(); i++) dout16[i] = FloatToBf16(dout[i]);
+    for (int act16 = 0; act16 < 2; act16++) {
+      VecF dw = dw0;
+      if (act16)
+        matmul_backward_bf16(static_cast<uint16_t*>(nullptr), dw.data(), nullptr, dout16.data(), inp16.data(),
+                             w.data(), N, C, OC);
+      else
+        matmul_backward_bf16(static_cast<float*>(nullptr), dw.data(), nullptr, dout.data(), inp.data(), w.data(), N,
+                             C, OC);
+      int bad = 0;
+      for (int o = 0; o < OC; o++)
+        for (int c = 0; c < C; c++) {
+          double ref = dw0[(size_t)o * C + c], mag = 0;
+          for (int n = 0; n < N; n++) {
+            const double p = (double)RoundToBf16(dout[(size_t)n * OC + o]) * RoundToBf16(inp[(size_t)n * C + c]);
+            ref += p, mag += std::fabs(p);
+          }
+          if (std::fabs(dw[(size_t)o * C + c] - ref) > 1e-5 * mag + 1e-6 && bad++ < 5)
+            ADD_FAILURE() << N << "x" << C << "x" << OC << (act16 ? " bf16 act" : " fp32 act") << ": dw[" << o << ","
+                          << c << "] = " << dw[(size_t)o * C + c] << ", want " << ref;
+        }
+      EXPECT_EQ(0, bad);
     }
-  EXPECT_EQ(0, bad);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Source, Bf16DwSources,
+                         ::testing::Values(Bf16DwSource::kTransposedCopy, Bf16DwSource::kTransposedSource),
+                         [](const ::testing::TestParamInfo<Bf16DwSource>& info) {
+                           return std::string(info.param == Bf16DwSource::kTransposedSource ? "TransposedSource"
+                                                                                            : "TransposedCopy");
+                         });
+
+// The default source follows the CPU: dout read transposed where oneDNN runs AMX-BF16 (its
+// brgemm is as fast that way), the transposed copy elsewhere (README "bf16 compute").
+TEST_F(Bf16FastPath, DefaultWeightGradientSourceFollowsTheCpu) {
+  const Bf16DwSource saved = CurrentBf16DwSource();  // (the other tests restore what they set)
+  const Bf16DwSource want = std::string(CpuBf16DotName()) == "AMX-BF16" ? Bf16DwSource::kTransposedSource
+                                                                         : Bf16DwSource::kTransposedCopy;
+  EXPECT_EQ(want, saved) << "default: " << Bf16DwSourceName(saved) << " on a CPU with "
+                         << (CpuHasBf16Dot() ? CpuBf16DotName() : "no bf16 dot product");
 }
 
 // C = alpha op(A) op(B) + beta C on a strided C, against doubles on rounded inputs.
