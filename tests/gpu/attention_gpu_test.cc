@@ -36,6 +36,7 @@
 #include "model/kernels_cpu.h"
 #include "model/kernels_cpu_bf16.h"
 #include "tests/common/random_data.h"
+#include "tests/gpu/gpu_and_cpu.h"
 #include "tests/gpu/mma_test_kernels.h"
 
 namespace shardgpt {
@@ -146,15 +147,11 @@ INSTANTIATE_TEST_SUITE_P(Fragments, MmaTest,
 class TcAttentionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string why;
-    if (NoGpu(&why)) GTEST_SKIP() << "no usable GPU: " << why;
-    auto dev = CreateCudaDevice(0, 1);
-    ASSERT_TRUE(dev.ok()) << dev.status().message();
-    gpu_ = std::move(dev.value());
-    cpu_ = NewCpuDevice(false);
+    saved_bf16_attention_ = Bf16AttentionProducts();  // before any skip: TearDown restores it
+    std::string skip;
+    if (!OpenGpuAndCpu(&gpu_, &cpu_, &skip)) GTEST_SKIP() << skip;
     // the CPU twin of the tensor-core kernels: the CPU device's bf16-product attention (its
     // default at kBf16 only where the CPU has bf16 dot-product instructions)
-    saved_bf16_attention_ = Bf16AttentionProducts();
     SetBf16AttentionProducts(true);
   }
   void TearDown() override { SetBf16AttentionProducts(saved_bf16_attention_); }
