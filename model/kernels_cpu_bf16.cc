@@ -889,24 +889,37 @@ struct HeadView {
   }
 };
 
+// The shape of one batched attention call, and its one parallel walk over the chunks of heads.
+struct BatchedAttention {
+  int T, C, NH, hs, C3, BH, G0;
+  float scale;
+  size_t TT, Thd;  // elements of one head's [T, T] tile and of its [T, hs] rows
+  BatchedAttention(int B, int T_, int C_, int NH_)
+      : T(T_), C(C_), NH(NH_), hs(C_ / NH_), C3(3 * C_), BH(B * NH_), G0(AttentionChunk(B * NH_, T_)),
+        scale(1.0f / std::sqrt(static_cast<float>(C_ / NH_))), TT(static_cast<size_t>(T_) * T_),
+        Thd(static_cast<size_t>(T_) * (C_ / NH_)) {}
+  // f(hv) for every chunk, over the compute threads (the chunks depend only on the shape).
+  template <typename F>
+  void ForEachChunk(F f) const {
+    const int chunks = (BH + G0 - 1) / G0;
+#pragma omp parallel for schedule(static) num_threads(ComputeThreads())
+    for (int c = 0; c < chunks; c++) f(HeadView{c * G0, std::min(G0, BH - c * G0), T, NH, hs});
+  }
+};
+
 // out (bf16 bits when OutT is uint16_t, else fp32) and lse from bf16 qkv.
 template <typename OutT>
 void AttentionForwardBatched(OutT* out, float* lse, const uint16_t* qkv, int B, int T, int C, int NH) {
-  const int hs = C / NH, C3 = 3 * C, BH = B * NH, G0 = AttentionChunk(BH, T);
   constexpr bool kOut16 = std::is_same<OutT, uint16_t>::value;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const size_t TT = static_cast<size_t>(T) * T, Thd = static_cast<size_t>(T) * hs;
-  const int chunks = (BH + G0 - 1) / G0;
-#pragma omp parallel for schedule(static) num_threads(ComputeThreads())
-  for (int c = 0; c < chunks; c++) {
-    const HeadView hv{c * G0, std::min(G0, BH - c * G0), T, NH, hs};
+  const BatchedAttention a(B, T, C, NH);
+  a.ForEachChunk([&](const HeadView& hv) {
     const int G = hv.G;
-    float* S = cpu_internal::scratch(t_batt_f32, G0 * (TT + Thd));
-    float* o32 = S + G0 * TT;
-    uint16_t* P = cpu_internal::scratch(t_batt_b16, G0 * (TT + 4 * Thd));
-    uint16_t *qd = P + G0 * TT, *kd = qd + G0 * Thd, *vd = kd + G0 * Thd, *o16 = vd + G0 * Thd;
-    hv.gather(qkv, C3, 0, qd), hv.gather(qkv, C3, C, kd), hv.gather(qkv, C3, 2 * C, vd);
-    OnednnBatched(G, T, T, hs, qd, false, kd, /*tb=*/true, scale, S, false);  // S = scale q k^T
+    float* S = cpu_internal::scratch(t_batt_f32, a.G0 * (a.TT + a.Thd));
+    float* o32 = S + a.G0 * a.TT;
+    uint16_t* P = cpu_internal::scratch(t_batt_b16, a.G0 * (a.TT + 4 * a.Thd));
+    uint16_t *qd = P + a.G0 * a.TT, *kd = qd + a.G0 * a.Thd, *vd = kd + a.G0 * a.Thd, *o16 = vd + a.G0 * a.Thd;
+    hv.gather(qkv, a.C3, 0, qd), hv.gather(qkv, a.C3, C, kd), hv.gather(qkv, a.C3, 2 * C, vd);
+    OnednnBatched(G, T, T, a.hs, qd, false, kd, /*tb=*/true, a.scale, S, false);  // S = scale q k^T
     for (int64_t row = 0; row < static_cast<int64_t>(G) * T; row++) {
       const int t = static_cast<int>(row % T);
       float* srow = S + row * T;
@@ -927,11 +940,11 @@ void AttentionForwardBatched(OutT* out, float* lse, const uint16_t* qkv, int B, 
       lse[static_cast<int64_t>(hv.bh0) * T + row] = mx + std::log(sum);
     }
     OutT* od = kOut16 ? reinterpret_cast<OutT*>(o16) : reinterpret_cast<OutT*>(o32);
-    OnednnBatched(G, T, hs, T, P, false, vd, false, 1.0f, od, kOut16);  // o = P v
+    OnednnBatched(G, T, a.hs, T, P, false, vd, false, 1.0f, od, kOut16);  // o = P v
     for (int g = 0; g < G; g++)
       for (int t = 0; t < T; t++)
-        std::memcpy(out + hv.at(g, t, C, 0), od + (static_cast<int64_t>(g) * T + t) * hs, hs * sizeof(OutT));
-  }
+        std::memcpy(out + hv.at(g, t, C, 0), od + (static_cast<int64_t>(g) * T + t) * a.hs, a.hs * sizeof(OutT));
+  });
 }
 
 // d[0, n) += g[0, n) (fp32 sums; a bf16 d rounded once).
@@ -951,35 +964,30 @@ template <typename GradT>
 void AttentionBackwardBatched(GradT* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
                               const float* lse, int B, int T, int C, int NH, const float* dout32 = nullptr,
                               const float* out32 = nullptr) {
-  const int hs = C / NH, C3 = 3 * C, BH = B * NH, G0 = AttentionChunk(BH, T);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const size_t TT = static_cast<size_t>(T) * T, Thd = static_cast<size_t>(T) * hs;
-  const int chunks = (BH + G0 - 1) / G0;
-#pragma omp parallel for schedule(static) num_threads(ComputeThreads())
-  for (int c = 0; c < chunks; c++) {
-    const HeadView hv{c * G0, std::min(G0, BH - c * G0), T, NH, hs};
+  const BatchedAttention a(B, T, C, NH);
+  a.ForEachChunk([&](const HeadView& hv) {
     const int G = hv.G;
-    float* S = cpu_internal::scratch(t_batt_f32, G0 * (2 * TT + 3 * Thd + T));
-    float *dP = S + G0 * TT, *dqd = dP + G0 * TT, *dkd = dqd + G0 * Thd, *dvd = dkd + G0 * Thd, *D = dvd + G0 * Thd;
-    uint16_t* P = cpu_internal::scratch(t_batt_b16, G0 * (2 * TT + 4 * Thd));
-    uint16_t *dS = P + G0 * TT, *qd = dS + G0 * TT, *kd = qd + G0 * Thd, *vd = kd + G0 * Thd, *dOd = vd + G0 * Thd;
-    hv.gather(qkv, C3, 0, qd), hv.gather(qkv, C3, C, kd), hv.gather(qkv, C3, 2 * C, vd), hv.gather(dout, C, 0, dOd);
+    float* S = cpu_internal::scratch(t_batt_f32, a.G0 * (2 * a.TT + 3 * a.Thd + T));
+    float *dP = S + a.G0 * a.TT, *dqd = dP + a.G0 * a.TT, *dkd = dqd + a.G0 * a.Thd, *dvd = dkd + a.G0 * a.Thd, *D = dvd + a.G0 * a.Thd;
+    uint16_t* P = cpu_internal::scratch(t_batt_b16, a.G0 * (2 * a.TT + 4 * a.Thd));
+    uint16_t *dS = P + a.G0 * a.TT, *qd = dS + a.G0 * a.TT, *kd = qd + a.G0 * a.Thd, *vd = kd + a.G0 * a.Thd, *dOd = vd + a.G0 * a.Thd;
+    hv.gather(qkv, a.C3, 0, qd), hv.gather(qkv, a.C3, C, kd), hv.gather(qkv, a.C3, 2 * C, vd), hv.gather(dout, C, 0, dOd);
     for (int64_t row = 0; row < static_cast<int64_t>(G) * T; row++) {  // D[t] = dO_t . o_t (fp32)
       const int64_t at = hv.at(static_cast<int>(row / T), static_cast<int>(row % T), C, 0);
       float acc = 0.0f;
       if (out32) {
         const float *o = out32 + at, *g = dout32 + at;
 #pragma omp simd reduction(+ : acc)
-        for (int i = 0; i < hs; i++) acc += o[i] * g[i];
+        for (int i = 0; i < a.hs; i++) acc += o[i] * g[i];
       } else {
-        const uint16_t *o = out + at, *g = dOd + row * hs;
+        const uint16_t *o = out + at, *g = dOd + row * a.hs;
 #pragma omp simd reduction(+ : acc)
-        for (int i = 0; i < hs; i++) acc += Bf16ToFloat(o[i]) * Bf16ToFloat(g[i]);
+        for (int i = 0; i < a.hs; i++) acc += Bf16ToFloat(o[i]) * Bf16ToFloat(g[i]);
       }
       D[row] = acc;
     }
-    OnednnBatched(G, T, T, hs, qd, false, kd, true, scale, S, false);  // S = scale q k^T
-    OnednnBatched(G, T, T, hs, dOd, false, vd, true, 1.0f, dP, false);  // dP = dO v^T
+    OnednnBatched(G, T, T, a.hs, qd, false, kd, true, a.scale, S, false);  // S = scale q k^T
+    OnednnBatched(G, T, T, a.hs, dOd, false, vd, true, 1.0f, dP, false);  // dP = dO v^T
     // P = exp(S - lse), dS = P (dP - D), as bf16 (0 above the diagonal)
     for (int64_t row = 0; row < static_cast<int64_t>(G) * T; row++) {
       const int t = static_cast<int>(row % T);
@@ -997,14 +1005,14 @@ void AttentionBackwardBatched(GradT* dqkv, const uint16_t* dout, const uint16_t*
       std::fill(prow + t + 1, prow + T, uint16_t{0});
       std::fill(dsrow + t + 1, dsrow + T, uint16_t{0});
     }
-    OnednnBatched(G, T, hs, T, dS, false, kd, false, scale, dqd, false);  // dq = scale dS k
-    OnednnBatched(G, T, hs, T, dS, true, qd, false, scale, dkd, false);   // dk = scale dS^T q
-    OnednnBatched(G, T, hs, T, P, true, dOd, false, 1.0f, dvd, false);    // dv = P^T dO
+    OnednnBatched(G, T, a.hs, T, dS, false, kd, false, a.scale, dqd, false);  // dq = scale dS k
+    OnednnBatched(G, T, a.hs, T, dS, true, qd, false, a.scale, dkd, false);   // dk = scale dS^T q
+    OnednnBatched(G, T, a.hs, T, P, true, dOd, false, 1.0f, dvd, false);    // dv = P^T dO
     for (int64_t row = 0; row < static_cast<int64_t>(G) * T; row++) {
-      GradT* d = dqkv + hv.at(static_cast<int>(row / T), static_cast<int>(row % T), C3, 0);
-      AddRow(d, dqd + row * hs, hs), AddRow(d + C, dkd + row * hs, hs), AddRow(d + 2 * C, dvd + row * hs, hs);
+      GradT* d = dqkv + hv.at(static_cast<int>(row / T), static_cast<int>(row % T), a.C3, 0);
+      AddRow(d, dqd + row * a.hs, a.hs), AddRow(d + C, dkd + row * a.hs, a.hs), AddRow(d + 2 * C, dvd + row * a.hs, a.hs);
     }
-  }
+  });
 }
 
 }  // namespace
