@@ -18,10 +18,10 @@
 // Under kOnednn, attention's products are batched: one single-threaded oneDNN call per
 // product per chunk of heads (dense bf16 copies of the chunk's q, k, v, dO: oneDNN 2.6 runs
 // only dense operands on its brgemm / AMX kernels), under one OpenMP loop over the chunks; the
-// softmax stays fp32 between the products (kernels_cpu_bf16.cc, "attention on oneDNN"). The
-// AVX512-BF16 tile kernel (gemm_bf16_dot) is kept, tested, but no longer used by attention.
-// No oneDNN product is given a transposed source (the weight
-// gradient reads a transposed bf16 copy of dout). A weight's bf16 copy may be kept for a reuse
+// softmax stays fp32 between the products (kernels_cpu_bf16.cc, "attention on oneDNN"); past
+// T = kBatchedAttentionMaxT attention's tiles run on the AVX512-BF16 tile kernel
+// (gemm_bf16_dot) instead. The weight gradient's dout^T is dout read as a transposed source on
+// AMX, else a transposed bf16 copy (Bf16DwSource). A weight's bf16 copy may be kept for a reuse
 // window (Bf16WeightCache).
 //
 // Threading: the same single OpenMP pool as kernels_cpu.h. oneDNN here is built on OpenMP
