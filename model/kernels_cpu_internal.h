@@ -15,7 +15,8 @@
 //   backward: P recomputed from q, k and lse;  dv += P^T dO;  dP = dO v^T;  D_t = dO_t . o_t;
 //             dS = P * (dP - D);  dq += dS k * scale;  dk += dS^T q * scale.
 // Rows go in blocks of AttentionBlock(T) so that the products skip most of the masked upper
-// triangle; the [T,T] score tiles are per-thread scratch.
+// triangle; the [T,T] score tiles are per-thread scratch, their softmax rows in whole groups of
+// 16 lanes (CausalRowExp).
 #pragma once
 
 #include <cblas.h>
@@ -100,6 +101,47 @@ T* scratch(std::vector<T>& buf, size_t n) {
 // blocks that skip nothing are ~25% slower at T=256).
 inline int AttentionBlock(int T) { return T <= 128 ? 32 : 64; }
 
+// The softmax loops over a causal row t run in whole groups of kRowGroup lanes, up to
+// RowGroupEnd(t), the lanes past t masked: a loop over s <= t left the compiler a scalar
+// remainder of up to 15 exps per loop, half the softmax's time at T = 256 (bench_kernels
+// BM_AttentionForward). The score tiles' rows are RowStride(T) floats apart, so that a row's last
+// group stays inside it; lanes in [r1, RowGroupEnd) hold no score (never read unmasked).
+constexpr int kRowGroup = 16;
+inline int RowGroupEnd(int t) { return (t + kRowGroup) / kRowGroup * kRowGroup; }
+inline int RowStride(int T) { return (T + kRowGroup - 1) / kRowGroup * kRowGroup; }
+
+// max over row[0..t]
+inline float CausalRowMax(const float* row, int t) {
+  float lane[kRowGroup];
+  for (int j = 0; j < kRowGroup; j++) lane[j] = -INFINITY;
+  for (int s0 = 0; s0 <= t; s0 += kRowGroup) {
+#pragma omp simd
+    for (int j = 0; j < kRowGroup; j++) {
+      const float x = s0 + j <= t ? row[s0 + j] : -INFINITY;
+      lane[j] = lane[j] > x ? lane[j] : x;  // (std::max does not vectorise)
+    }
+  }
+  float mx = lane[0];
+  for (int j = 1; j < kRowGroup; j++) mx = mx > lane[j] ? mx : lane[j];
+  return mx;
+}
+
+// row[s] = exp(row[s] - shift) for s <= t, 0 for the rest of t's group; returns the sum.
+inline float CausalRowExp(float* row, int t, float shift) {
+  float lane[kRowGroup] = {};
+  for (int s0 = 0; s0 <= t; s0 += kRowGroup) {
+#pragma omp simd
+    for (int j = 0; j < kRowGroup; j++) {
+      const float e = exp_fast(row[s0 + j] - shift);
+      row[s0 + j] = s0 + j <= t ? e : 0.0f;
+      lane[j] += row[s0 + j];
+    }
+  }
+  float sum = 0.0f;
+  for (int j = 0; j < kRowGroup; j++) sum += lane[j];
+  return sum;
+}
+
 inline thread_local std::vector<float> t_att_p, t_att_dp;
 
 // out[B,T,C] (writes), lse[B,NH,T] (writes) from qkv[B,T,3C]; threads: OpenMP over (b,h).
@@ -117,30 +159,27 @@ void AttentionForward(const Gemm& gemm, int threads, float* out, float* lse, con
     const float* v = q + 2 * C;
     float* o = out + (int64_t)b * T * C + h * hs;
     float* l = lse + (int64_t)bh * T;
-    float* S = scratch(t_att_p, (size_t)T * T);
+    const int ld = RowStride(T);
+    float* S = scratch(t_att_p, (size_t)T * ld);
     for (int r0 = 0; r0 < T; r0 += bs) {
       const int r1 = std::min(T, r0 + bs);
       // S[r0:r1, 0:r1] = q[r0:r1] k[0:r1]^T * scale
-      gemm(false, true, r1 - r0, r1, hs, scale, q + (int64_t)r0 * C3, C3, k, C3, 0.0f, S + (int64_t)r0 * T, T);
+      gemm(false, true, r1 - r0, r1, hs, scale, q + (int64_t)r0 * C3, C3, k, C3, 0.0f, S + (int64_t)r0 * ld, ld);
       for (int t = r0; t < r1; t++) {
-        float* row = S + (int64_t)t * T;
-        float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-        for (int s = 0; s <= t; s++) mx = mx > row[s] ? mx : row[s];  // (std::max does not vectorise)
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int s = 0; s <= t; s++) {
-          row[s] = exp_fast(row[s] - mx);
-          sum += row[s];
-        }
+        float* row = S + (int64_t)t * ld;
+        const float mx = CausalRowMax(row, t);
+        const float sum = CausalRowExp(row, t, mx);
         const float inv = 1.0f / sum;
+        const int end = RowGroupEnd(t);
+        for (int s0 = 0; s0 < end; s0 += kRowGroup) {
 #pragma omp simd
-        for (int s = 0; s <= t; s++) row[s] *= inv;
-        for (int s = t + 1; s < r1; s++) row[s] = 0.0f;
+          for (int j = 0; j < kRowGroup; j++) row[s0 + j] *= inv;
+        }
+        for (int s = end; s < r1; s++) row[s] = 0.0f;
         l[t] = mx + std::log(sum);
       }
       // o[r0:r1] = P[r0:r1, 0:r1] v[0:r1]
-      gemm(false, false, r1 - r0, hs, r1, 1.0f, S + (int64_t)r0 * T, T, v, C3, 0.0f, o + (int64_t)r0 * C, C);
+      gemm(false, false, r1 - r0, hs, r1, 1.0f, S + (int64_t)r0 * ld, ld, v, C3, 0.0f, o + (int64_t)r0 * C, C);
     }
   }
 }
@@ -160,41 +199,47 @@ void AttentionBackward(const Gemm& gemm, int threads, float* dqkv, const float* 
     float *dq = dqkv + qoff, *dk = dq + C, *dv = dq + 2 * C;
     const float *o = out + ooff, *dO = dout + ooff;
     const float* l = lse + (int64_t)bh * T;
-    float* P = scratch(t_att_p, (size_t)T * T);
-    float* dS = scratch(t_att_dp, (size_t)T * T);
+    const int ld = RowStride(T);
+    float* P = scratch(t_att_p, (size_t)T * ld);
+    float* dS = scratch(t_att_dp, (size_t)T * ld);
     for (int r0 = 0; r0 < T; r0 += bs) {
       const int r1 = std::min(T, r0 + bs), m = r1 - r0;
-      float* Pb = P + (int64_t)r0 * T;
-      float* dSb = dS + (int64_t)r0 * T;
+      float* Pb = P + (int64_t)r0 * ld;
+      float* dSb = dS + (int64_t)r0 * ld;
       // P = exp(q k^T * scale - lse), dP = dO v^T
-      gemm(false, true, m, r1, hs, scale, q + (int64_t)r0 * C3, C3, k, C3, 0.0f, Pb, T);
-      gemm(false, true, m, r1, hs, 1.0f, dO + (int64_t)r0 * C, C, v, C3, 0.0f, dSb, T);
+      gemm(false, true, m, r1, hs, scale, q + (int64_t)r0 * C3, C3, k, C3, 0.0f, Pb, ld);
+      gemm(false, true, m, r1, hs, 1.0f, dO + (int64_t)r0 * C, C, v, C3, 0.0f, dSb, ld);
       for (int t = r0; t < r1; t++) {
-        float* p = P + (int64_t)t * T;
-        float* ds = dS + (int64_t)t * T;
+        float* p = P + (int64_t)t * ld;
+        float* ds = dS + (int64_t)t * ld;
         const float* ot = o + (int64_t)t * C;
         const float* dot = dO + (int64_t)t * C;
         float D = 0.0f;
 #pragma omp simd reduction(+ : D)
         for (int i = 0; i < hs; i++) D += ot[i] * dot[i];
         const float lt = l[t];
+        const int end = RowGroupEnd(t);
+        for (int s0 = 0; s0 < end; s0 += kRowGroup) {
 #pragma omp simd
-        for (int s = 0; s <= t; s++) {
-          p[s] = exp_fast(p[s] - lt);
-          ds[s] = p[s] * (ds[s] - D);
+          for (int j = 0; j < kRowGroup; j++) {
+            const bool in = s0 + j <= t;
+            const float e = exp_fast(p[s0 + j] - lt);
+            p[s0 + j] = in ? e : 0.0f;
+            ds[s0 + j] = in ? e * (ds[s0 + j] - D) : 0.0f;
+          }
         }
-        for (int s = t + 1; s < r1; s++) p[s] = ds[s] = 0.0f;
+        for (int s = end; s < r1; s++) p[s] = ds[s] = 0.0f;
       }
       // dq[r0:r1] += dS[r0:r1, 0:r1] k[0:r1] * scale
-      gemm(false, false, m, hs, r1, scale, dSb, T, k, C3, 1.0f, dq + (int64_t)r0 * C3, C3);
+      gemm(false, false, m, hs, r1, scale, dSb, ld, k, C3, 1.0f, dq + (int64_t)r0 * C3, C3);
     }
     // column blocks c: only rows t >= c0 have nonzero P/dS in columns [c0,c1)
     for (int c0 = 0; c0 < T; c0 += bs) {
       const int c1 = std::min(T, c0 + bs);
       // dv[c0:c1] += P[c0:T, c0:c1]^T dO[c0:T];  dk[c0:c1] += dS[c0:T, c0:c1]^T q[c0:T] * scale
-      gemm(true, false, c1 - c0, hs, T - c0, 1.0f, P + (int64_t)c0 * T + c0, T, dO + (int64_t)c0 * C, C, 1.0f,
+      gemm(true, false, c1 - c0, hs, T - c0, 1.0f, P + (int64_t)c0 * ld + c0, ld, dO + (int64_t)c0 * C, C, 1.0f,
            dv + (int64_t)c0 * C3, C3);
-      gemm(true, false, c1 - c0, hs, T - c0, scale, dS + (int64_t)c0 * T + c0, T, q + (int64_t)c0 * C3, C3, 1.0f,
+      gemm(true, false, c1 - c0, hs, T - c0, scale, dS + (int64_t)c0 * ld + c0, ld, q + (int64_t)c0 * C3, C3, 1.0f,
            dk + (int64_t)c0 * C3, C3);
     }
   }
