@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "base/bf16.h"
+#include "model/attention_cpu_tiled.h"
 #include "model/kernels_cpu_internal.h"
 
 namespace shardgpt {
@@ -333,13 +334,31 @@ struct SgemmPolicy {
 };
 }  // namespace
 
+namespace {
+#ifdef __AVX512F__
+Fp32Attention g_fp32_attention = Fp32Attention::kTiled;
+#else
+Fp32Attention g_fp32_attention = Fp32Attention::kSgemm;
+#endif
+bool Tiled(int C, int NH) {
+  return g_fp32_attention == Fp32Attention::kTiled && cpu_internal::AttentionTiledFits(C, NH);
+}
+}  // namespace
+
+Fp32Attention CurrentFp32Attention() { return g_fp32_attention; }
+void SetFp32Attention(Fp32Attention a) { g_fp32_attention = a; }
+const char* Fp32AttentionName(Fp32Attention a) { return a == Fp32Attention::kTiled ? "tiled" : "sgemm"; }
+
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+  if (Tiled(C, NH)) return cpu_internal::AttentionForwardTiled(nthreads(), out, lse, qkv, B, T, C, NH);
   BlasSingleThread single;
   cpu_internal::AttentionForward(SgemmPolicy{}, nthreads(), out, lse, qkv, B, T, C, NH);
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
                         int T, int C, int NH) {
+  if (Tiled(C, NH))
+    return cpu_internal::AttentionBackwardTiled(nthreads(), dqkv, dout, qkv, out, lse, B, T, C, NH);
   BlasSingleThread single;
   cpu_internal::AttentionBackward(SgemmPolicy{}, nthreads(), dqkv, dout, qkv, out, lse, B, T, C, NH);
 }

@@ -54,6 +54,15 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 // dqkv[B,T,3C] +=; needs the forward's out and lse.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                         int B, int T, int C, int NH);
+// How the fp32 attention runs its score/value products (same maths, other summation order):
+// kSgemm  row blocks of single-threaded OpenBLAS sgemm calls (model/kernels_cpu_internal.h);
+// kTiled  register tiles of our own (model/attention_cpu_tiled.h), for hs % 16 == 0 (else kSgemm).
+// Default: kTiled where the build has AVX-512 (16-lane tiles fill its registers; on AVX2 they
+// would spill), else kSgemm. SetFp32Attention: tests and measurements (not while kernels run).
+enum class Fp32Attention { kSgemm, kTiled };
+Fp32Attention CurrentFp32Attention();
+void SetFp32Attention(Fp32Attention a);
+const char* Fp32AttentionName(Fp32Attention a);  // "sgemm" or "tiled"
 
 // GELU, tanh approximation: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 void gelu_forward(float* out, const float* inp, size_t n);

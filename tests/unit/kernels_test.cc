@@ -490,6 +490,67 @@ TEST_F(KernelsAttention, BackwardAccumulates) {
   ExpectClose(twice, want, 1e-6, 1e-7, "dqkv twice");
 }
 
+// The two ways the fp32 attention runs (Fp32Attention: OpenBLAS sgemm row blocks, our register
+// tiles), each against the double reference, at head sizes that take every width of the value
+// tiles (hs 16, 32, 48, 64, and 80 = 64 + 16) and sequence lengths that end inside a score tile
+// of 8 rows, a value group of 4 and a 16-lane softmax group (1, 7, 45, 67, 130).
+class KernelsAttentionWays : public KernelsTest, public ::testing::WithParamInterface<Fp32Attention> {
+ protected:
+  void SetUp() override {
+    KernelsTest::SetUp();
+    saved_way_ = CurrentFp32Attention();
+    SetFp32Attention(GetParam());
+  }
+  void TearDown() override {
+    SetFp32Attention(saved_way_);
+    KernelsTest::TearDown();
+  }
+  Fp32Attention saved_way_ = Fp32Attention::kSgemm;
+};
+
+TEST_P(KernelsAttentionWays, ForwardAndBackwardMatchTheReference) {
+  struct Shape {
+    int B, T, C, NH;
+  };
+  for (const Shape& s : {Shape{1, 1, 16, 1}, Shape{2, 7, 32, 2}, Shape{1, 45, 48, 1}, Shape{2, 130, 64, 2},
+                         Shape{1, 67, 80, 1}, Shape{1, 256, 128, 2}}) {
+    SCOPED_TRACE("B " + std::to_string(s.B) + " T " + std::to_string(s.T) + " C " + std::to_string(s.C) + " NH " +
+                 std::to_string(s.NH));
+    CheckAttentionForward(s.B, s.T, s.C, s.NH, 20 + s.T, 3.0f);
+    CheckAttentionBackward(s.B, s.T, s.C, s.NH, 30 + s.T, 2.0f, false);
+  }
+}
+
+// The tiled kernel: each (b, h) is one thread's work in a fixed order, so its results are the
+// same bits on any thread count (the sgemm kernel's are too); and it is another kernel than the
+// sgemm one (the setting takes effect: other bits, the same values to rounding).
+TEST_F(KernelsTest, TiledAttentionIsTheSameOnAnyThreadCountAndDiffersFromSgemmOnlyByRounding) {
+  const Fp32Attention saved = CurrentFp32Attention();
+  const int B = 2, T = 130, C = 64, NH = 2;
+  const VecF qkv = RandomFloats((size_t)B * T * 3 * C, 41, -2, 2), dout = RandomFloats((size_t)B * T * C, 42);
+  auto run = [&](Fp32Attention way, int threads) {
+    SetFp32Attention(way);
+    SetComputeThreads(threads);
+    VecF out((size_t)B * T * C), lse((size_t)B * NH * T), dqkv(qkv.size(), 0.0f);
+    attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+    attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
+    out.insert(out.end(), dqkv.begin(), dqkv.end());
+    return out;
+  };
+  const VecF tiled1 = run(Fp32Attention::kTiled, 1), tiled2 = run(Fp32Attention::kTiled, 2);
+  const VecF sgemm = run(Fp32Attention::kSgemm, 2);
+  SetFp32Attention(saved);
+  EXPECT_TRUE(BitwiseEqual(tiled1, tiled2));
+  EXPECT_FALSE(BitwiseEqual(tiled2, sgemm));
+  ExpectClose(tiled2, sgemm, 1e-5, 1e-5, "tiled vs sgemm");
+}
+
+INSTANTIATE_TEST_SUITE_P(BothWays, KernelsAttentionWays,
+                         ::testing::Values(Fp32Attention::kSgemm, Fp32Attention::kTiled),
+                         [](const ::testing::TestParamInfo<Fp32Attention>& info) {
+                           return std::string(Fp32AttentionName(info.param));
+                         });
+
 // ---------------------------------------------------------------------------------------------
 
 using KernelsGelu = KernelsTest;
