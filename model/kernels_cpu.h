@@ -63,6 +63,8 @@ enum class Fp32Attention { kSgemm, kTiled };
 Fp32Attention CurrentFp32Attention();
 void SetFp32Attention(Fp32Attention a);
 const char* Fp32AttentionName(Fp32Attention a);  // "sgemm" or "tiled"
+// The way attention_forward/backward run now for C channels in NH heads.
+Fp32Attention Fp32AttentionFor(int C, int NH);
 
 // GELU, tanh approximation: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 void gelu_forward(float* out, const float* inp, size_t n);
