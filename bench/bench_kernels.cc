@@ -81,7 +81,16 @@ struct AttnData {
   double causal_product_flops() const { return 2.0 * B * NH * (T * (T + 1) / 2.0) * (C / NH); }
 };
 
+// tiled: which fp32 attention runs (Fp32Attention: 1 our register tiles, 0 OpenBLAS sgemm row
+// blocks), side by side in one run; restored after the benchmark.
+struct Fp32AttentionScope {
+  const Fp32Attention saved = CurrentFp32Attention();
+  explicit Fp32AttentionScope(int64_t tiled) { SetFp32Attention(tiled ? Fp32Attention::kTiled : Fp32Attention::kSgemm); }
+  ~Fp32AttentionScope() { SetFp32Attention(saved); }
+};
+
 void BM_AttentionForward(benchmark::State& st) {
+  const Fp32AttentionScope way(st.range(4));
   AttnData a(st.range(0), st.range(1), st.range(2), st.range(3));
   for (auto _ : st) {
     attention_forward(a.out.data(), a.lse.data(), a.qkv.data(), a.B, a.T, a.C, a.NH);
@@ -91,6 +100,7 @@ void BM_AttentionForward(benchmark::State& st) {
 }
 
 void BM_AttentionBackward(benchmark::State& st) {
+  const Fp32AttentionScope way(st.range(4));
   AttnData a(st.range(0), st.range(1), st.range(2), st.range(3));
   attention_forward(a.out.data(), a.lse.data(), a.qkv.data(), a.B, a.T, a.C, a.NH);
   for (auto _ : st) {
@@ -101,6 +111,7 @@ void BM_AttentionBackward(benchmark::State& st) {
 }
 
 void BM_AttentionForwardBackward(benchmark::State& st) {
+  const Fp32AttentionScope way(st.range(4));
   AttnData a(st.range(0), st.range(1), st.range(2), st.range(3));
   for (auto _ : st) {
     attention_forward(a.out.data(), a.lse.data(), a.qkv.data(), a.B, a.T, a.C, a.NH);
@@ -110,8 +121,10 @@ void BM_AttentionForwardBackward(benchmark::State& st) {
   SetGflops(st, 7 * a.causal_product_flops());
 }
 
-#define ATTN_SHAPES Args({8, 256, 256, 4})->Args({4, 64, 768, 12})->Args({4, 1024, 768, 12}) \
-  ->ArgNames({"B", "T", "C", "NH"})->Unit(benchmark::kMillisecond)
+#define ATTN_SHAPES                                                                                 \
+  ArgsProduct({{8}, {256}, {256}, {4}, {0, 1}})->ArgsProduct({{8}, {256}, {384}, {6}, {0, 1}})      \
+      ->ArgsProduct({{4}, {64}, {768}, {12}, {0, 1}})->ArgsProduct({{4}, {1024}, {768}, {12}, {0, 1}}) \
+      ->ArgNames({"B", "T", "C", "NH", "tiled"})->Unit(benchmark::kMillisecond)
 BENCHMARK(BM_AttentionForward)->ATTN_SHAPES;
 BENCHMARK(BM_AttentionBackward)->ATTN_SHAPES;
 BENCHMARK(BM_AttentionForwardBackward)->ATTN_SHAPES;
