@@ -123,7 +123,7 @@ void BM_AttentionForwardBackward(benchmark::State& st) {
 
 #define ATTN_SHAPES                                                                                 \
   ArgsProduct({{8}, {256}, {256}, {4}, {0, 1}})->ArgsProduct({{8}, {256}, {384}, {6}, {0, 1}})      \
-      ->ArgsProduct({{4}, {64}, {768}, {12}, {0, 1}})->ArgsProduct({{4}, {1024}, {768}, {12}, {0, 1}}) \
+      ->ArgsProduct({{4}, {64, 512, 1024}, {768}, {12}, {0, 1}})                                     \
       ->ArgNames({"B", "T", "C", "NH", "tiled"})->Unit(benchmark::kMillisecond)
 BENCHMARK(BM_AttentionForward)->ATTN_SHAPES;
 BENCHMARK(BM_AttentionBackward)->ATTN_SHAPES;

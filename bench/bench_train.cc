@@ -501,8 +501,10 @@ int main(int argc, char** argv) {
                     double(n.weight_reuses) / run.measured_steps, double(n.weights_from_stored) / run.measured_steps);
       }
       if (!device.is_cuda() && compute.precision == MatmulPrecision::kExact)
-        std::printf("fp32 attention: %s (Fp32Attention, model/kernels_cpu.h; head size %d)\n",
-                    Fp32AttentionName(Fp32AttentionFor(c.n_embd, c.n_head)), c.n_embd / c.n_head);
+        std::printf("fp32 attention: forward %s, backward %s (Fp32Attention, model/kernels_cpu.h; head size %d)\n",
+                    Fp32AttentionName(Fp32AttentionFor(T, c.n_embd, c.n_head, false)),
+                    Fp32AttentionName(Fp32AttentionFor(T, c.n_embd, c.n_head, true)),
+                    c.n_embd / c.n_head);
     }
   }
   }

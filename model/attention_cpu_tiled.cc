@@ -40,22 +40,22 @@ inline void ScoreTile(const float* a, int64_t lda, const float* bt, int64_t ldb,
   V16 acc[R][NV];
 #pragma GCC unroll 8
   for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < NV; j++) acc[r][j] = V16{};
   for (int d = 0; d < hs; d++) {
     V16 b[NV];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < NV; j++) b[j] = Load(bt + d * ldb + kLanes * j);
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
       const V16 x = Splat(a[r * lda + d]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int j = 0; j < NV; j++) acc[r][j] += x * b[j];
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < NV; j++) Store(s + r * lds + kLanes * j, acc[r][j] * alpha);
 }
 
@@ -66,25 +66,25 @@ template <int R, int NV>
 inline void ValueTile(const float* p, int64_t ldp, int n, const float* x, int64_t ldx, float alpha,
                       const float* row_scale, bool accumulate, float* o, int64_t ldo) {
   V16 acc[R][NV];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < NV; j++) acc[r][j] = V16{};
   for (int u = 0; u < n; u++) {
     V16 xv[NV];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < NV; j++) xv[j] = Load(x + u * ldx + kLanes * j);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
       const V16 pr = Splat(p[r * ldp + u]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int j = 0; j < NV; j++) acc[r][j] += pr * xv[j];
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < R; r++) {
     const float f = row_scale ? alpha * row_scale[r] : alpha;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < NV; j++) {
       float* dst = o + r * ldo + kLanes * j;
       Store(dst, accumulate ? Load(dst) + acc[r][j] * f : acc[r][j] * f);
@@ -98,36 +98,41 @@ template <int R, int NV>
 inline void ValueTileT(const float* p, int64_t ldp, int t0, int t1, const float* x, int64_t ldx, float alpha,
                        float* o, int64_t ldo) {
   V16 acc[R][NV];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int c = 0; c < R; c++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < NV; j++) acc[c][j] = V16{};
   for (int t = t0; t < t1; t++) {
     V16 xv[NV];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < NV; j++) xv[j] = Load(x + t * ldx + kLanes * j);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int c = 0; c < R; c++) {
       const V16 pc = Splat(p[t * ldp + c]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int j = 0; j < NV; j++) acc[c][j] += pc * xv[j];
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int c = 0; c < R; c++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < NV; j++) {
       float* dst = o + c * ldo + kLanes * j;
       Store(dst, Load(dst) + acc[c][j] * alpha);
     }
 }
 
-// The value tiles over a head of hs columns, 64 (4 vectors) at a time: hs % 16 == 0.
+// The value tiles over a head of hs columns (hs % 16 == 0), in passes of kValueVectors(R)
+// vectors: R x that many accumulators (16 of the 32 AVX-512 registers; the header comment: rows of 8). R = 8 takes 32 columns a
+// pass: per row of x, 2 loads and 8 broadcasts for 16 FMAs, half the bytes of x per FMA of
+// R = 4 at 64 columns (4 loads), which made the backward's column pass L2-bound at T = 1024.
+constexpr int kValueVectors(int R) { return R >= 8 ? 2 : 4; }
 template <int R>
 void ValueRows(const float* p, int64_t ldp, int n, const float* x, int64_t ldx, float alpha, const float* row_scale,
                bool accumulate, float* o, int64_t ldo, int hs) {
-  for (int c = 0; c < hs; c += 4 * kLanes) {
-    switch (std::min(4, (hs - c) / kLanes)) {
+  constexpr int kV = kValueVectors(R);
+  for (int c = 0; c < hs; c += kV * kLanes) {
+    switch (std::min(kV, (hs - c) / kLanes)) {
       case 4: ValueTile<R, 4>(p, ldp, n, x + c, ldx, alpha, row_scale, accumulate, o + c, ldo); break;
       case 3: ValueTile<R, 3>(p, ldp, n, x + c, ldx, alpha, row_scale, accumulate, o + c, ldo); break;
       case 2: ValueTile<R, 2>(p, ldp, n, x + c, ldx, alpha, row_scale, accumulate, o + c, ldo); break;
@@ -138,8 +143,9 @@ void ValueRows(const float* p, int64_t ldp, int n, const float* x, int64_t ldx, 
 template <int R>
 void ValueColumns(const float* p, int64_t ldp, int t0, int t1, const float* x, int64_t ldx, float alpha, float* o,
                   int64_t ldo, int hs) {
-  for (int c = 0; c < hs; c += 4 * kLanes) {
-    switch (std::min(4, (hs - c) / kLanes)) {
+  constexpr int kV = kValueVectors(R);
+  for (int c = 0; c < hs; c += kV * kLanes) {
+    switch (std::min(kV, (hs - c) / kLanes)) {
       case 4: ValueTileT<R, 4>(p, ldp, t0, t1, x + c, ldx, alpha, o + c, ldo); break;
       case 3: ValueTileT<R, 3>(p, ldp, t0, t1, x + c, ldx, alpha, o + c, ldo); break;
       case 2: ValueTileT<R, 2>(p, ldp, t0, t1, x + c, ldx, alpha, o + c, ldo); break;
@@ -176,11 +182,11 @@ void Transpose(const float* src, int64_t lds, int rows, int cols, float* dst, in
 
 thread_local std::vector<float> t_kt, t_vt, t_rows;
 
-// Query rows go in tiles of 8 for the scores and groups of 4 for the values. Every row t of a
-// group of 4 starting at a multiple of 4 has its probabilities written up to RowGroupEnd(t)
-// (CausalRowExp: 0 past t), which is past the group's last row: the value products, which run
-// to the group's last row (n below, or the 4 columns of ValueColumns), read only exact zeros
-// above the diagonal.
+// Query rows go in tiles of 8, for the scores and the values (the last tile of a T that is no
+// multiple of 8: row by row). Every row t of a tile starting at a multiple of 8 has its
+// probabilities written up to RowGroupEnd(t) (0 past t), which is past the tile's last row: the
+// value products, which run to the tile's last row (n below, or the 8 columns of
+// ValueColumns), read only exact zeros above the diagonal.
 void ForwardHead(const float* q, const float* k, const float* v, int64_t ldq, float* o, int64_t ldo, float* lse,
                  int T, int hs, float scale) {
   const int ld = RowStride(T);
@@ -199,12 +205,10 @@ void ForwardHead(const float* q, const float* k, const float* v, int64_t ldq, fl
       inv[r] = 1.0f / sum;
     }
     // o[t] = (sum_u exp(S_tu - mx) v[u]) / sum
-    for (int r0 = 0; r0 < rows; r0 += 4) {
-      if (rows - r0 >= 4) {
-        ValueRows<4>(s + r0 * ld, ld, t0 + r0 + 4, v, ldq, 1.0f, inv + r0, false, o + (t0 + r0) * ldo, ldo, hs);
-        continue;
-      }
-      for (int r = r0; r < rows; r++)
+    if (rows == 8) {
+      ValueRows<8>(s, ld, t0 + 8, v, ldq, 1.0f, inv, false, o + t0 * ldo, ldo, hs);
+    } else {
+      for (int r = 0; r < rows; r++)
         ValueRows<1>(s + r * ld, ld, t0 + r + 1, v, ldq, 1.0f, inv + r, false, o + (t0 + r) * ldo, ldo, hs);
     }
   }
@@ -247,12 +251,10 @@ void BackwardHead(const float* q, const float* k, const float* v, float* dq, flo
       }
     }
     // dq[t] += scale sum_u dS[t][u] k[u]
-    for (int r0 = 0; r0 < rows; r0 += 4) {
-      if (rows - r0 >= 4) {
-        ValueRows<4>(dSt + r0 * ld, ld, t0 + r0 + 4, k, ldq, scale, nullptr, true, dq + (t0 + r0) * ldq, ldq, hs);
-        continue;
-      }
-      for (int r = r0; r < rows; r++)
+    if (rows == 8) {
+      ValueRows<8>(dSt, ld, t0 + 8, k, ldq, scale, nullptr, true, dq + t0 * ldq, ldq, hs);
+    } else {
+      for (int r = 0; r < rows; r++)
         ValueRows<1>(dSt + r * ld, ld, t0 + r + 1, k, ldq, scale, nullptr, true, dq + (t0 + r) * ldq, ldq, hs);
     }
   }

@@ -20,6 +20,11 @@ namespace shardgpt {
 namespace cpu_internal {
 
 inline bool AttentionTiledFits(int C, int NH) { return NH > 0 && C % NH == 0 && (C / NH) % 16 == 0; }
+// Past this T the backward runs the sgemm kernel: its dk/dv products walk down columns of the
+// [T, T] probability tiles, and once those outgrow L2 OpenBLAS's packed panels win
+// (bench_kernels BM_AttentionBackward, B4 C768 NH12: tiled / sgemm 0.84x the time at T = 64,
+// 1.0x at 512, 1.34x at 1024). The forward keeps only 8 rows of scores: tiled at every T.
+constexpr int kTiledAttentionBackwardMaxT = 512;
 
 // out[B,T,C] (writes), lse[B,NH,T] (writes) from qkv[B,T,3C]; OpenMP over (b,h).
 void AttentionForwardTiled(int threads, float* out, float* lse, const float* qkv, int B, int T, int C, int NH);

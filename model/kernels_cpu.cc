@@ -342,9 +342,10 @@ Fp32Attention g_fp32_attention = Fp32Attention::kSgemm;
 #endif
 }  // namespace
 
-Fp32Attention Fp32AttentionFor(int C, int NH) {
-  return g_fp32_attention == Fp32Attention::kTiled && cpu_internal::AttentionTiledFits(C, NH) ? Fp32Attention::kTiled
-                                                                                              : Fp32Attention::kSgemm;
+Fp32Attention Fp32AttentionFor(int T, int C, int NH, bool backward) {
+  const bool tiled = g_fp32_attention == Fp32Attention::kTiled && cpu_internal::AttentionTiledFits(C, NH) &&
+                     (!backward || T <= cpu_internal::kTiledAttentionBackwardMaxT);
+  return tiled ? Fp32Attention::kTiled : Fp32Attention::kSgemm;
 }
 
 Fp32Attention CurrentFp32Attention() { return g_fp32_attention; }
@@ -352,7 +353,7 @@ void SetFp32Attention(Fp32Attention a) { g_fp32_attention = a; }
 const char* Fp32AttentionName(Fp32Attention a) { return a == Fp32Attention::kTiled ? "tiled" : "sgemm"; }
 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
-  if (Fp32AttentionFor(C, NH) == Fp32Attention::kTiled)
+  if (Fp32AttentionFor(T, C, NH, /*backward=*/false) == Fp32Attention::kTiled)
     return cpu_internal::AttentionForwardTiled(nthreads(), out, lse, qkv, B, T, C, NH);
   BlasSingleThread single;
   cpu_internal::AttentionForward(SgemmPolicy{}, nthreads(), out, lse, qkv, B, T, C, NH);
@@ -360,7 +361,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
                         int T, int C, int NH) {
-  if (Fp32AttentionFor(C, NH) == Fp32Attention::kTiled)
+  if (Fp32AttentionFor(T, C, NH, /*backward=*/true) == Fp32Attention::kTiled)
     return cpu_internal::AttentionBackwardTiled(nthreads(), dqkv, dout, qkv, out, lse, B, T, C, NH);
   BlasSingleThread single;
   cpu_internal::AttentionBackward(SgemmPolicy{}, nthreads(), dqkv, dout, qkv, out, lse, B, T, C, NH);

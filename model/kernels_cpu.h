@@ -56,15 +56,16 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                         int B, int T, int C, int NH);
 // How the fp32 attention runs its score/value products (same maths, other summation order):
 // kSgemm  row blocks of single-threaded OpenBLAS sgemm calls (model/kernels_cpu_internal.h);
-// kTiled  register tiles of our own (model/attention_cpu_tiled.h), for hs % 16 == 0 (else kSgemm).
+// kTiled  register tiles of our own (model/attention_cpu_tiled.h), for hs % 16 == 0 (else kSgemm);
+//         the backward past T = 512 runs kSgemm (kTiledAttentionBackwardMaxT: measured slower).
 // Default: kTiled where the build has AVX-512 (16-lane tiles fill its registers; on AVX2 they
 // would spill), else kSgemm. SetFp32Attention: tests and measurements (not while kernels run).
 enum class Fp32Attention { kSgemm, kTiled };
 Fp32Attention CurrentFp32Attention();
 void SetFp32Attention(Fp32Attention a);
 const char* Fp32AttentionName(Fp32Attention a);  // "sgemm" or "tiled"
-// The way attention_forward/backward run now for C channels in NH heads.
-Fp32Attention Fp32AttentionFor(int C, int NH);
+// The way attention_forward (backward: attention_backward) runs now at that shape.
+Fp32Attention Fp32AttentionFor(int T, int C, int NH, bool backward);
 
 // GELU, tanh approximation: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 void gelu_forward(float* out, const float* inp, size_t n);

@@ -493,7 +493,8 @@ TEST_F(KernelsAttention, BackwardAccumulates) {
 // The two ways the fp32 attention runs (Fp32Attention: OpenBLAS sgemm row blocks, our register
 // tiles), each against the double reference, at head sizes that take every width of the value
 // tiles (hs 16, 32, 48, 64, and 80 = 64 + 16) and sequence lengths that end inside a score tile
-// of 8 rows, a value group of 4 and a 16-lane softmax group (1, 7, 45, 67, 130).
+// of 8 rows, a value group of 4 and a 16-lane softmax group (1, 7, 45, 67, 130); at T = 600 the
+// tiled way's backward is the sgemm one (kTiledAttentionBackwardMaxT).
 class KernelsAttentionWays : public KernelsTest, public ::testing::WithParamInterface<Fp32Attention> {
  protected:
   void SetUp() override {
@@ -513,7 +514,7 @@ TEST_P(KernelsAttentionWays, ForwardAndBackwardMatchTheReference) {
     int B, T, C, NH;
   };
   for (const Shape& s : {Shape{1, 1, 16, 1}, Shape{2, 7, 32, 2}, Shape{1, 45, 48, 1}, Shape{2, 130, 64, 2},
-                         Shape{1, 67, 80, 1}, Shape{1, 256, 128, 2}}) {
+                         Shape{1, 67, 80, 1}, Shape{1, 256, 128, 2}, Shape{1, 600, 32, 2}}) {
     SCOPED_TRACE("B " + std::to_string(s.B) + " T " + std::to_string(s.T) + " C " + std::to_string(s.C) + " NH " +
                  std::to_string(s.NH));
     CheckAttentionForward(s.B, s.T, s.C, s.NH, 20 + s.T, 3.0f);
