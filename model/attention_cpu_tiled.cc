@@ -229,27 +229,8 @@ void BackwardHead(const float* q, const float* k, const float* v, float* dq, flo
     float* dSt = dS + t0 * ld;
     ScoreRows(q + t0 * ldq, ldq, kt, ld, hs, scale, t0, rows, Pt, ld);   // S
     ScoreRows(dO + t0 * ldo, ldo, vt, ld, hs, 1.0f, t0, rows, dSt, ld);  // dP = dO v^T
-    for (int r = 0; r < rows; r++) {
-      const int t = t0 + r;
-      const float* ot = o + t * ldo;
-      const float* dot = dO + t * ldo;
-      float D = 0.0f;
-#pragma omp simd reduction(+ : D)
-      for (int i = 0; i < hs; i++) D += ot[i] * dot[i];
-      float* p = Pt + r * ld;
-      float* ds = dSt + r * ld;
-      const float lt = lse[t];
-      const int end = RowGroupEnd(t);
-      for (int s0 = 0; s0 < end; s0 += kRowGroup) {
-#pragma omp simd
-        for (int j = 0; j < kRowGroup; j++) {
-          const bool in = s0 + j <= t;
-          const float e = exp_fast(p[s0 + j] - lt);
-          p[s0 + j] = in ? e : 0.0f;
-          ds[s0 + j] = in ? e * (ds[s0 + j] - D) : 0.0f;
-        }
-      }
-    }
+    for (int r = 0; r < rows; r++)
+      CausalRowGradient(Pt + r * ld, dSt + r * ld, t0 + r, lse[t0 + r], o + (t0 + r) * ldo, dO + (t0 + r) * ldo, hs);
     // dq[t] += scale sum_u dS[t][u] k[u]
     if (rows == 8) {
       ValueRows<8>(dSt, ld, t0 + 8, k, ldq, scale, nullptr, true, dq + t0 * ldq, ldq, hs);

@@ -145,6 +145,24 @@ inline float CausalRowExp(float* row, int t, float shift) {
   return sum;
 }
 
+// The backward's row t: D = o_t . dO_t; p[s] = exp(p[s] - lse) (the score row in, P out) and
+// ds[s] = p[s] (ds[s] - D) (dP in, dS out) for s <= t; both 0 for the rest of t's group.
+inline void CausalRowGradient(float* p, float* ds, int t, float lse, const float* o, const float* dO, int hs) {
+  float D = 0.0f;
+#pragma omp simd reduction(+ : D)
+  for (int i = 0; i < hs; i++) D += o[i] * dO[i];
+  const int end = RowGroupEnd(t);
+  for (int s0 = 0; s0 < end; s0 += kRowGroup) {
+#pragma omp simd
+    for (int j = 0; j < kRowGroup; j++) {
+      const bool in = s0 + j <= t;
+      const float e = exp_fast(p[s0 + j] - lse);
+      p[s0 + j] = in ? e : 0.0f;
+      ds[s0 + j] = in ? e * (ds[s0 + j] - D) : 0.0f;
+    }
+  }
+}
+
 inline thread_local std::vector<float> t_att_p, t_att_dp;
 
 // out[B,T,C] (writes), lse[B,NH,T] (writes) from qkv[B,T,3C]; threads: OpenMP over (b,h).
@@ -215,23 +233,8 @@ void AttentionBackward(const Gemm& gemm, int threads, float* dqkv, const float* 
       for (int t = r0; t < r1; t++) {
         float* p = P + (int64_t)t * ld;
         float* ds = dS + (int64_t)t * ld;
-        const float* ot = o + (int64_t)t * C;
-        const float* dot = dO + (int64_t)t * C;
-        float D = 0.0f;
-#pragma omp simd reduction(+ : D)
-        for (int i = 0; i < hs; i++) D += ot[i] * dot[i];
-        const float lt = l[t];
-        const int end = RowGroupEnd(t);
-        for (int s0 = 0; s0 < end; s0 += kRowGroup) {
-#pragma omp simd
-          for (int j = 0; j < kRowGroup; j++) {
-            const bool in = s0 + j <= t;
-            const float e = exp_fast(p[s0 + j] - lt);
-            p[s0 + j] = in ? e : 0.0f;
-            ds[s0 + j] = in ? e * (ds[s0 + j] - D) : 0.0f;
-          }
-        }
-        for (int s = end; s < r1; s++) p[s] = ds[s] = 0.0f;
+        CausalRowGradient(p, ds, t, l[t], o + (int64_t)t * C, dO + (int64_t)t * C, hs);
+        for (int s = RowGroupEnd(t); s < r1; s++) p[s] = ds[s] = 0.0f;
       }
       // dq[r0:r1] += dS[r0:r1, 0:r1] k[0:r1] * scale
       gemm(false, false, m, hs, r1, scale, dSb, ld, k, C3, 1.0f, dq + (int64_t)r0 * C3, C3);
