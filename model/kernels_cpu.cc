@@ -1,6 +1,8 @@
 // CPU kernels of the GPT forward and backward pass (fp32), in the style of llm.c's train_gpt2.c.
-// Matmuls (and the score/value products inside attention) go to OpenBLAS cblas_sgemm; everything
-// else is OpenMP over rows with inner loops written to be auto-vectorised (-O3 -march=native).
+// Matmuls (and, without AVX-512, the score/value products inside attention) go to OpenBLAS
+// cblas_sgemm; with AVX-512 attention runs on register tiles (model/attention_cpu_tiled.h,
+// Fp32Attention); everything else is OpenMP over rows with inner loops written to be
+// auto-vectorised (-O3 -march=native).
 //
 // Threading: ONE pool, OpenMP's. OpenBLAS is kept single-threaded and each OpenMP thread calls
 // sgemm on its own slice of the output (rows of out/dinp, rows of dw). Measured on 2 cores:
