@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "model/kernels_cpu_internal.h"
@@ -122,36 +123,47 @@ inline void ValueTileT(const float* p, int64_t ldp, int t0, int t1, const float*
     }
 }
 
-// The value tiles over a head of hs columns (hs % 16 == 0), in passes of kValueVectors(R)
-// vectors: R x that many accumulators (16 of the 32 AVX-512 registers; the header comment: rows of 8). R = 8 takes 32 columns a
-// pass: per row of x, 2 loads and 8 broadcasts for 16 FMAs, half the bytes of x per FMA of
-// R = 4 at 64 columns (4 loads), which made the backward's column pass L2-bound at T = 1024.
+// The value tiles over a head of hs columns (hs % 16 == 0) go in passes of kValueVectors(R)
+// vectors, R x that many accumulators (16 of AVX-512's 32 registers): R = 8 rows take 32 columns
+// a pass (per row of x 2 loads and 8 broadcasts for 16 FMAs; the forward measured 1.59 -> 1.48
+// ms at tiny against 4 rows x 64 columns), R = 4 columns take 64 (for dk/dv, 8 and 16 columns
+// measured slower). f(nv, c) runs the pass of nv vectors at column c.
 constexpr int kValueVectors(int R) { return R >= 8 ? 2 : 4; }
-template <int R>
-void ValueRows(const float* p, int64_t ldp, int n, const float* x, int64_t ldx, float alpha, const float* row_scale,
-               bool accumulate, float* o, int64_t ldo, int hs) {
+template <int R, typename F>
+void ForValuePasses(int hs, F f) {
   constexpr int kV = kValueVectors(R);
   for (int c = 0; c < hs; c += kV * kLanes) {
     switch (std::min(kV, (hs - c) / kLanes)) {
-      case 4: ValueTile<R, 4>(p, ldp, n, x + c, ldx, alpha, row_scale, accumulate, o + c, ldo); break;
-      case 3: ValueTile<R, 3>(p, ldp, n, x + c, ldx, alpha, row_scale, accumulate, o + c, ldo); break;
-      case 2: ValueTile<R, 2>(p, ldp, n, x + c, ldx, alpha, row_scale, accumulate, o + c, ldo); break;
-      default: ValueTile<R, 1>(p, ldp, n, x + c, ldx, alpha, row_scale, accumulate, o + c, ldo); break;
+      case 4: f(std::integral_constant<int, 4>{}, c); break;
+      case 3: f(std::integral_constant<int, 3>{}, c); break;
+      case 2: f(std::integral_constant<int, 2>{}, c); break;
+      default: f(std::integral_constant<int, 1>{}, c); break;
     }
   }
 }
 template <int R>
+void ValueRows(const float* p, int64_t ldp, int n, const float* x, int64_t ldx, float alpha, const float* row_scale,
+               bool accumulate, float* o, int64_t ldo, int hs) {
+  ForValuePasses<R>(hs, [&](auto nv, int c) {
+    ValueTile<R, decltype(nv)::value>(p, ldp, n, x + c, ldx, alpha, row_scale, accumulate, o + c, ldo);
+  });
+}
+template <int R>
 void ValueColumns(const float* p, int64_t ldp, int t0, int t1, const float* x, int64_t ldx, float alpha, float* o,
                   int64_t ldo, int hs) {
-  constexpr int kV = kValueVectors(R);
-  for (int c = 0; c < hs; c += kV * kLanes) {
-    switch (std::min(kV, (hs - c) / kLanes)) {
-      case 4: ValueTileT<R, 4>(p, ldp, t0, t1, x + c, ldx, alpha, o + c, ldo); break;
-      case 3: ValueTileT<R, 3>(p, ldp, t0, t1, x + c, ldx, alpha, o + c, ldo); break;
-      case 2: ValueTileT<R, 2>(p, ldp, t0, t1, x + c, ldx, alpha, o + c, ldo); break;
-      default: ValueTileT<R, 1>(p, ldp, t0, t1, x + c, ldx, alpha, o + c, ldo); break;
-    }
-  }
+  ForValuePasses<R>(hs, [&](auto nv, int c) {
+    ValueTileT<R, decltype(nv)::value>(p, ldp, t0, t1, x + c, ldx, alpha, o + c, ldo);
+  });
+}
+
+// The value rows of a score tile's rows [t0, t0 + rows) (rows <= 8, t0 a multiple of 8): row t
+// sums over u <= t, and u up to the tile's last row reads zeros past each row's diagonal.
+void ValueRowsOfTile(const float* p, int64_t ldp, int t0, int rows, const float* x, int64_t ldx, float alpha,
+                     const float* row_scale, bool accumulate, float* o, int64_t ldo, int hs) {
+  if (rows == 8) return ValueRows<8>(p, ldp, t0 + 8, x, ldx, alpha, row_scale, accumulate, o, ldo, hs);
+  for (int r = 0; r < rows; r++)
+    ValueRows<1>(p + r * ldp, ldp, t0 + r + 1, x, ldx, alpha, row_scale ? row_scale + r : nullptr, accumulate,
+                 o + r * ldo, ldo, hs);
 }
 
 // Rows [t0, t0 + rows) of the scores a bt^T * alpha, columns [0, 16 ceil((t0 + rows) / 16)):
@@ -185,8 +197,9 @@ thread_local std::vector<float> t_kt, t_vt, t_rows;
 // Query rows go in tiles of 8, for the scores and the values (the last tile of a T that is no
 // multiple of 8: row by row). Every row t of a tile starting at a multiple of 8 has its
 // probabilities written up to RowGroupEnd(t) (0 past t), which is past the tile's last row: the
-// value products, which run to the tile's last row (n below, or the 8 columns of
-// ValueColumns), read only exact zeros above the diagonal.
+// value products, which run to the tile's last row (ValueRowsOfTile; in the backward's
+// ValueColumns, to the last of 4 columns starting at a multiple of 4), read only exact zeros
+// above the diagonal.
 void ForwardHead(const float* q, const float* k, const float* v, int64_t ldq, float* o, int64_t ldo, float* lse,
                  int T, int hs, float scale) {
   const int ld = RowStride(T);
@@ -205,12 +218,7 @@ void ForwardHead(const float* q, const float* k, const float* v, int64_t ldq, fl
       inv[r] = 1.0f / sum;
     }
     // o[t] = (sum_u exp(S_tu - mx) v[u]) / sum
-    if (rows == 8) {
-      ValueRows<8>(s, ld, t0 + 8, v, ldq, 1.0f, inv, false, o + t0 * ldo, ldo, hs);
-    } else {
-      for (int r = 0; r < rows; r++)
-        ValueRows<1>(s + r * ld, ld, t0 + r + 1, v, ldq, 1.0f, inv + r, false, o + (t0 + r) * ldo, ldo, hs);
-    }
+    ValueRowsOfTile(s, ld, t0, rows, v, ldq, 1.0f, inv, /*accumulate=*/false, o + t0 * ldo, ldo, hs);
   }
 }
 
@@ -232,12 +240,7 @@ void BackwardHead(const float* q, const float* k, const float* v, float* dq, flo
     for (int r = 0; r < rows; r++)
       CausalRowGradient(Pt + r * ld, dSt + r * ld, t0 + r, lse[t0 + r], o + (t0 + r) * ldo, dO + (t0 + r) * ldo, hs);
     // dq[t] += scale sum_u dS[t][u] k[u]
-    if (rows == 8) {
-      ValueRows<8>(dSt, ld, t0 + 8, k, ldq, scale, nullptr, true, dq + t0 * ldq, ldq, hs);
-    } else {
-      for (int r = 0; r < rows; r++)
-        ValueRows<1>(dSt + r * ld, ld, t0 + r + 1, k, ldq, scale, nullptr, true, dq + (t0 + r) * ldq, ldq, hs);
-    }
+    ValueRowsOfTile(dSt, ld, t0, rows, k, ldq, scale, nullptr, /*accumulate=*/true, dq + t0 * ldq, ldq, hs);
   }
   // dv[u] += sum_{t >= u} P[t][u] dO[t];  dk[u] += scale sum_{t >= u} dS[t][u] q[t]
   for (int c0 = 0; c0 < T; c0 += 4) {

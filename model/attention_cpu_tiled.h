@@ -6,9 +6,9 @@
 //   backward: P = exp(q k^T * scale - lse);  dP = dO v^T;  D_t = dO_t . o_t;  dS = P (dP - D);
 //             dq += scale dS k;  dk += scale dS^T q;  dv += P^T dO
 // but the score/value products are three small register-tile kernels (16-lane vectors, GCC
-// vector extensions) instead of thousands of tiny sgemm calls (each one packing its operands:
-// at T = 256, hs = 64 OpenBLAS ran them at ~100 GFLOP/s per core and packing took a fifth of
-// the time): rows of 8 (scores) or 4 (values) queries, skipping every 16-column group above the
+// vector extensions) instead of thousands of tiny sgemm calls, each packing its operands
+// (bench_kernels BM_Attention*, tiled:0 against tiled:1, in the README): rows of 8 queries for
+// the scores and values, 4 key columns for dk/dv, skipping every 16-column group above the
 // diagonal. k and v are copied transposed once per head for the score products (the reduction
 // runs over hs, contiguous in both operands). Each (b, h) is one thread's work in a fixed
 // order, so the results do not depend on the thread count.

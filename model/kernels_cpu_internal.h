@@ -103,15 +103,13 @@ inline int AttentionBlock(int T) { return T <= 128 ? 32 : 64; }
 
 // The softmax loops over a causal row t run in whole groups of kRowGroup lanes, up to
 // RowGroupEnd(t), the lanes past t masked: a loop over s <= t left the compiler a scalar
-// remainder of up to 15 exps per loop, half the softmax's time at T = 256 (bench_kernels
-// BM_AttentionForward). The score tiles' rows are RowStride(T) floats apart, so that a row's last
-// group stays inside it; lanes in [r1, RowGroupEnd) hold no score (never read unmasked). One
-// group more than T needs: at T = 1024 rows 4 KiB apart all fall into the same L1 and L2 sets,
-// and a walk down a column (the backward's dk/dv products) missed every cache: the tiled
-// backward ran 33% slower than the sgemm one there, 20% faster with the padding.
+// remainder of up to 15 exps per loop (bench_kernels BM_AttentionForward, B8 T256 C256 NH4 on
+// these sgemm row blocks: 2.35-2.43 ms before, 2.24-2.26 ms after). The score tiles' rows are
+// RowStride(T) floats apart, so that a row's last group stays inside it; lanes in
+// [r1, RowGroupEnd) hold no score (never read unmasked).
 constexpr int kRowGroup = 16;
 inline int RowGroupEnd(int t) { return (t + kRowGroup) / kRowGroup * kRowGroup; }
-inline int RowStride(int T) { return (T + kRowGroup - 1) / kRowGroup * kRowGroup + kRowGroup; }
+inline int RowStride(int T) { return (T + kRowGroup - 1) / kRowGroup * kRowGroup; }
 
 // max over row[0..t]
 inline float CausalRowMax(const float* row, int t) {

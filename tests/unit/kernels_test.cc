@@ -492,8 +492,8 @@ TEST_F(KernelsAttention, BackwardAccumulates) {
 
 // The two ways the fp32 attention runs (Fp32Attention: OpenBLAS sgemm row blocks, our register
 // tiles), each against the double reference, at head sizes that take every width of the value
-// tiles (hs 16, 32, 48, 64, and 80 = 64 + 16) and sequence lengths that end inside a score tile
-// of 8 rows, a value group of 4 and a 16-lane softmax group (1, 7, 45, 67, 130); at T = 600 the
+// tiles (hs 16, 32, 48, 64, and 80 = 64 + 16) and sequence lengths that end inside a tile of 8
+// query rows, a group of 4 key columns and a 16-lane softmax group (1, 7, 45, 67, 130); at T = 600 the
 // tiled way's backward is the sgemm one (kTiledAttentionBackwardMaxT).
 class KernelsAttentionWays : public KernelsTest, public ::testing::WithParamInterface<Fp32Attention> {
  protected:
