@@ -56,11 +56,25 @@ void OnStopSignal(int sig) {
 // Test hooks that make a signal test independent of the machine's speed: the run waits at a
 // point the test can see (a logged step; a validation begun) until a stop signal has reached
 // some rank, so the signal always lands there, however fast the steps are.
-// SHARDGPT_TEST_HOLD_AT_STEP=K: a fresh (not resumed) run holds at the boundary after step K.
+// SHARDGPT_TEST_HOLD_AT_STEP=K1[,K2,...]: a fresh run holds at the boundary after step K1; a
+// run resumed from step Ki holds at K(i+1) (so a requeued job can be stopped again at a known
+// step); a run resumed from any other step is not held (a resume from an older checkpoint must
+// not wait for a signal that no one sends again).
 // SHARDGPT_TEST_HOLD_IN_VALIDATION=1: every validation holds after its first micro-batch.
-int TestHoldAtStep() {
+int TestHoldAtStep(bool resumed, int64_t start_step) {
   const char* v = std::getenv("SHARDGPT_TEST_HOLD_AT_STEP");
-  return v != nullptr ? std::atoi(v) : -1;
+  if (v == nullptr) return -1;
+  std::vector<int64_t> steps;
+  for (const char* p = v; *p != '\0';) {
+    char* end = nullptr;
+    steps.push_back(std::strtoll(p, &end, 10));
+    if (end == p) return -1;
+    p = *end == ',' ? end + 1 : end;
+  }
+  if (!resumed) return steps.empty() ? -1 : static_cast<int>(steps[0]);
+  for (size_t i = 0; i + 1 < steps.size(); i++)
+    if (steps[i] == start_step) return static_cast<int>(steps[i + 1]);
+  return -1;
 }
 bool TestHoldInValidation() {
   const char* v = std::getenv("SHARDGPT_TEST_HOLD_IN_VALIDATION");
@@ -711,6 +725,7 @@ class Trainer {
   }
 
   Status Loop(int* exit_code) {
+    const int hold_at_step = TestHoldAtStep(!resume_path_.empty(), state_.step);
     for (int step = static_cast<int>(state_.step); step < o_.steps; step++) {
       // a stop on any rank: every rank checkpoints at this step boundary and stops
       if (o_.stop_at_step > 0 && step == o_.stop_at_step) {
@@ -720,7 +735,7 @@ class Trainer {
         return Status::OK();
       }
       MpiCommunicator::SetDiagnosticStep(step + 1);  // what a --comm-timeout line names
-      if (step == hold_at_step_ && resume_path_.empty()) HoldUntilStopRequested("at the step boundary");
+      if (step == hold_at_step) HoldUntilStopRequested("at the step boundary");
       if (StopRequested()) return StopOnSignal(step, "", exit_code);
       const StepResult r = TrainStep(step);
       // Divergence: the loss and the norm are the same on every rank (all-reduced), so every
@@ -755,7 +770,7 @@ class Trainer {
   // Whether any rank got SIGUSR1/SIGTERM/SIGINT; every rank gets the same answer. Collective.
   bool StopRequested() { return !comm_.AllTrue(g_stop_signal == 0); }
 
-  // The test hooks' wait (see TestHoldAtStep): every rank polls the agreed stop flag. Collective.
+  // The test hooks' wait (see TestHoldAtStep, TestHoldInValidation): every rank polls the agreed stop flag. Collective.
   void HoldUntilStopRequested(const char* where) {
     if (lead_) {  // what the test waits for before it signals
       std::printf("test hook: holding %s until a stop signal\n", where);
@@ -1050,7 +1065,6 @@ class Trainer {
   float last_finite_loss_ = NAN;  // for the divergence message
   int64_t last_finite_step_ = 0;
   bool stopped_ = false;  // a stop signal or --stop-at-step ended the loop (checkpoint written)
-  const int hold_at_step_ = TestHoldAtStep();  // test hooks (speed-independent signal tests)
   const bool hold_in_validation_ = TestHoldInValidation();
 };
 
