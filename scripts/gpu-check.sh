@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One command for a machine with one NVIDIA GPU (issue 19, part 6), under a global time budget
 # (default 450 s, so it ends inside 8 minutes on one H200):
-#   1. builds the nvcc build with the benchmarks (BUILD, default build-gpu/);
+#   1. builds the nvcc build with the benchmarks (BUILD, default build-gpu/); where CMake cannot
+#      find our libraries it unpacks the .debs carried in .gpu-deps/ (scripts/gpu-deps.sh: the
+#      lent GPU machine has nvcc and CMake but no network), else runs scripts/install-deps.sh;
 #   2. runs the `gpu` tests (ctest -L gpu);
 #   3. benchmarks GPT-2 124M (d12, T=1024, B=16, bf16) at ZeRO stages 0-3 on the one GPU:
 #      tokens/s, model TFLOP/s, MFU against the GPU's dense bf16 peak (H100/H200 SXM: 989),
@@ -31,6 +33,7 @@ STEPS=8
 SKIP_BUILD=0
 DRY=0
 BUDGET=450
+GPU_DEPS=.gpu-deps
 while [ $# -gt 0 ]; do
   case $1 in
     --dry) DRY=1 ;;
@@ -77,17 +80,33 @@ if [ $SKIP_BUILD -eq 0 ]; then
   t0=$(date +%s)
   # only this GPU's architecture (half the nvcc time of the default sm_80 + sm_90)
   ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+  GPU_DEPS_CMAKE_ARGS=
   configure() { cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" -DSHARDGPT_BENCH=ON \
-    ${ARCH:+-DCMAKE_CUDA_ARCHITECTURES=$ARCH} >"$BUILD/configure.log" 2>&1; }
+    ${ARCH:+-DCMAKE_CUDA_ARCHITECTURES=$ARCH} $GPU_DEPS_CMAKE_ARGS >"$BUILD/configure.log" 2>&1; }
   mkdir -p "$BUILD"
-  if ! configure; then  # missing libraries: install them (needs Debian's apt), then again
-    echo "gpu-check: configure failed (see $BUILD/configure.log); running scripts/install-deps.sh"
-    scripts/install-deps.sh >/dev/null && configure || { tail -20 "$BUILD/configure.log"; echo "gpu-check: configure failed"; exit 1; }
+  if ! configure; then
+    # Missing libraries. The lent GPU machine has nvcc and CMake but none of our Debian packages
+    # and no network: the .debs carried with the call (scripts/gpu-deps.sh pack, `run`'s carry
+    # [".gpu-deps"]) are unpacked under a prefix. Elsewhere: install them (Debian's apt).
+    if [ -d "$GPU_DEPS" ]; then
+      echo "gpu-check: configure failed (see $BUILD/configure.log); using the carried libraries in $GPU_DEPS"
+      # shellcheck source=scripts/gpu-deps.sh
+      source scripts/gpu-deps.sh && gpu_deps_use "$GPU_DEPS" "${TMPDIR:-/tmp}/shardgpt-gpu-deps" || exit 1
+      rm -f "$BUILD/CMakeCache.txt"
+    else
+      echo "gpu-check: configure failed (see $BUILD/configure.log); running scripts/install-deps.sh"
+      scripts/install-deps.sh >/dev/null
+    fi
+    configure || { tail -20 "$BUILD/configure.log"; echo "gpu-check: configure failed"; exit 1; }
   fi
+  grep -E "shardgpt: (CUDA backend|NCCL communicator|--attention cudnn)" "$BUILD/configure.log"
   limited 240 cmake --build "$BUILD" -j "$(nproc)" --target shardgpt gpu_tests train_gpu_test nccl_gpu_test bench_train bench_comm \
     >"$BUILD/build.log" 2>&1 || { grep -E "error" "$BUILD/build.log" | head -30; echo "gpu-check: build failed (log $BUILD/build.log)"; exit 1; }
   echo "== build: $(( $(date +%s) - t0 )) s"
 fi
+# a library the programs need and this machine cannot load: one line naming it, before any test
+missing=$(ldd "$BUILD/shardgpt" 2>/dev/null | awk '/not found/ {print $1}' | sort -u | tr '\n' ' ')
+[ -z "$missing" ] || { echo "gpu-check: $BUILD/shardgpt needs libraries this machine cannot load: $missing"; exit 1; }
 BENCH=$BUILD/bench/bench_train SHARDGPT=$BUILD/shardgpt
 for f in "$BENCH" "$SHARDGPT"; do [ -x "$f" ] || { echo "gpu-check: $f is not built (configure $BUILD with -DSHARDGPT_BENCH=ON)"; exit 1; }; done
 

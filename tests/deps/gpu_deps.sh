@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# scripts/gpu-deps.sh on a machine like the lent GPU machine: a compiler, CMake and Python, none
+# of our Debian packages, no network. Such a machine is made here: a Debian 12 chroot by
+# debootstrap (minbase + build-essential, cmake, python3), entered in new mount and network
+# namespaces (only a loopback interface: nothing can be fetched inside). Outside, `pack` fetches
+# the .debs; inside, gpu_deps_use unpacks them under /tmp and this source tree is configured
+# against them (MPI, HDF5, OpenBLAS, oneDNN, CLI11, nlohmann-json, PCRE2, GoogleTest), shardgpt
+# is built, trains on one rank writing an HDF5 checkpoint, and resumes it on 2 ranks under the
+# relocated OpenMPI's mpirun. Proves the carried libraries suffice, not the GPU parts (no nvcc
+# in the chroot; the GPU machine's toolkit and its NCCL/cuDNN wheels are used there).
+# Usage: tests/deps/gpu_deps.sh [SOURCE_DIR]. Root only; needs apt's mirror to make the chroot
+# (exit 77, skipped, when either is missing).
+set -uo pipefail
+SRC=$(realpath "${1:-$(dirname "$0")/../..}")
+[ "$(id -u)" -eq 0 ] || { echo "SKIP: debootstrap and chroot need root"; exit 77; }
+fail() { echo "FAIL: $*"; exit 1; }
+command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null 2>&1
+command -v debootstrap >/dev/null || { echo "SKIP: no debootstrap (apt-get cannot install it)"; exit 77; }
+command -v unshare >/dev/null && command -v ip >/dev/null || fail "needs unshare (util-linux) and ip (iproute2)"
+ROOT=$(mktemp -d /var/tmp/shardgpt-gpu-deps.XXXXXX) || fail mktemp
+trap 'rm -rf --one-file-system "$ROOT"' EXIT
+t0=$SECONDS
+# the mirror apt uses here
+MIRROR=$(grep -rhoE '^(URIs:|deb) +https?://[^ ]+/debian/?' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null | awk '{print $2}' | head -1)
+debootstrap --variant=minbase bookworm "$ROOT/fs" "${MIRROR:-http://deb.debian.org/debian}" >"$ROOT/debootstrap.log" 2>&1 ||
+  { tail -3 "$ROOT/debootstrap.log"; echo "SKIP: debootstrap could not make a Debian 12 chroot (mirror unreachable?)"; exit 77; }
+cp /etc/resolv.conf "$ROOT/fs/etc/"
+unshare -m chroot "$ROOT/fs" sh -c 'mount -t proc proc /proc && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends build-essential cmake python3 >/dev/null' \
+  >"$ROOT/apt.log" 2>&1 || { tail -5 "$ROOT/apt.log"; fail "apt-get in the chroot"; }
+echo "chroot with build-essential, cmake, python3: $((SECONDS - t0)) s"
+# what the machine lacks: none of these may be in the chroot before the unpacking
+for lib in libmpi.so.40 libhdf5_serial.so.103 libopenblas.so.0 libdnnl.so.2; do
+  ! chroot "$ROOT/fs" ldconfig -p | grep -q "$lib" || fail "the chroot already has $lib"
+done
+"$SRC/scripts/gpu-deps.sh" pack "$ROOT/fs/root/src/.gpu-deps" || fail "scripts/gpu-deps.sh pack"
+(cd "$SRC" && git ls-files -z | xargs -0 tar -cf - --) | tar -C "$ROOT/fs/root/src" -xf - || fail "copy of the source tree"
+
+cat >"$ROOT/fs/root/inside.sh" <<'EOF'
+set -uo pipefail
+fail() { echo "FAIL: $*"; exit 1; }
+cd /root/src
+! getent hosts deb.debian.org >/dev/null || fail "the chroot can resolve names: not offline"
+source scripts/gpu-deps.sh && gpu_deps_use .gpu-deps /tmp/deps || fail "gpu_deps_use"
+cmake -S . -B /tmp/b -DCMAKE_BUILD_TYPE=Release -DSHARDGPT_BENCH=OFF $GPU_DEPS_CMAKE_ARGS >/tmp/configure.log 2>&1 ||
+  { tail -20 /tmp/configure.log; fail "configure against the unpacked libraries"; }
+grep -q "Found HDF5: /tmp/deps/" /tmp/configure.log && grep -q "Found BLAS: /tmp/deps/" /tmp/configure.log ||
+  { grep Found /tmp/configure.log; fail "HDF5 or BLAS not from /tmp/deps"; }
+cmake --build /tmp/b -j "$(nproc)" --target shardgpt >/tmp/build.log 2>&1 || { grep -m5 error /tmp/build.log; fail "build"; }
+missing=$(ldd /tmp/b/shardgpt | grep "not found")
+[ -z "$missing" ] || fail "libraries not found: $missing"
+for lib in libmpi.so.40 libhdf5_serial.so.103 libopenblas.so.0 libdnnl.so.2; do
+  ldd /tmp/b/shardgpt | grep "$lib => /tmp/deps/" >/dev/null || fail "$lib not loaded from /tmp/deps"
+done
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+for i in $(seq 1 300); do echo "In the beginning God created the heaven and the earth."; done > /tmp/t.txt
+/tmp/b/shardgpt prepare --input /tmp/t.txt --output /tmp/d >/dev/null || fail prepare
+A="--data /tmp/d/train.bin --seq-len 32 --n-layer 2 --n-embd 32 --n-head 2 --micro-batch 2 --batch-tokens 128 --quiet --ckpt-dir /tmp/ck --zero-stage 1"
+/tmp/b/shardgpt train $A --steps 6 --stop-at-step 3 >/tmp/one.out 2>&1 || { cat /tmp/one.out; fail "1-rank run"; }
+mpirun -np 2 --oversubscribe /tmp/b/shardgpt train $A --steps 6 --resume latest >/tmp/two.out 2>&1 || { tail -20 /tmp/two.out; fail "mpirun -np 2 resume"; }
+grep -q "resumed from .*step_00000003 at step 3 .* on 2 rank(s)" /tmp/two.out && grep -q "final train loss" /tmp/two.out ||
+  { tail -20 /tmp/two.out; fail "the 2-rank run did not resume the checkpoint and finish"; }
+! grep -q "couldn't open the help file" /tmp/two.out || { grep -A3 "Sorry" /tmp/two.out; fail "OpenMPI or PMIx looked outside the prefix"; }
+echo "inside: configured, built and ran against /tmp/deps: $(grep -c . /tmp/configure.log) configure lines; $(grep 'final train loss' /tmp/two.out)"
+EOF
+# new mount and network namespaces: the chroot's mounts vanish with them, and only a loopback
+# interface exists inside (MPI's daemons talk over it)
+unshare -m -n sh -c "ip link set lo up && mount -t proc proc '$ROOT/fs/proc' && mount --rbind /dev '$ROOT/fs/dev' &&
+  mount --rbind /sys '$ROOT/fs/sys' && rm -f '$ROOT/fs/etc/resolv.conf' && chroot '$ROOT/fs' bash /root/inside.sh" ||
+  fail "inside the chroot (above)"
+echo "gpu-deps ok in $((SECONDS - t0)) s: $(du -sh "$ROOT/fs/root/src/.gpu-deps" | cut -f1) of .debs"
