@@ -6,8 +6,10 @@
 # the .debs; inside, gpu_deps_use unpacks them under /tmp and this source tree is configured
 # against them (MPI, HDF5, OpenBLAS, oneDNN, CLI11, nlohmann-json, PCRE2, GoogleTest), shardgpt
 # is built, trains on one rank writing an HDF5 checkpoint, and resumes it on 2 ranks under the
-# relocated OpenMPI's mpirun. Proves the carried libraries suffice, not the GPU parts (no nvcc
-# in the chroot; the GPU machine's toolkit and its NCCL/cuDNN wheels are used there).
+# relocated OpenMPI's mpirun. Where this machine has the CUDA toolkit, it is bound in read-only
+# and the build is the nvcc one gpu-check.sh makes (sm_90; CUDA backend, NCCL, --attention
+# cudnn configured and compiled; nothing of it can run without a GPU). Not covered: another
+# distribution's image, NCCL/cuDNN from the GPU machine's Python wheels.
 # Usage: tests/deps/gpu_deps.sh [SOURCE_DIR]. Root only; needs apt's mirror to make the chroot
 # (exit 77, skipped, when either is missing).
 set -uo pipefail
@@ -41,10 +43,19 @@ fail() { echo "FAIL: $*"; exit 1; }
 cd /root/src
 ! getent hosts deb.debian.org >/dev/null || fail "the chroot can resolve names: not offline"
 source scripts/gpu-deps.sh && gpu_deps_use .gpu-deps /tmp/deps || fail "gpu_deps_use"
-cmake -S . -B /tmp/b -DCMAKE_BUILD_TYPE=Release -DSHARDGPT_BENCH=OFF $GPU_DEPS_CMAKE_ARGS >/tmp/configure.log 2>&1 ||
+# with the CUDA toolkit where this machine has one (bound in read-only, as the GPU machine's own):
+# the nvcc build gpu-check.sh makes there, for one architecture
+CUDA_ARGS=
+[ -x /usr/local/cuda/bin/nvcc ] && CUDA_ARGS="-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DCMAKE_CUDA_ARCHITECTURES=90"
+cmake -S . -B /tmp/b -DCMAKE_BUILD_TYPE=Release -DSHARDGPT_BENCH=OFF $CUDA_ARGS $GPU_DEPS_CMAKE_ARGS >/tmp/configure.log 2>&1 ||
   { tail -20 /tmp/configure.log; fail "configure against the unpacked libraries"; }
 grep -q "Found HDF5: /tmp/deps/" /tmp/configure.log && grep -q "Found BLAS: /tmp/deps/" /tmp/configure.log ||
   { grep Found /tmp/configure.log; fail "HDF5 or BLAS not from /tmp/deps"; }
+if [ -n "$CUDA_ARGS" ]; then
+  grep -q "shardgpt: CUDA backend: built" /tmp/configure.log && grep -q "shardgpt: NCCL communicator: ON" /tmp/configure.log ||
+    { grep "shardgpt:" /tmp/configure.log; fail "the CUDA backend or NCCL not configured"; }
+  echo "inside: $(grep -E 'shardgpt: (CUDA backend|NCCL|--attention cudnn)' /tmp/configure.log | tr '\n' ';')"
+fi
 cmake --build /tmp/b -j "$(nproc)" --target shardgpt >/tmp/build.log 2>&1 || { grep -m5 error /tmp/build.log; fail "build"; }
 missing=$(ldd /tmp/b/shardgpt | grep "not found")
 [ -z "$missing" ] || fail "libraries not found: $missing"
@@ -64,7 +75,13 @@ echo "inside: configured, built and ran against /tmp/deps: $(grep -c . /tmp/conf
 EOF
 # new mount and network namespaces: the chroot's mounts vanish with them, and only a loopback
 # interface exists inside (MPI's daemons talk over it)
+CUDA_BIND=:
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+  cuda=$(realpath /usr/local/cuda)
+  mkdir -p "$ROOT/fs/usr/local/cuda" "$ROOT/fs$cuda"
+  CUDA_BIND="mount --bind -o ro '$cuda' '$ROOT/fs/usr/local/cuda' && mount --bind -o ro '$cuda' '$ROOT/fs$cuda'"
+fi
 unshare -m -n sh -c "ip link set lo up && mount -t proc proc '$ROOT/fs/proc' && mount --rbind /dev '$ROOT/fs/dev' &&
-  mount --rbind /sys '$ROOT/fs/sys' && rm -f '$ROOT/fs/etc/resolv.conf' && chroot '$ROOT/fs' bash /root/inside.sh" ||
+  mount --rbind /sys '$ROOT/fs/sys' && $CUDA_BIND && rm -f '$ROOT/fs/etc/resolv.conf' && chroot '$ROOT/fs' bash /root/inside.sh" ||
   fail "inside the chroot (above)"
 echo "gpu-deps ok in $((SECONDS - t0)) s: $(du -sh "$ROOT/fs/root/src/.gpu-deps" | cut -f1) of .debs"
