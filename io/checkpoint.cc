@@ -31,12 +31,23 @@ constexpr const char* kIndexName = "index.h5";
 constexpr const char* kLatestName = "latest";
 
 bool fail_next_save = false;
-// SHARDGPT_TEST_CKPT_WRITE_DELAY_MS: a pause after this rank's shard file is written and
-// before the index (tests/e2e/async_ckpt.sh kills a run inside a background write with it).
+// Test hooks between this rank's shard file and the index, where a kill or a signal must land
+// inside a write (tests/e2e/async_ckpt.sh, sigint.sh):
+// SHARDGPT_TEST_CKPT_WRITE_DELAY_MS=N: every write pauses N ms (a slow file system);
+// SHARDGPT_TEST_CKPT_HOLD=STEP:PATH: the write of step STEP's checkpoint waits until PATH
+// exists, so the test decides when it ends, whatever the machine's speed.
 const int write_delay_ms = [] {
   const char* v = std::getenv("SHARDGPT_TEST_CKPT_WRITE_DELAY_MS");
   return v != nullptr ? std::atoi(v) : 0;
 }();
+void TestHoldWrite(int64_t step) {
+  const char* v = std::getenv("SHARDGPT_TEST_CKPT_HOLD");
+  const char* colon = v != nullptr ? std::strchr(v, ':') : nullptr;
+  if (colon == nullptr || std::atoll(v) != step) return;
+  const fs::path release(colon + 1);
+  std::error_code ec;
+  while (!fs::exists(release, ec)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -439,6 +450,7 @@ Status SaveCheckpointFrom(const std::string& dir, const TrainState& state, const
                                 : Status::OK();
   if (written.ok() && role.writer && write_delay_ms > 0)  // test hook: a slow file system, so a kill can land here
     std::this_thread::sleep_for(std::chrono::milliseconds(write_delay_ms));
+  if (written.ok() && role.writer) TestHoldWrite(state.step);
   SHARDGPT_RETURN_IF_ERROR(AgreeAll(comm, written));
   uint64_t secs_bits;
   std::memcpy(&secs_bits, &res.seconds, sizeof(double));
