@@ -24,13 +24,16 @@
 # -DSHARDGPT_CUDA_EMULATION=ON -DSHARDGPT_BENCH=ON; no build step) with tiny shapes and one
 # quick gpu-emu test: checks the script and the report's format (ctest gpu_check_dry), no
 # figure of it is a GPU figure.
-#   scripts/gpu-check.sh [--dry] [--skip-build] [--build DIR] [--report PATH] [--steps N] [--budget SECONDS]
+# --sanitize: instead of the tests and benchmarks, the kernel tests under compute-sanitizer
+# (memcheck, racecheck, initcheck): a second call once the first's report is in.
+#   scripts/gpu-check.sh [--dry] [--skip-build] [--sanitize] [--build DIR] [--report PATH] [--steps N] [--budget SECONDS]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=
 REPORT=${OUT:+$OUT/}gpu-report.txt
 STEPS=8
 SKIP_BUILD=0
+SANITIZE=0
 DRY=0
 BUDGET=450
 GPU_DEPS=.gpu-deps
@@ -38,11 +41,12 @@ while [ $# -gt 0 ]; do
   case $1 in
     --dry) DRY=1 ;;
     --skip-build) SKIP_BUILD=1 ;;
+    --sanitize) SANITIZE=1 ;;
     --build) BUILD=${2:?--build needs a directory}; shift ;;
     --report) REPORT=${2:?--report needs a path}; shift ;;
     --steps) STEPS=${2:?--steps needs a number}; shift ;;
     --budget) BUDGET=${2:?--budget needs seconds}; shift ;;
-    *) echo "gpu-check: unknown argument $1 (expected --dry, --skip-build, --build DIR, --report PATH, --steps N, --budget S)" >&2; exit 2 ;;
+    *) echo "gpu-check: unknown argument $1 (expected --dry, --skip-build, --sanitize, --build DIR, --report PATH, --steps N, --budget S)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -109,6 +113,40 @@ missing=$(ldd "$BUILD/shardgpt" 2>/dev/null | awk '/not found/ {print $1}' | sor
 [ -z "$missing" ] || { echo "gpu-check: $BUILD/shardgpt needs libraries this machine cannot load: $missing"; exit 1; }
 BENCH=$BUILD/bench/bench_train SHARDGPT=$BUILD/shardgpt
 for f in "$BENCH" "$SHARDGPT"; do [ -x "$f" ] || { echo "gpu-check: $f is not built (configure $BUILD with -DSHARDGPT_BENCH=ON)"; exit 1; }; done
+
+if [ $SANITIZE -eq 1 ]; then
+  # Instead of the tests and the benchmarks: the kernel tests under compute-sanitizer, whose
+  # reports name the kernel, the thread and the address (memcheck: out-of-bounds and misaligned
+  # accesses; racecheck: shared-memory hazards of the tiled kernels; initcheck: reads of device
+  # memory nothing wrote). Small shapes, so each tool runs in a minute or two.
+  SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  KERNELS='GpuTest.*:TcAttentionTest.*:Fragments/*:Precision/*'
+  SAN_RC=0
+  if [ $DRY -eq 1 ] || [ ! -x "$SAN" ]; then
+    echo "== compute-sanitizer: not run ($([ $DRY -eq 1 ] && echo 'the emulation runs no GPU code' || echo "no $SAN"))"
+    [ $DRY -eq 1 ] || SAN_RC=1
+  else
+    for tool in memcheck racecheck initcheck; do
+      filter=$KERNELS
+      [ $tool = racecheck ] && filter='TcAttentionTest.*:GpuTest.Attention:GpuTest.Layernorm:GpuTest.ResidualLayernormFused:GpuTest.CrossEntropy*:GpuTest.SumSquares'
+      echo "== compute-sanitizer --tool $tool: gpu_tests --gtest_filter=$filter"
+      t0=$(date +%s)
+      limited 150 "$SAN" --tool $tool --error-exitcode 99 --print-limit 20 "$BUILD/tests/gpu_tests" --gtest_filter="$filter" \
+        >"$BUILD/sanitize-$tool.log" 2>&1
+      rc=$?
+      grep -E "^=========|\[  (PASSED|FAILED)|tests ran" "$BUILD/sanitize-$tool.log" | head -60
+      echo "== compute-sanitizer --tool $tool: rc=$rc, $(( $(date +%s) - t0 )) s (log $BUILD/sanitize-$tool.log)"
+      SUMMARY+="compute-sanitizer $tool: rc=$rc"$'\n'
+      [ $rc -eq 0 ] || SAN_RC=1
+    done
+  fi
+  echo "== summary"
+  printf '%s' "$SUMMARY"
+  echo "== report: $REPORT"
+  [ $SAN_RC -eq 0 ] || exit 1
+  [ $OUT_OF_TIME -eq 0 ] || exit 3
+  exit 0
+fi
 
 echo "== gpu tests"
 t0=$(date +%s)

@@ -10,6 +10,7 @@
 #     formulas), and the roofline table for the same shape with the same sum;
 #   - the attention section: "not available" or both backends' tokens/s.
 # No figure of it is a GPU figure (the emulation runs on the CPU).
+# And --sanitize: says it did not run, runs nothing else.
 #   gpu_check_dry.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 BUILD=$1 SRC=$2
@@ -73,3 +74,11 @@ if fail:
     sys.exit(1)
 print("gpu-check --dry report: tests, 4 stages, %d kernels per table, FLOPs sum %d, attention section: ok" % (len(prof[1]) - 1, want))
 PY
+# --sanitize under the emulation: the section says it did not run (no GPU code runs here), and
+# does nothing else (no tests, no benchmarks)
+rc=0
+bash "$SRC/scripts/gpu-check.sh" --dry --sanitize --build "$BUILD" --report "$T/san.txt" >"$T/san.out" 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat "$T/san.out"; echo "FAIL: gpu-check.sh --dry --sanitize exited $rc"; exit 1; }
+grep -q "^== compute-sanitizer: not run (the emulation runs no GPU code)" "$T/san.txt" && ! grep -q "^== gpu tests\|^== benchmark" "$T/san.txt" ||
+  { cat "$T/san.txt"; echo "FAIL: the --sanitize report"; exit 1; }
+echo "gpu-check --dry --sanitize: not run under the emulation, nothing else run: ok"
