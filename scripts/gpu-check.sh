@@ -78,6 +78,11 @@ limited() {
 
 echo "== shardgpt gpu-check $(date -u +%FT%TZ) on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$([ $DRY -eq 1 ] && echo ', DRY RUN under the CUDA emulation: no figure here is a GPU figure')"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,pci.bus_id,memory.total,driver_version --format=csv
+# the libraries carried in $GPU_DEPS (scripts/gpu-deps.sh), unpacked once per machine
+use_carried_deps() {
+  # shellcheck source=scripts/gpu-deps.sh
+  source scripts/gpu-deps.sh && gpu_deps_use "$GPU_DEPS" "${TMPDIR:-/tmp}/shardgpt-gpu-deps"
+}
 if [ $SKIP_BUILD -eq 0 ]; then
   NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   [ -x "$NVCC" ] || { echo "gpu-check: no nvcc (CUDA toolkit) found"; exit 1; }
@@ -94,8 +99,7 @@ if [ $SKIP_BUILD -eq 0 ]; then
     # [".gpu-deps"]) are unpacked under a prefix. Elsewhere: install them (Debian's apt).
     if [ -d "$GPU_DEPS" ]; then
       echo "gpu-check: configure failed (see $BUILD/configure.log); using the carried libraries in $GPU_DEPS"
-      # shellcheck source=scripts/gpu-deps.sh
-      source scripts/gpu-deps.sh && gpu_deps_use "$GPU_DEPS" "${TMPDIR:-/tmp}/shardgpt-gpu-deps" || exit 1
+      use_carried_deps || exit 1
       rm -f "$BUILD/CMakeCache.txt"
     else
       echo "gpu-check: configure failed (see $BUILD/configure.log); running scripts/install-deps.sh"
@@ -110,6 +114,10 @@ if [ $SKIP_BUILD -eq 0 ]; then
 fi
 # a library the programs need and this machine cannot load: one line naming it, before any test
 missing=$(ldd "$BUILD/shardgpt" 2>/dev/null | awk '/not found/ {print $1}' | sort -u | tr '\n' ' ')
+if [ -n "$missing" ] && [ -d "$GPU_DEPS" ] && [ -z "${GPU_DEPS_CMAKE_ARGS:-}" ]; then  # --skip-build after a build on them
+  use_carried_deps >/dev/null || exit 1
+  missing=$(ldd "$BUILD/shardgpt" 2>/dev/null | awk '/not found/ {print $1}' | sort -u | tr '\n' ' ')
+fi
 [ -z "$missing" ] || { echo "gpu-check: $BUILD/shardgpt needs libraries this machine cannot load: $missing"; exit 1; }
 BENCH=$BUILD/bench/bench_train SHARDGPT=$BUILD/shardgpt
 for f in "$BENCH" "$SHARDGPT"; do [ -x "$f" ] || { echo "gpu-check: $f is not built (configure $BUILD with -DSHARDGPT_BENCH=ON)"; exit 1; }; done
