@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # scripts/gpu-deps.sh on a machine like the lent GPU machine: a compiler, CMake and Python, none
-# of our Debian packages, no network. Such a machine is made here: a Debian 12 chroot by
-# debootstrap (minbase + build-essential, cmake, python3), entered in new mount and network
-# namespaces (only a loopback interface: nothing can be fetched inside). Outside, `pack` fetches
+# of our Debian packages, no network. Such a machine is made here: a Debian chroot (13 unless
+# GPU_DEPS_SUITE says otherwise) by debootstrap (minbase + build-essential, cmake, python3),
+# entered in new mount and network namespaces (only a loopback interface: nothing can be
+# fetched inside). Outside, `pack` fetches
 # the .debs; inside, gpu_deps_use unpacks them under /tmp and this source tree is configured
 # against them (MPI, HDF5, OpenBLAS, oneDNN, CLI11, nlohmann-json, PCRE2, GoogleTest), shardgpt
 # is built, trains on one rank writing an HDF5 checkpoint, and resumes it on 2 ranks under the
@@ -19,13 +20,16 @@ fail() { echo "FAIL: $*"; exit 1; }
 command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null 2>&1
 command -v debootstrap >/dev/null || { echo "SKIP: no debootstrap (apt-get cannot install it)"; exit 77; }
 command -v unshare >/dev/null && command -v ip >/dev/null || fail "needs unshare (util-linux) and ip (iproute2)"
+# the chroot's release: GPU_DEPS_SUITE (default trixie, Debian 13: a newer system than the one
+# the packages come from, as the GPU machine's image is likely to be: glibc 2.41, gcc 14)
+SUITE=${GPU_DEPS_SUITE:-trixie}
 ROOT=$(mktemp -d /var/tmp/shardgpt-gpu-deps.XXXXXX) || fail mktemp
 trap 'rm -rf --one-file-system "$ROOT"' EXIT
 t0=$SECONDS
 # the mirror apt uses here
 MIRROR=$(grep -rhoE '^(URIs:|deb) +https?://[^ ]+/debian/?' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null | awk '{print $2}' | head -1)
-debootstrap --variant=minbase bookworm "$ROOT/fs" "${MIRROR:-http://deb.debian.org/debian}" >"$ROOT/debootstrap.log" 2>&1 ||
-  { tail -3 "$ROOT/debootstrap.log"; echo "SKIP: debootstrap could not make a Debian 12 chroot (mirror unreachable?)"; exit 77; }
+debootstrap --variant=minbase "$SUITE" "$ROOT/fs" "${MIRROR:-http://deb.debian.org/debian}" >"$ROOT/debootstrap.log" 2>&1 ||
+  { tail -3 "$ROOT/debootstrap.log"; echo "SKIP: debootstrap could not make a Debian $SUITE chroot (mirror unreachable?)"; exit 77; }
 cp /etc/resolv.conf "$ROOT/fs/etc/"
 unshare -m chroot "$ROOT/fs" sh -c 'mount -t proc proc /proc && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends build-essential cmake python3 >/dev/null' \
   >"$ROOT/apt.log" 2>&1 || { tail -5 "$ROOT/apt.log"; fail "apt-get in the chroot"; }
