@@ -126,7 +126,8 @@ if [ $SANITIZE -eq 1 ]; then
   # Instead of the tests and the benchmarks: the kernel tests under compute-sanitizer, whose
   # reports name the kernel, the thread and the address (memcheck: out-of-bounds and misaligned
   # accesses; racecheck: shared-memory hazards of the tiled kernels; initcheck: reads of device
-  # memory nothing wrote). Small shapes, so each tool runs in a minute or two.
+  # memory nothing wrote). Small shapes; each tool at most 90 s, so the three fit a second
+  # call of about 5 minutes (--budget 280).
   SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   KERNELS='GpuTest.*:TcAttentionTest.*:Fragments/*:Precision/*'
   SAN_RC=0
@@ -139,7 +140,7 @@ if [ $SANITIZE -eq 1 ]; then
       [ $tool = racecheck ] && filter='TcAttentionTest.*:GpuTest.Attention:GpuTest.Layernorm:GpuTest.ResidualLayernormFused:GpuTest.CrossEntropy*:GpuTest.SumSquares'
       echo "== compute-sanitizer --tool $tool: gpu_tests --gtest_filter=$filter"
       t0=$(date +%s)
-      limited 150 "$SAN" --tool $tool --error-exitcode 99 --print-limit 20 "$BUILD/tests/gpu_tests" --gtest_filter="$filter" \
+      limited 90 "$SAN" --tool $tool --error-exitcode 99 --print-limit 20 "$BUILD/tests/gpu_tests" --gtest_filter="$filter" \
         >"$BUILD/sanitize-$tool.log" 2>&1
       rc=$?
       grep -E "^=========|\[  (PASSED|FAILED)|tests ran" "$BUILD/sanitize-$tool.log" | head -60
