@@ -770,7 +770,8 @@ class Trainer {
   // Whether any rank got SIGUSR1/SIGTERM/SIGINT; every rank gets the same answer. Collective.
   bool StopRequested() { return !comm_.AllTrue(g_stop_signal == 0); }
 
-  // The test hooks' wait (see TestHoldAtStep, TestHoldInValidation): every rank polls the agreed stop flag. Collective.
+  // The test hooks' wait (see TestHoldAtStep, TestHoldInValidation): every rank polls the
+  // agreed stop flag. Collective.
   void HoldUntilStopRequested(const char* where) {
     if (lead_) {  // what the test waits for before it signals
       std::printf("test hook: holding %s until a stop signal\n", where);
