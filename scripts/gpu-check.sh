@@ -56,6 +56,10 @@ done
 [ $DRY -eq 1 ] && SKIP_BUILD=1
 mkdir -p "$(dirname "$REPORT")" || exit 2
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# The lent machines run in sandboxes (gVisor, Firecracker) where OpenMPI's shared-memory
+# single copy (CMA: process_vm_readv between ranks) may be refused mid-transfer ("Read -1,
+# expected ..."), as in containers without ptrace rights: copy through the shared segment.
+export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
 DEADLINE=$(( $(date +%s) + BUDGET ))
 exec > >(tee "$REPORT") 2>&1
 TEE_PID=$! CLEAN=
