@@ -117,12 +117,22 @@ if [ $SKIP_BUILD -eq 0 ]; then
   echo "== build: $(( $(date +%s) - t0 )) s"
 fi
 # a library the programs need and this machine cannot load: one line naming it, before any test
-missing=$(ldd "$BUILD/shardgpt" 2>/dev/null | awk '/not found/ {print $1}' | sort -u | tr '\n' ' ')
-if [ -n "$missing" ] && [ -d "$GPU_DEPS" ] && [ -z "${GPU_DEPS_CMAKE_ARGS:-}" ]; then  # --skip-build after a build on them
+unloadable() { ldd "$BUILD/shardgpt" 2>/dev/null | awk '/not found/ {print $1}' | sort -u | tr '\n' ' '; }
+missing=$(unloadable)
+if [ -n "$missing" ] && [ -d "$GPU_DEPS" ]; then  # --skip-build after a build on the carried libraries
   use_carried_deps >/dev/null || exit 1
-  missing=$(ldd "$BUILD/shardgpt" 2>/dev/null | awk '/not found/ {print $1}' | sort -u | tr '\n' ' ')
+  missing=$(unloadable)
 fi
 [ -z "$missing" ] || { echo "gpu-check: $BUILD/shardgpt needs libraries this machine cannot load: $missing"; exit 1; }
+# the summary, the report's path, and the exit status: 1 if anything failed, 3 if the budget ran out
+finish() {
+  echo "== summary"
+  printf '%s' "$SUMMARY"
+  echo "== report: $REPORT"
+  [ $FAILED -eq 0 ] || exit 1
+  [ $OUT_OF_TIME -eq 0 ] || exit 3
+  exit 0
+}
 BENCH=$BUILD/bench/bench_train SHARDGPT=$BUILD/shardgpt
 for f in "$BENCH" "$SHARDGPT"; do [ -x "$f" ] || { echo "gpu-check: $f is not built (configure $BUILD with -DSHARDGPT_BENCH=ON)"; exit 1; }; done
 
@@ -134,10 +144,9 @@ if [ $SANITIZE -eq 1 ]; then
   # call of about 5 minutes (--budget 280).
   SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   KERNELS='GpuTest.*:TcAttentionTest.*:Fragments/*:Precision/*'
-  SAN_RC=0
   if [ $DRY -eq 1 ] || [ ! -x "$SAN" ]; then
     echo "== compute-sanitizer: not run ($([ $DRY -eq 1 ] && echo 'the emulation runs no GPU code' || echo "no $SAN"))"
-    [ $DRY -eq 1 ] || SAN_RC=1
+    [ $DRY -eq 1 ] || FAILED=1
   else
     for tool in memcheck racecheck initcheck; do
       filter=$KERNELS
@@ -150,15 +159,10 @@ if [ $SANITIZE -eq 1 ]; then
       grep -E "^=========|\[  (PASSED|FAILED)|tests ran" "$BUILD/sanitize-$tool.log" | head -60
       echo "== compute-sanitizer --tool $tool: rc=$rc, $(( $(date +%s) - t0 )) s (log $BUILD/sanitize-$tool.log)"
       SUMMARY+="compute-sanitizer $tool: rc=$rc"$'\n'
-      [ $rc -eq 0 ] || SAN_RC=1
+      [ $rc -eq 0 ] || FAILED=1
     done
   fi
-  echo "== summary"
-  printf '%s' "$SUMMARY"
-  echo "== report: $REPORT"
-  [ $SAN_RC -eq 0 ] || exit 1
-  [ $OUT_OF_TIME -eq 0 ] || exit 3
-  exit 0
+  finish
 fi
 
 echo "== gpu tests"
@@ -258,10 +262,5 @@ if [ "$GPUS" -ge 2 ]; then  # more than the one GPU this script is sized for: NC
   [ -x "$BUILD/bench/bench_comm" ] && limited 60 mpirun -np "$GPUS" "$BUILD/bench/bench_comm" --device cuda --comm nccl 64 256
 fi
 
-echo "== summary"
-printf '%s' "$SUMMARY"
-echo "tests: rc=$TESTS_RC"
-echo "== report: $REPORT"
-[ $FAILED -eq 0 ] || exit 1
-[ $OUT_OF_TIME -eq 0 ] || exit 3
-exit 0
+SUMMARY+="tests: rc=$TESTS_RC"$'\n'
+finish

@@ -18,7 +18,8 @@
 #       CUDNN_HOME, CUDNN_FRONTEND_INCLUDE_DIR).
 #
 # Nothing is installed into the system: everything lives under PREFIX. Tested by
-# tests/e2e/gpu_deps.sh in a Debian chroot that has only build-essential, cmake and python3.
+# tests/deps/gpu_deps.sh in an offline Debian chroot that has only build-essential, cmake and
+# python3.
 
 # The packages: what `apt-get install --no-install-recommends` pulls into such a chroot for our
 # libraries, less what only a static link or another language would use (gfortran, autotools,
@@ -92,6 +93,30 @@ _gpu_deps_all_known() {
   return 0
 }
 
+# _gpu_deps_from_wheel NAME STEM SUFFIX HEADER DIR: where NAME_HOME is unset and the toolkit has
+# no STEM library, the image's Python wheel's (its layout differs between releases: nvidia/nccl/lib,
+# nvidia/cu13/lib, so searched): DIR/lib links every STEM*SUFFIX of the wheel's directory (cuDNN
+# is several libraries) and STEM.so, the unversioned name CMake's find_library wants; DIR/include
+# links the header's directory; NAME_HOME=DIR, DIR/lib on LD_LIBRARY_PATH.
+_gpu_deps_from_wheel() {
+  local name=$1 stem=$2 suffix=$3 header=$4 dir=$5 home platlib so inc f
+  home=${name}_HOME
+  [ -z "${!home:-}" ] || return 0
+  local cuda=${GPU_DEPS_CUDA:-/usr/local/cuda}  # the toolkit (a test points it elsewhere)
+  compgen -G "$cuda/lib64/$stem.so*" >/dev/null || compgen -G "$cuda/lib/$stem.so*" >/dev/null && return 0
+  platlib=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['platlib'])" 2>/dev/null)
+  [ -n "$platlib" ] && [ -d "$platlib/nvidia" ] || return 0
+  so=$(find -L "$platlib/nvidia" -name "$stem$suffix" 2>/dev/null | sort | head -1)
+  inc=$(find -L "$platlib/nvidia" -name "$header" 2>/dev/null | sort | head -1)
+  [ -n "$so" ] && [ -n "$inc" ] || return 0
+  mkdir -p "$dir/lib"
+  for f in "$(dirname "$so")/$stem"*"$suffix"; do ln -sfn "$f" "$dir/lib/$(basename "$f")"; done
+  ln -sfn "$stem$suffix" "$dir/lib/$stem.so"
+  ln -sfn "$(dirname "$inc")" "$dir/include"
+  export "$home=$dir" LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "gpu-deps: $name from the Python wheel: $so"
+}
+
 # gpu_deps_use DIR PREFIX: unpack and export (see the top). Returns non-zero with one line on error.
 gpu_deps_use() {
   local dir=$1 prefix=$2 deb
@@ -101,7 +126,7 @@ gpu_deps_use() {
     # A package whose shared libraries the machine already has is left out: the machine's own
     # (newer) copies serve, and an older copy of ours on LD_LIBRARY_PATH would shadow them for
     # every program, Python's included.
-    local have skipped=; have=$(ldconfig -p 2>/dev/null | awk '{print $1}')
+    local known skipped= have; known=$(ldconfig -p 2>/dev/null); have=$(awk '{print $1}' <<<"$known")
     for deb in "$dir"/*.deb; do
       local libs; libs=$(_gpu_deps_list "$deb" | grep -E '^\./(usr/)?lib/x86_64-linux-gnu/[^/]*\.so\.[0-9.]*$' | xargs -rn1 basename)
       if [ -n "$libs" ] && [ -n "$have" ] && _gpu_deps_all_known "$libs" "$have"; then
@@ -115,7 +140,7 @@ gpu_deps_use() {
     # a development link (libpcre2-8.so) whose library was left out: to the machine's copy
     local link target
     while IFS= read -r link; do
-      target=$(ldconfig -p 2>/dev/null | awk -v b="$(basename "$link")." 'index($1, b) == 1 {print $NF; exit}')
+      target=$(awk -v b="$(basename "$link")." 'index($1, b) == 1 {print $NF; exit}' <<<"$known")
       [ -n "$target" ] && ln -sfn "$target" "$link"
     done < <(find "$prefix/usr/lib/x86_64-linux-gnu" -maxdepth 1 -xtype l -name '*.so')
     touch "$prefix/.unpacked"
@@ -125,10 +150,7 @@ gpu_deps_use() {
   # the links update-alternatives makes when the packages are installed
   mkdir -p "$prefix/bin"
   local name
-  for name in mpirun mpiexec mpicc mpicxx mpic++ orterun; do
-    [ -e "$usr/bin/$name.openmpi" ] && ln -sfn "$usr/bin/$name.openmpi" "$prefix/bin/$name"
-  done
-  [ -e "$prefix/bin/mpicxx" ] || ln -sfn "$usr/bin/opal_wrapper" "$prefix/bin/mpicxx"
+  for name in mpirun mpiexec mpicc mpicxx mpic++; do ln -sfn "$usr/bin/$name.openmpi" "$prefix/bin/$name"; done
   ln -sfn openblas-pthread/libblas.so.3 "$lib/libblas.so.3"
   ln -sfn openblas-pthread/liblapack.so.3 "$lib/liblapack.so.3"
   ln -sfn openblas-pthread/libopenblas.so.0 "$lib/libopenblas.so.0"
@@ -147,33 +169,9 @@ gpu_deps_use() {
   export OMPI_MCA_plm_rsh_agent=  # no ssh here: one node only
   GPU_DEPS_CMAKE_ARGS="-DMPI_CXX_COMPILER=$prefix/bin/mpicxx -DMPI_C_COMPILER=$prefix/bin/mpicc -DMPIEXEC_EXECUTABLE=$prefix/bin/mpirun"
   GPU_DEPS_CMAKE_ARGS+=" -DBLA_VENDOR=OpenBLAS -DCMAKE_LIBRARY_PATH=$lib/openblas-pthread;$lib -DCMAKE_INCLUDE_PATH=$usr/include"
-  # NCCL and cuDNN: the toolkit's if it has them, else the image's Python wheels (libraries named
-  # only with their SONAME: CMake's find_library wants the unversioned name, so link both)
-  local platlib nv so inc f
-  platlib=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['platlib'])" 2>/dev/null)
-  nv=$prefix/nvidia
-  # the wheels' layout differs between releases (nvidia/nccl/lib, nvidia/cu13/lib): search
-  _gpu_deps_wheel_file() { [ -n "$platlib" ] && [ -d "$platlib/nvidia" ] && find -L "$platlib/nvidia" -name "$1" 2>/dev/null | sort | head -1; }
-  if [ -z "${NCCL_HOME:-}" ] && ! ls /usr/local/cuda/lib64/libnccl.so* /usr/local/cuda/lib/libnccl.so* >/dev/null 2>&1; then
-    so=$(_gpu_deps_wheel_file libnccl.so.2) inc=$(_gpu_deps_wheel_file nccl.h)
-    if [ -n "$so" ] && [ -n "$inc" ]; then
-      mkdir -p "$nv/nccl/lib" && ln -sfn "$so" "$nv/nccl/lib/libnccl.so.2" && ln -sfn libnccl.so.2 "$nv/nccl/lib/libnccl.so"
-      ln -sfn "$(dirname "$inc")" "$nv/nccl/include"
-      export NCCL_HOME="$nv/nccl" LD_LIBRARY_PATH="$nv/nccl/lib:$LD_LIBRARY_PATH"
-      echo "gpu-deps: NCCL from the Python wheel: $so"
-    fi
-  fi
-  if [ -z "${CUDNN_HOME:-}" ] && ! ls /usr/local/cuda/lib64/libcudnn.so* /usr/local/cuda/lib/libcudnn.so* >/dev/null 2>&1; then
-    so=$(_gpu_deps_wheel_file libcudnn.so.9) inc=$(_gpu_deps_wheel_file cudnn.h)
-    if [ -n "$so" ] && [ -n "$inc" ]; then
-      mkdir -p "$nv/cudnn/lib"
-      for f in "$(dirname "$so")"/libcudnn*.so.9; do ln -sfn "$f" "$nv/cudnn/lib/$(basename "$f")"; done
-      ln -sfn libcudnn.so.9 "$nv/cudnn/lib/libcudnn.so"
-      ln -sfn "$(dirname "$inc")" "$nv/cudnn/include"
-      export CUDNN_HOME="$nv/cudnn" LD_LIBRARY_PATH="$nv/cudnn/lib:$LD_LIBRARY_PATH"
-      echo "gpu-deps: cuDNN from the Python wheel: $so"
-    fi
-  fi
+  # NCCL and cuDNN: the toolkit's if it has them, else the image's Python wheels
+  _gpu_deps_from_wheel NCCL libnccl .so.2 nccl.h "$prefix/nvidia/nccl"
+  _gpu_deps_from_wheel CUDNN libcudnn .so.9 cudnn.h "$prefix/nvidia/cudnn"
   [ -d "$prefix/cudnn-frontend/include" ] && export CUDNN_FRONTEND_INCLUDE_DIR="$prefix/cudnn-frontend/include"
   export GPU_DEPS_CMAKE_ARGS
   return 0

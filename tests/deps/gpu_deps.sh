@@ -10,7 +10,7 @@
 # relocated OpenMPI's mpirun. Where this machine has the CUDA toolkit, it is bound in read-only
 # and the build is the nvcc one gpu-check.sh makes (sm_90; CUDA backend, NCCL, --attention
 # cudnn configured and compiled; nothing of it can run without a GPU). Not covered: another
-# distribution's image, NCCL/cuDNN from the GPU machine's Python wheels.
+# distribution's image. NCCL/cuDNN from Python wheels: a fake site-packages, checked first.
 # Usage: tests/deps/gpu_deps.sh [SOURCE_DIR]. Root only; needs apt's mirror to make the chroot
 # (exit 77, skipped, when either is missing).
 set -uo pipefail
@@ -26,6 +26,30 @@ SUITE=${GPU_DEPS_SUITE:-trixie}
 ROOT=$(mktemp -d /var/tmp/shardgpt-gpu-deps.XXXXXX) || fail mktemp
 trap 'rm -rf --one-file-system "$ROOT"' EXIT
 t0=$SECONDS
+
+# NCCL and cuDNN from Python wheels (the GPU image's way; the chroot below takes the toolkit's):
+# a fake site-packages in the two layouts seen (nvidia/nccl/lib; nvidia/cu13/lib holding cuDNN's
+# several libraries), a toolkit without either, and a python3 that names that site-packages.
+W=$ROOT/wheels
+mkdir -p "$W/bin" "$W/site/nvidia/nccl/lib" "$W/site/nvidia/nccl/include" "$W/site/nvidia/cu13/lib" \
+  "$W/site/nvidia/cu13/include" "$W/cuda/lib64"
+touch "$W/site/nvidia/nccl/lib/libnccl.so.2" "$W/site/nvidia/nccl/include/nccl.h" "$W/site/nvidia/cu13/lib/libcudnn.so.9" \
+  "$W/site/nvidia/cu13/lib/libcudnn_ops.so.9" "$W/site/nvidia/cu13/include/cudnn.h"
+printf '#!/bin/sh\necho %s\n' "$W/site" >"$W/bin/python3" && chmod +x "$W/bin/python3"
+env -u NCCL_HOME -u CUDNN_HOME PATH="$W/bin:$PATH" GPU_DEPS_CUDA="$W/cuda" bash -c '
+  source "$1/scripts/gpu-deps.sh"
+  _gpu_deps_from_wheel NCCL libnccl .so.2 nccl.h "$2/nccl" >/dev/null && _gpu_deps_from_wheel CUDNN libcudnn .so.9 cudnn.h "$2/cudnn" >/dev/null
+  [ "$NCCL_HOME" = "$2/nccl" ] && [ "$CUDNN_HOME" = "$2/cudnn" ] || exit 1
+  for f in nccl/lib/libnccl.so nccl/lib/libnccl.so.2 nccl/include/nccl.h cudnn/lib/libcudnn.so cudnn/lib/libcudnn.so.9            cudnn/lib/libcudnn_ops.so.9 cudnn/include/cudnn.h; do [ -e "$2/$f" ] || { echo "missing $f"; exit 1; }; done
+  case ":$LD_LIBRARY_PATH:" in *":$2/nccl/lib:"*) ;; *) exit 1 ;; esac
+  case ":$LD_LIBRARY_PATH:" in *":$2/cudnn/lib:"*) ;; *) exit 1 ;; esac' _ "$SRC" "$W/out" ||
+  fail "NCCL/cuDNN from a Python wheel's layout not linked as CMake and the loader need them"
+# and a toolkit that has NCCL keeps it: nothing linked
+env -u NCCL_HOME PATH="$W/bin:$PATH" GPU_DEPS_CUDA="$W/cuda" bash -c '
+  touch "$3/lib64/libnccl.so.2"; source "$1/scripts/gpu-deps.sh"
+  _gpu_deps_from_wheel NCCL libnccl .so.2 nccl.h "$2/kept"; [ -z "${NCCL_HOME:-}" ] && [ ! -e "$2/kept" ]' _ "$SRC" "$W/out" "$W/cuda" ||
+  fail "a toolkit with NCCL: the wheel's was linked anyway"
+echo "NCCL and cuDNN from Python wheels: linked (both layouts); a toolkit's NCCL kept"
 # the mirror apt uses here
 MIRROR=$(grep -rhoE '^(URIs:|deb) +https?://[^ ]+/debian/?' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null | awk '{print $2}' | head -1)
 debootstrap --variant=minbase "$SUITE" "$ROOT/fs" "${MIRROR:-http://deb.debian.org/debian}" >"$ROOT/debootstrap.log" 2>&1 ||
