@@ -245,7 +245,7 @@ int Main(int argc, char** argv) {
   TrainOptions t;
   ModelFlags model_flags;
   EngineFlags engine_flags;
-  std::string schedule = "cosine", device = "cpu", attention = "own";
+  std::string schedule = "cosine", device = "cpu", attention = "own", gelu = "separate";
   CommOptions comm_options;
   bool no_shuffle = false;
   CLI::App* train = app.add_subcommand("train", "train a GPT on token shards (llm.c format)");
@@ -297,6 +297,11 @@ int Main(int argc, char** argv) {
                     "cudnn (cuDNN SDPA, --device cuda, bf16; only in nvcc builds that found the cuDNN frontend; not "
                     "yet run on a GPU)")
       ->check(CLI::IsMember({"own", "cudnn"}))->capture_default_str();
+  train->add_option("--gelu", gelu,
+                    "the MLP's GELU: separate (its own kernel) or fused (in the fc matmul's epilogue, cuBLASLt "
+                    "GELU_AUX_BIAS forward and DGELU backward on --device cuda; the CPU runs the same arithmetic, no "
+                    "faster; not with --recompute gelu; not yet run on a GPU)")
+      ->check(CLI::IsMember({"separate", "fused"}))->capture_default_str();
   train->add_option("--ckpt-dir", t.ckpt_dir, "write sharded HDF5 checkpoints under DIR (every --ckpt-every steps and at the end)");
   train->add_option("--ckpt-every", t.ckpt_every, "checkpoint every N steps (0: only at the end)")->check(Finite(0, true))->capture_default_str();
   train->add_option("--keep-last", t.keep_last, "keep only the K newest checkpoints (0: all)")->check(Finite(0, true))->capture_default_str();
@@ -475,6 +480,7 @@ int Main(int argc, char** argv) {
           else st = g.status();
         }
         t.recompute = recompute_flags.mode();
+        t.gelu_fused = gelu == "fused";
         t.memory_bytes = recompute_flags.memory_bytes();
         t.micro_batch_auto = micro_batch_text == "auto";
         if (!t.micro_batch_auto) t.micro_batch = std::stoi(micro_batch_text);

@@ -411,6 +411,10 @@ Status ValidateLoopOptions(TrainOptions& o, int world) {
     return Status::InvalidArgument("--async-ckpt needs --ckpt-dir (where to write checkpoints)");
   if (o.ckpt_every > 0 && o.ckpt_dir.empty())
     return Status::InvalidArgument("--ckpt-every needs --ckpt-dir (where to write checkpoints)");
+  if (o.gelu_fused && o.recompute == Recompute::kGelu)
+    return Status::InvalidArgument("--gelu fused with --recompute gelu: the fused forward's GELU reads the fc "
+                                   "matmul's unrounded result, which the backward cannot recompute from the stored "
+                                   "input (use --recompute none or block with --gelu fused)");
   o.schedule.total_steps = o.steps;
   return Status::OK();
 }
@@ -447,6 +451,7 @@ class Trainer {
     auto act = ChooseActivationDType(o_.act_dtype, compute.precision, device_.is_cuda());
     if (!act.ok()) return act.status();
     device_.kernels().set_activation_dtype(act.value().dtype);
+    device_.kernels().set_gelu_fused(o_.gelu_fused);
     o_.engine.act_dtype = act.value().dtype;
     if (!act.value().line.empty()) compute_line_ += (compute_line_.empty() ? "" : "\n") + act.value().line;
     if (o_.micro_batch_auto) SHARDGPT_RETURN_IF_ERROR(Agree(comm_, ResolveAutoMicroBatch()));
@@ -962,6 +967,7 @@ class Trainer {
     j["tokens_per_s"] = tps;
     j["ms"] = r.seconds * 1e3;
     j["recompute"] = RecomputeName(o_.recompute);
+    j["gelu"] = o_.gelu_fused ? "fused" : "separate";
     std::vector<uint64_t> comm_bytes, state_bytes, across_bytes, allocs, frees, syncs;
     for (size_t i = 0; i + kPerRank <= per_rank.size(); i += kPerRank) {
       comm_bytes.push_back(per_rank[i]), state_bytes.push_back(per_rank[i + 1]), across_bytes.push_back(per_rank[i + 2]);

@@ -53,6 +53,7 @@ struct TrainOptions {
   bool allow_config_change = false;  // resume although the data order cannot continue (seq len, seed, data, shuffle)
   // activation memory (issue 22)
   Recompute recompute = Recompute::kNone;  // --recompute (model/gpt.h)
+  bool gelu_fused = false;  // --gelu fused: the MLP's GELU in the fc matmul's epilogue (Kernels::matmul_gelu_forward)
   bool micro_batch_auto = false;  // --micro-batch auto: the largest B whose predicted peak fits (parallel/memory_model.h)
   double memory_bytes = 0;        // --memory: that budget per rank (0: the device's free memory)
   int ranks_per_node = 1;         // on the CPU the node's ranks share its available memory

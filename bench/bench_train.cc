@@ -11,6 +11,7 @@
 //               [--scaling 0|1] (1: with several ranks, also the single-rank references)
 //               [--peak-gbs G] [--roofline 1] [--layers L --heads H --embd C --vocab V]
 //               [--recompute none,gelu,block] (any comma list: those modes side by side, see below)
+//               [--gelu separate|fused] (fused: the GELU in the fc matmul's epilogue, Kernels::matmul_gelu_forward)
 // --recompute LIST trains one engine with one model per mode (model/gpt.h), alternating the
 // modes step by step so that the machine's load weighs on each alike, and prints each mode's
 // median step time (wall, and the process's CPU seconds: less sensitive to other processes on a
@@ -262,7 +263,7 @@ int main(int argc, char** argv) {
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   std::string config = "tiny", dtype = "fp32", device_kind = "cpu", comm_kind = "auto", compute_dtype, act_dtype,
-              shard_layout = "flat", recompute;
+              shard_layout = "flat", recompute, gelu = "separate";
   int steps = 20, stage = 0, threads = 2, accum = 1, micro_batch = 0, seq_len = 0, profile = 0, scaling = 1,
       roofline = 0, layers = 0, heads = 0, embd = 0, vocab = 0;
   double bucket_mb = 25.0, peak_tflops = 0, peak_gbs = 0;
@@ -292,6 +293,7 @@ int main(int argc, char** argv) {
     else if (k == "--embd") embd = std::stoi(v);
     else if (k == "--vocab") vocab = std::stoi(v);
     else if (k == "--recompute") recompute = v;
+    else if (k == "--gelu") gelu = v;
     else { std::fprintf(stderr, "bench_train: unknown option %s\n", k.c_str()); return 1; }
   }
   GPTConfig c;
@@ -308,6 +310,10 @@ int main(int argc, char** argv) {
   if (heads > 0) c.n_head = heads;
   if (embd > 0) c.n_embd = embd;
   if (vocab > 0) c.vocab_size = vocab;
+  if (gelu != "separate" && gelu != "fused") {
+    std::fprintf(stderr, "bench_train: --gelu %s: expected separate or fused\n", gelu.c_str());
+    return 1;
+  }
   c.max_seq_len = std::max(c.max_seq_len, T);
   if (Status st = c.Validate(); !st.ok()) { std::fprintf(stderr, "bench_train: %s\n", st.message().c_str()); return 1; }
   if (steps < 3 && !roofline) {  // steps 0 and 1 are warm-up; the figures are of the rest
@@ -326,6 +332,7 @@ int main(int argc, char** argv) {
       auto act = PlannedActivationDType(act_dtype, dtype == "bf16" ? DType::kBF16 : DType::kF32);
       if (!act.ok()) { std::fprintf(stderr, "bench_train: %s\n", act.status().message().c_str()); return 1; }
       prof.kernels().set_activation_dtype(act.value());
+      prof.kernels().set_gelu_fused(gelu == "fused");
       auto self = MpiCommunicator::Create(MPI_COMM_SELF);
       if (!self.ok()) { std::fprintf(stderr, "%s\n", self.status().message().c_str()); return 1; }
       ParamLayout layout(c);
@@ -337,9 +344,9 @@ int main(int argc, char** argv) {
       prof.profile().Reset();
       run.Step(0, nullptr);
       const double tokens = double(B) * T * accum, N = double(layout.total_numel());
-      std::printf("roofline (nothing run): config=%s dtype=%s B=%d T=%d A=%d params=%.2fM, one rank, activations "
+      std::printf("roofline (nothing run): config=%s dtype=%s gelu=%s B=%d T=%d A=%d params=%.2fM, one rank, activations "
                   "counted at %g bytes/element, peaks %.0f TFLOP/s dense and %.0f GB/s\n",
-                  config.c_str(), dtype.c_str(), B, T, accum, N / 1e6, double(DTypeSize(prof.profile().activation_dtype())), peaks.flops / 1e12,
+                  config.c_str(), dtype.c_str(), gelu.c_str(), B, T, accum, N / 1e6, double(DTypeSize(prof.profile().activation_dtype())), peaks.flops / 1e12,
                   peaks.bytes_per_s / 1e9);
       PrintRoofline(prof.profile(), peaks, tokens, tokens * (6 * N + 6.0 * c.n_layer * c.n_embd * T));
     }
@@ -369,6 +376,7 @@ int main(int argc, char** argv) {
   auto act = ChooseActivationDType(act_dtype, compute.precision, device.is_cuda());
   if (!act.ok()) { std::fprintf(stderr, "bench_train: %s\n", act.status().message().c_str()); MPI_Finalize(); return 1; }
   device.kernels().set_activation_dtype(act.value().dtype);
+  device.kernels().set_gelu_fused(gelu == "fused");
   if (peak_tflops <= 0) peak_tflops = PeakBf16Tflops(device.name());
   if (peak_gbs <= 0) peak_gbs = PeakGBs(device.name());
 #ifdef SHARDGPT_HAVE_CUDA
@@ -443,10 +451,10 @@ int main(int argc, char** argv) {
   const double flops_per_token = 6 * N + 6.0 * c.n_layer * c.n_embd * T;
   if (lead) {
     const double tflops = tokens * flops_per_token / med / 1e12;
-    std::printf("config=%s device=%s ranks=%d stage=%d layout=%s dtype=%s compute=%s threads/rank=%d B=%d T=%d A=%d params=%.2fM | "
+    std::printf("config=%s device=%s ranks=%d stage=%d layout=%s dtype=%s compute=%s gelu=%s threads/rank=%d B=%d T=%d A=%d params=%.2fM | "
                 "median step %.1f ms | %.0f tokens/s | %.1f GFLOP/s",
                 config.c_str(), device.name().c_str(), comm.world_size(), stage, shard_layout.c_str(), dtype.c_str(),
-                compute.precision == MatmulPrecision::kBf16 ? "bf16" : "fp32", threads, B, T, accum,
+                compute.precision == MatmulPrecision::kBf16 ? "bf16" : "fp32", gelu.c_str(), threads, B, T, accum,
                 N / 1e6, med * 1e3, tokens / med, tflops * 1e3);
     if (device.is_cuda()) {
       std::printf(" | %.1f TFLOP/s", tflops / comm.world_size());
@@ -464,6 +472,12 @@ int main(int argc, char** argv) {
 #endif
     }
     std::printf("\n");
+#ifdef SHARDGPT_HAVE_CUDA
+    if (gelu == "fused" && device.is_cuda())  // did the real cuBLASLt have the GELU epilogues?
+      std::printf("gelu fused: %llu of %d calls ran the GELU in cuBLASLt's epilogue (the rest: fp32 result + the "
+                  "element-wise kernel)\n",
+                  (unsigned long long)CudaGeluEpilogueCalls(*device_or.value()), 2 * c.n_layer * accum * steps);
+#endif
     if (concurrent) {
       std::printf("scaling: 1 rank alone %.1f ms/step, every rank alone at once %.1f ms, %d ranks %.1f ms | "
                   "scaling efficiency %.0f%% (1 rank alone / %d ranks; %.0f%% against every rank alone at once)\n",

@@ -119,6 +119,22 @@ class ProfilingKernels final : public Kernels {
     Time("matmul_backward", 2.0 * nc * OC * ((dinp ? 1 : 0) + (dw ? 1 : 0)), bytes,
          [&] { k_.matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC); });
   }
+  // ---- the fc matmul with its GELU: out and pre written; backward writes dinp, reads pre ----
+  void matmul_gelu_forward(void* out, void* pre, const void* inp, const float* w, const float* bias, int N, int C,
+                           int OC) const override {
+    Time("matmul_gelu_forward", 2.0 * N * C * OC,
+         A() * (double(N) * C + 2.0 * N * OC) + 4.0 * (double(OC) * C + OC),
+         [&] { k_.matmul_gelu_forward(out, pre, inp, w, bias, N, C, OC); });
+  }
+  void matmul_dgelu_backward(void* dinp, float* dw, float* dbias, const void* dout, const void* inp, const void* pre,
+                             const float* w, int N, int C, int OC) const override {
+    const double nc = double(N) * C, woc = double(OC) * C, noc = double(N) * OC;
+    double bytes = A() * (noc + 2 * nc) + 4.0 * woc;   // read dout, pre, w; dinp written
+    if (dw) bytes += A() * (noc + nc) + 4.0 * 2 * woc;  // read dout, inp; dw +=
+    if (dbias) bytes += A() * noc + 4.0 * 2 * OC;
+    Time("matmul_dgelu_backward", 2.0 * nc * OC * (1 + (dw ? 1 : 0)), bytes,
+         [&] { k_.matmul_dgelu_backward(dinp, dw, dbias, dout, inp, pre, w, N, C, OC); });
+  }
   // ---- causal softmax(QK^T / sqrt(hs)) V per head; lse per row for the backward ----
   void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH) const override {
     const double btc = double(B) * T * C;

@@ -39,6 +39,9 @@ class NullKernels final : public Kernels {
                           int) const override {}
   void gelu_forward(void*, const void*, size_t) const override {}
   void gelu_backward(void*, const void*, const void*, size_t) const override {}
+  void matmul_gelu_forward(void*, void*, const void*, const float*, const float*, int, int, int) const override {}
+  void matmul_dgelu_backward(void*, float*, float*, const void*, const void*, const void*, const float*, int, int,
+                             int) const override {}
   void residual_forward(void*, const void*, const void*, size_t) const override {}
   void residual_layernorm_forward(void*, void*, float*, float*, const void*, const void*, const float*,
                                   const float*, int, int) const override {}

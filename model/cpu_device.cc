@@ -18,6 +18,7 @@
 #include "model/device.h"
 #include "model/kernels_cpu.h"
 #include "model/kernels_cpu_bf16.h"
+#include "model/kernels_cpu_internal.h"
 
 namespace shardgpt {
 
@@ -63,6 +64,34 @@ class CpuKernels final : public Kernels {
     if (bf16()) return shardgpt::matmul_backward_bf16(F(dinp), dw, dbias, F(dout), F(inp), w, N, C, OC, &weights_);
     if (act16()) return shardgpt::matmul_backward(H(dinp), dw, dbias, H(dout), H(inp), w, N, C, OC);
     shardgpt::matmul_backward(F(dinp), dw, dbias, F(dout), F(inp), w, N, C, OC);
+  }
+  // The twins of the GELU epilogues: the matmul's fp32 result x first (at bf16 activations
+  // the fp32-activation kernel at the same precision on the widened, exact, operands), then
+  // the element-wise half on it. At fp32 activations the separate kernels are that already.
+  void matmul_gelu_forward(void* out, void* pre, const void* inp, const float* w, const float* bias, int N, int C,
+                           int OC) const override {
+    const size_t n = static_cast<size_t>(N) * OC;
+    if (!act16()) {
+      matmul_forward(pre, inp, w, bias, N, C, OC);
+      return shardgpt::gelu_forward(F(out), F(pre), n);
+    }
+    float* x = cpu_internal::scratch(x_, n);
+    const float* in = cpu_internal::Widen(H(inp), static_cast<size_t>(N) * C, operand_);
+    if (bf16()) shardgpt::matmul_forward_bf16(x, in, w, bias, N, C, OC, &weights_);
+    else shardgpt::matmul_forward(x, in, w, bias, N, C, OC);
+    shardgpt::gelu_epilogue_forward(H(out), H(pre), x, n);
+  }
+  void matmul_dgelu_backward(void* dinp, float* dw, float* dbias, const void* dout, const void* inp, const void* pre,
+                             const float* w, int N, int C, int OC) const override {
+    const size_t n = static_cast<size_t>(N) * C;
+    matmul_backward(nullptr, dw, dbias, dout, inp, w, N, C, OC);
+    float* x = cpu_internal::scratch(x_, n);
+    std::fill(x, x + n, 0.0f);
+    const float* d = act16() ? cpu_internal::Widen(H(dout), static_cast<size_t>(N) * OC, operand_) : F(dout);
+    if (bf16()) shardgpt::matmul_backward_bf16(x, nullptr, nullptr, d, nullptr, w, N, C, OC, &weights_);
+    else shardgpt::matmul_backward(x, nullptr, nullptr, d, nullptr, w, N, C, OC);
+    if (act16()) return shardgpt::gelu_epilogue_backward(H(dinp), H(pre), x, n);
+    shardgpt::gelu_epilogue_backward(F(dinp), F(pre), x, n);
   }
   void attention_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH) const override {
     if (bf16_attention() && act16()) return shardgpt::attention_forward_bf16(H(out), lse, H(qkv), B, T, C, NH);
@@ -154,6 +183,8 @@ class CpuKernels final : public Kernels {
   // The bf16 weight copies of the current reuse window (mutable: the kernels are const calls;
   // the training thread only, as every kernel).
   mutable Bf16WeightCache weights_;
+  // The GELU epilogue twins' fp32 matmul result and widened operand (the training thread's).
+  mutable std::vector<float> x_, operand_;
 };
 
 class DoneEvent final : public DeviceEvent {

@@ -169,8 +169,12 @@ void GPT::BlockForward(const float* p, const void* x, LayerActs& a, int B, int T
   k_.attention_forward(a.atty, a.lse, a.qkv, B, T, C, config_.n_head);
   k_.matmul_forward(scratch_, a.atty, p + o.attproj_w, p + o.attproj_b, N, C, C);
   k_.residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, scratch_, p + o.ln2_w, p + o.ln2_b, N, C);
-  k_.matmul_forward(a.fch, a.ln2, p + o.fc_w, p + o.fc_b, N, C, 4 * C);
-  k_.gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C);
+  if (k_.gelu_fused()) {  // --gelu fused: the GELU in the fc matmul's epilogue
+    k_.matmul_gelu_forward(a.fch_gelu, a.fch, a.ln2, p + o.fc_w, p + o.fc_b, N, C, 4 * C);
+  } else {
+    k_.matmul_forward(a.fch, a.ln2, p + o.fc_w, p + o.fc_b, N, C, 4 * C);
+    k_.gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C);
+  }
   if (!output) return;  // a re-forward (kBlock): the backward needs nothing past the GELU
   k_.matmul_forward(scratch_, a.fch_gelu, p + o.fcproj_w, p + o.fcproj_b, N, 4 * C, C);
   // a.res3 = a.res2 + scratch_: the caller's residual_layernorm_forward
@@ -184,11 +188,16 @@ void GPT::BlockBackward(const float* p, float* g, void* dres, const void* x, con
   const int C = config_.n_embd, N = B * T;
   const size_t NC = static_cast<size_t>(N) * C;
   // res3 = res2 + fcproj(fch_gelu): the MLP branch
-  if (recompute_ == Recompute::kGelu) k_.gelu_forward(a.fch_gelu, a.fch, NC * 4);  // into the shared scratch
-  Zero(dfch_gelu_, NC * 4);
-  k_.matmul_backward(dfch_gelu_, g + o.fcproj_w, g + o.fcproj_b, dres, a.fch_gelu, p + o.fcproj_w, N, 4 * C, C);
-  Zero(dfch_, NC * 4);
-  k_.gelu_backward(dfch_, a.fch, dfch_gelu_, NC * 4);
+  if (k_.gelu_fused()) {  // dfch = (dres @ fcproj_w) * gelu'(fch) in the matmul's epilogue (writes dfch)
+    k_.matmul_dgelu_backward(dfch_, g + o.fcproj_w, g + o.fcproj_b, dres, a.fch_gelu, a.fch, p + o.fcproj_w, N,
+                             4 * C, C);
+  } else {
+    if (recompute_ == Recompute::kGelu) k_.gelu_forward(a.fch_gelu, a.fch, NC * 4);  // into the shared scratch
+    Zero(dfch_gelu_, NC * 4);
+    k_.matmul_backward(dfch_gelu_, g + o.fcproj_w, g + o.fcproj_b, dres, a.fch_gelu, p + o.fcproj_w, N, 4 * C, C);
+    Zero(dfch_, NC * 4);
+    k_.gelu_backward(dfch_, a.fch, dfch_gelu_, NC * 4);
+  }
   Zero(dln_, NC);
   k_.matmul_backward(dln_, g + o.fc_w, g + o.fc_b, dfch_, a.ln2, p + o.fc_w, N, C, 4 * C);
   k_.layernorm_backward(dres, g + o.ln2_w, g + o.ln2_b, dln_, a.res2, p + o.ln2_w, a.ln2_mean,
@@ -220,6 +229,9 @@ void GPT::ForwardToLogits(UnitHooks& hooks, const int32_t* inputs, const int32_t
   if (k_.activation_dtype() != act_dtype_)
     throw std::logic_error(std::string("GPT: activations were allocated in ") + DTypeName(act_dtype_) +
                            " but the kernel set's activation dtype is now " + DTypeName(k_.activation_dtype()));
+  if (k_.gelu_fused() && recompute_ == Recompute::kGelu)  // the CLI refuses it first (CheckGeluChoice)
+    throw std::logic_error("GPT: --gelu fused with --recompute gelu: a GELU recomputed by the separate kernel "
+                           "would not be the fused one's (use --recompute none or block)");
   B_ = B, T_ = T;
   const int C = config_.n_embd, N = B * T, L = config_.n_layer;
   CheckTokenIds(inputs, N, config_.vocab_size, "input");

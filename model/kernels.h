@@ -57,6 +57,20 @@ class Kernels {
                                   const float* lse, int B, int T, int C, int NH) const = 0;
   virtual void gelu_forward(void* out, const void* inp, size_t n) const = 0;
   virtual void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) const = 0;
+  // The MLP's fc matmul with its GELU (--gelu fused; CUDA: cuBLASLt's GELU_AUX_BIAS and DGELU
+  // epilogues, so the GELU costs no pass of its own). With x the matmul's fp32 result:
+  //   forward:  pre[N,OC] = x = inp @ w^T + bias,  out[N,OC] = gelu(x)   (writes both)
+  //   backward: dinp[N,C] = (dout @ w) * gelu'(pre)  (WRITES dinp: the epilogue has no beta),
+  //             dw += dout^T @ inp, dbias += sum_n dout, as matmul_backward (here inp is the
+  //             GELU's output, pre its input: the fc projection's backward with the GELU's)
+  // At fp32 activations this is matmul_forward + gelu_forward (matmul_backward into a zeroed
+  // buffer + gelu_backward). At bf16 the GELU reads x before it is rounded (and the backward
+  // multiplies the unrounded product), where the separate kernels read the rounded pre:
+  // results differ from theirs by about one bf16 rounding step.
+  virtual void matmul_gelu_forward(void* out, void* pre, const void* inp, const float* w, const float* bias, int N,
+                                   int C, int OC) const = 0;
+  virtual void matmul_dgelu_backward(void* dinp, float* dw, float* dbias, const void* dout, const void* inp,
+                                     const void* pre, const float* w, int N, int C, int OC) const = 0;
   virtual void residual_forward(void* out, const void* a, const void* b, size_t n) const = 0;
   // res_out = a + b, then ln_out = layernorm(res_out) (residual_forward then layernorm_forward,
   // one pass: the residual stream is read once). Bitwise the two separate kernels' results
@@ -128,10 +142,15 @@ class Kernels {
   // and not changed while they live.
   void set_activation_dtype(DType d) { act_dtype_ = d; }
   DType activation_dtype() const { return act_dtype_; }
+  // Whether the model runs its fc + GELU through matmul_gelu_forward / matmul_dgelu_backward
+  // (--gelu fused) instead of the separate kernels (--gelu separate, the default).
+  void set_gelu_fused(bool on) { gelu_fused_ = on; }
+  bool gelu_fused() const { return gelu_fused_; }
 
  protected:
   MatmulPrecision precision_ = MatmulPrecision::kExact;
   DType act_dtype_ = DType::kF32;
+  bool gelu_fused_ = false;
 };
 
 }  // namespace shardgpt

@@ -396,21 +396,24 @@ constexpr float kGeluS = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr size_t kElemChunk = 16384;           // elementwise kernels: rows of this many floats
 inline int64_t elem_chunks(size_t n) { return (int64_t)((n + kElemChunk - 1) / kElemChunk); }
 
-template <typename A>
-void GeluForward(A* out, const A* inp, size_t n) {
+// pre (where not null) = inp as out's type: the epilogue's copy of the GELU's input.
+template <typename I, typename O>
+void GeluForward(O* out, const I* inp, size_t n, O* pre = nullptr) {
 #pragma omp parallel for schedule(static) num_threads(nthreads())
   for (int64_t j = 0; j < elem_chunks(n); j++) {
     const size_t i0 = j * kElemChunk, i1 = std::min(n, i0 + kElemChunk);
 #pragma omp simd
     for (size_t i = i0; i < i1; i++) {
       const float x = Ld(inp, i);
+      if (pre) St(pre, i, x);
       St(out, i, 0.5f * x * (1.0f + tanh_fast(kGeluS * (x + 0.044715f * x * x * x))));
     }
   }
 }
 
-template <typename A>
-void GeluBackward(A* dinp, const A* inp, const A* dout, size_t n) {
+// accumulate: dinp += dout * gelu'(inp); else dinp = dout * gelu'(inp) (the epilogue's).
+template <typename A, typename G>
+void GeluBackward(A* dinp, const A* inp, const G* dout, size_t n, bool accumulate = true) {
 #pragma omp parallel for schedule(static) num_threads(nthreads())
   for (int64_t j = 0; j < elem_chunks(n); j++) {
     const size_t i0 = j * kElemChunk, i1 = std::min(n, i0 + kElemChunk);
@@ -419,7 +422,7 @@ void GeluBackward(A* dinp, const A* inp, const A* dout, size_t n) {
       const float x = Ld(inp, i);
       const float th = tanh_fast(kGeluS * (x + 0.044715f * x * x * x));
       const float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * kGeluS * (1.0f + 3.0f * 0.044715f * x * x);
-      St(dinp, i, Ld(dinp, i) + grad * Ld(dout, i));
+      St(dinp, i, (accumulate ? Ld(dinp, i) : 0.0f) + grad * Ld(dout, i));
     }
   }
 }
@@ -440,6 +443,14 @@ void gelu_forward(bf16_t* out, const bf16_t* inp, size_t n) { GeluForward(out, i
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) { GeluBackward(dinp, inp, dout, n); }
 void gelu_backward(bf16_t* dinp, const bf16_t* inp, const bf16_t* dout, size_t n) {
   GeluBackward(dinp, inp, dout, n);
+}
+void gelu_epilogue_forward(float* out, float* pre, const float* x, size_t n) { GeluForward(out, x, n, pre); }
+void gelu_epilogue_forward(bf16_t* out, bf16_t* pre, const float* x, size_t n) { GeluForward(out, x, n, pre); }
+void gelu_epilogue_backward(float* dinp, const float* pre, const float* x, size_t n) {
+  GeluBackward(dinp, pre, x, n, /*accumulate=*/false);
+}
+void gelu_epilogue_backward(bf16_t* dinp, const bf16_t* pre, const float* x, size_t n) {
+  GeluBackward(dinp, pre, x, n, /*accumulate=*/false);
 }
 
 // ----------------------------------------------------------------------------------------------

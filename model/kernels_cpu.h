@@ -71,6 +71,15 @@ Fp32Attention Fp32AttentionFor(int T, int C, int NH, bool backward);
 void gelu_forward(float* out, const float* inp, size_t n);
 // dinp[n] += dout * gelu'(inp)
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
+// The element-wise halves of Kernels::matmul_gelu_forward / matmul_dgelu_backward (the CPU
+// twins of cuBLASLt's GELU_AUX_BIAS and DGELU epilogues), on a matmul's fp32 result x:
+//   gelu_epilogue_forward:  pre[n] = x, out[n] = gelu(x)  (writes both; bf16: each rounded once,
+//                           the GELU of the unrounded x)
+//   gelu_epilogue_backward: dinp[n] = x * gelu'(pre)      (writes; x = dout @ w unrounded)
+void gelu_epilogue_forward(float* out, float* pre, const float* x, size_t n);
+void gelu_epilogue_forward(uint16_t* out, uint16_t* pre, const float* x, size_t n);
+void gelu_epilogue_backward(float* dinp, const float* pre, const float* x, size_t n);
+void gelu_epilogue_backward(uint16_t* dinp, const uint16_t* pre, const float* x, size_t n);
 
 // out[n] = a + b  (writes)
 void residual_forward(float* out, const float* a, const float* b, size_t n);

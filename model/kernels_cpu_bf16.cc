@@ -510,7 +510,8 @@ void matmul_backward_bf16(float* dinp, float* dw, float* dbias, const float* dou
   Bf16WeightCache& wc = cache ? *cache : none;
   if (CurrentBf16Gemm() == Bf16Gemm::kEmulated) {
     const float* rw = dinp ? wc.Rounded(w, OCC, t_b32) : w;  // w only feeds dinp
-    matmul_backward(dinp, dw, nullptr, RoundBf16(dout, NOC, t_c32), RoundBf16(inp, NC, t_a32), rw, N, C, OC);
+    matmul_backward(dinp, dw, nullptr, RoundBf16(dout, NOC, t_c32), dw ? RoundBf16(inp, NC, t_a32) : nullptr, rw, N,
+                    C, OC);
   } else {
     static const Bf16Product kData = Bf16Product::kBackwardData, kWeights = Bf16Product::kBackwardWeights;
     // dout in bf16 as [N,OC] for dinp, and for dw either that same copy read as a transposed

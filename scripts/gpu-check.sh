@@ -11,7 +11,8 @@
 #      On one rank the stages shard over a world of 1: every rank's shard is the whole model and
 #      each collective is a copy on the GPU, so stages 1-3 measure their code paths' own cost
 #      (stage 3: gathering (copying) and freeing every unit, fp32 compute copies), not
-#      communication or its overlap;
+#      communication or its overlap; then stage 0 again with --gelu fused (the GELU in
+#      cuBLASLt's matmul epilogues) beside it, and how many of its calls had the epilogue;
 #   4. a per-kernel time table from CUDA events on the compute stream (bench_train --profile 1)
 #      with each kernel's FLOPs, bytes and achieved TFLOP/s or GB/s against the peaks, beside
 #      the roofline's prediction for the same shape (bench_train --roofline 1);
@@ -199,6 +200,18 @@ for stage in 0 1 2 3; do
   mem=$(grep -o 'peak memory [0-9.]* GiB tracked (plan predicts [0-9.]* GiB)' <<<"$line" | head -1)
   SUMMARY+="stage $stage: ${tps:-?} | ${tf:-?} | ${mfu:-MFU ?} | ${mem:-peak memory ?}"$'\n'
 done
+
+# The GELU in the fc matmul's cuBLASLt epilogue (--gelu fused) against stage 0 above (separate):
+# the same shape and steps; the line after says how many calls really had the epilogue.
+echo "== gelu fused: stage 0 with --gelu fused (GELU_AUX_BIAS forward, DGELU backward), beside stage 0 above"
+line=$(limited 90 "$BENCH" --device cuda $SHAPE $PEAKS --dtype bf16 --zero-stage 0 --steps "$STEPS" --gelu fused 2>&1)
+rc=$?
+echo "$line"
+[ $rc -eq 0 ] || { echo "gpu-check: the --gelu fused benchmark failed (rc $rc)"; FAILED=1; }
+tps=$(grep -o '[0-9.]* tokens/s' <<<"$line" | head -1)
+mfu=$(grep -o 'MFU [0-9.]*%' <<<"$line" | head -1)
+epi=$(grep -o '[0-9]* of [0-9]* calls ran the GELU' <<<"$line" | head -1)
+SUMMARY+="stage 0 --gelu fused: ${tps:-?} | ${mfu:-MFU ?} | ${epi:-epilogue calls ?} in cuBLASLt's epilogue"$'\n'
 
 echo "== per-kernel time from CUDA events on the compute stream, stage 0 (bench_train --profile 1)"
 limited 90 "$BENCH" --device cuda $SHAPE $PEAKS --dtype bf16 --zero-stage 0 --steps "$STEPS" --profile 1 ||

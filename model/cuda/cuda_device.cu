@@ -500,6 +500,11 @@ Status UseCudnnAttention(Device& device) {
   return Status::OK();
 }
 
+uint64_t CudaGeluEpilogueCalls(Device& device) {
+  auto* cuda = dynamic_cast<CudaDevice*>(&device);
+  return cuda ? static_cast<CudaKernels&>(cuda->kernels()).gelu_in_epilogue() : 0;
+}
+
 int CudaDeviceOrdinal(Device& device) {
   auto* cuda = dynamic_cast<CudaDevice*>(&device);
   return cuda ? cuda->ordinal() : -1;

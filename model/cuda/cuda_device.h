@@ -9,6 +9,7 @@
 // GPU) throws std::runtime_error("CUDA: <call>: <error string> (<error name>)").
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -41,5 +42,10 @@ bool CudnnAttentionInBuild();
 // --attention cudnn on a device made by CreateCudaDevice; an error line for any other device or
 // a build without the path.
 Status UseCudnnAttention(Device& device);
+// --gelu fused: the matmul_gelu_forward / matmul_dgelu_backward calls on a device made by
+// CreateCudaDevice whose GELU ran in cuBLASLt's epilogue (the others took the fp32 result and
+// the element-wise kernel: no epilogue algorithm, or a configuration without one); 0 for any
+// other device. For tests and bench_train's report.
+uint64_t CudaGeluEpilogueCalls(Device& device);
 
 }  // namespace shardgpt

@@ -291,6 +291,39 @@ __global__ void gelu_backward_kernel(A* dinp, const A* inp, const A* dout, size_
       [&](size_t i) { store_f32(dinp, i, load_f32(dinp, i) + gelu_grad(load_f32(inp, i)) * load_f32(dout, i)); });
 }
 
+// The GELU epilogues' element-wise halves on an fp32 matmul result x (CPU twins:
+// gelu_epilogue_forward / gelu_epilogue_backward): pre = x, out = gelu(x); dinp = x * gelu'(pre).
+template <typename A>
+__global__ void gelu_epilogue_forward_kernel(A* out, A* pre, const float* x, size_t n, bool vec) {
+  cuda::elementwise(
+      n, vec,
+      [&](size_t i) {
+        float v[cuda::kVec];
+        cuda::load8(v, x + i);
+        cuda::store8(pre + i, v);
+        for (int j = 0; j < cuda::kVec; j++) v[j] = gelu(v[j]);
+        cuda::store8(out + i, v);
+      },
+      [&](size_t i) {
+        store_f32(pre, i, x[i]);
+        store_f32(out, i, gelu(x[i]));
+      });
+}
+
+template <typename A>
+__global__ void gelu_epilogue_backward_kernel(A* dinp, const A* pre, const float* x, size_t n, bool vec) {
+  cuda::elementwise(
+      n, vec,
+      [&](size_t i) {
+        float p[cuda::kVec], d[cuda::kVec];
+        cuda::load8(p, pre + i);
+        cuda::load8(d, x + i);
+        for (int j = 0; j < cuda::kVec; j++) d[j] *= gelu_grad(p[j]);
+        cuda::store8(dinp + i, d);
+      },
+      [&](size_t i) { store_f32(dinp, i, x[i] * gelu_grad(load_f32(pre, i))); });
+}
+
 // ----------------------------------------------------------------------------------------------
 // residual. CPU twin: residual_forward.  out = a + b
 
@@ -713,6 +746,28 @@ void CudaKernels::gelu_backward(void* dinp, const void* inp, const void* dout, s
         static_cast<A*>(dinp), static_cast<const A*>(inp), static_cast<const A*>(dout), n, vec);
   });
   SHARDGPT_CUDA_CHECK_LAUNCH("gelu_backward_kernel");
+}
+
+void CudaKernels::GeluEpilogueForward(void* out, void* pre, const float* x, size_t n) const {
+  if (n == 0) return;
+  const bool vec = cuda::Aligned16(out) && cuda::Aligned16(pre) && cuda::Aligned16(x);
+  WithAct([&](auto t) {
+    using A = decltype(t);
+    SHARDGPT_LAUNCH(gelu_epilogue_forward_kernel<A>, cuda::VecGrid(n, vec, kThreads), kThreads, 0, stream_)(
+        static_cast<A*>(out), static_cast<A*>(pre), x, n, vec);
+  });
+  SHARDGPT_CUDA_CHECK_LAUNCH("gelu_epilogue_forward_kernel");
+}
+
+void CudaKernels::GeluEpilogueBackward(void* dinp, const void* pre, const float* x, size_t n) const {
+  if (n == 0) return;
+  const bool vec = cuda::Aligned16(dinp) && cuda::Aligned16(pre) && cuda::Aligned16(x);
+  WithAct([&](auto t) {
+    using A = decltype(t);
+    SHARDGPT_LAUNCH(gelu_epilogue_backward_kernel<A>, cuda::VecGrid(n, vec, kThreads), kThreads, 0, stream_)(
+        static_cast<A*>(dinp), static_cast<const A*>(pre), x, n, vec);
+  });
+  SHARDGPT_CUDA_CHECK_LAUNCH("gelu_epilogue_backward_kernel");
 }
 
 void CudaKernels::residual_forward(void* out, const void* a, const void* b, size_t n) const {

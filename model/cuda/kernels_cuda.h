@@ -90,6 +90,10 @@ class CudaKernels final : public Kernels {
                           int B, int T, int C, int NH) const override;
   void gelu_forward(void* out, const void* inp, size_t n) const override;
   void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) const override;
+  void matmul_gelu_forward(void* out, void* pre, const void* inp, const float* w, const float* bias, int N, int C,
+                           int OC) const override;
+  void matmul_dgelu_backward(void* dinp, float* dw, float* dbias, const void* dout, const void* inp, const void* pre,
+                             const float* w, int N, int C, int OC) const override;
   void residual_forward(void* out, const void* a, const void* b, size_t n) const override;
   void residual_layernorm_forward(void* res_out, void* ln_out, float* mean, float* rstd, const void* a,
                                   const void* b, const float* w, const float* bias, int N, int C) const override;
@@ -120,6 +124,9 @@ class CudaKernels final : public Kernels {
   uint64_t operands_from_stored() const { return operands_from_stored_.load(); }
   // Forward biases read from a noted bf16 source (a bf16 D with its bf16 bias in one call).
   uint64_t biases_from_stored() const { return biases_from_stored_.load(); }
+  // matmul_gelu_forward / matmul_dgelu_backward calls whose GELU ran in cuBLASLt's epilogue
+  // (the others: an fp32 result, then the element-wise half as its own kernel) (tests).
+  uint64_t gelu_in_epilogue() const { return gelu_in_epilogue_.load(); }
 
   // --attention cudnn: attention through cuDNN's SDPA (attention_cudnn.cc; bf16 products
   // at every precision). Only where CudnnAttentionBuilt() (attention_cudnn.h).
@@ -149,8 +156,13 @@ class CudaKernels final : public Kernels {
   // Each operand fp32 or bf16 (an activation at bf16 activations); D fp32, or bf16 with kBf16
   // (cuBLASLt rounds the fp32 accumulation once). kExact widens bf16 operands to fp32 copies.
   // The bias has D's type (cuBLASLt's rule outside fp8: CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE).
-  void Gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* A, DType a_type, int lda, const void* B,
-            DType b_type, int ldb, void* D, DType d_type, int ldd, float beta, const void* bias) const;
+  // gelu: kForward = GELU_AUX(_BIAS): D = gelu(x), aux = x; kBackward = DGELU (beta 0):
+  // D = x * gelu'(aux); aux has D's type and layout (m x n, ld ldd). Returns false only for a
+  // GELU epilogue that has no algorithm (nothing is written: the caller computes it another way).
+  enum class GeluEpilogue { kNone, kForward, kBackward };
+  bool Gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* A, DType a_type, int lda, const void* B,
+            DType b_type, int ldb, void* D, DType d_type, int ldd, float beta, const void* bias,
+            GeluEpilogue gelu = GeluEpilogue::kNone, const void* aux = nullptr) const;
   // The bf16 copy of the column-major rows x cols matrix X (leading dimension ld) in `slot`.
   const uint16_t* Bf16Copy(const float* X, int rows, int cols, int ld, ScratchSlot slot) const;
   // The fp32 copy (exact) of a bf16 one.
@@ -160,16 +172,18 @@ class CudaKernels final : public Kernels {
     bool trans_a, trans_b;
     int m, n, k, lda, ldb, ldd;
     MatmulPrecision precision;
-    bool bias;           // CUBLASLT_EPILOGUE_BIAS (else CUBLASLT_EPILOGUE_DEFAULT)
+    bool bias;           // CUBLASLT_EPILOGUE_BIAS, or the GELU epilogue's _BIAS form
     bool accumulate;     // beta != 0
     uint32_t alignment;       // of the A, B and D pointers (bytes, power of 2, <= 256)
     uint32_t bias_alignment;  // of the bias pointer, which the heuristic reads itself (256 without)
     bool d_bf16;              // D (and C) CUDA_R_16BF, else CUDA_R_32F
+    GeluEpilogue gelu;        // with bias: GELU_AUX_BIAS / DGELU; without: GELU_AUX / DGELU
+    uint32_t aux_alignment;   // of the GELU epilogue's aux pointer, read by the heuristic too
     bool operator<(const GemmKey& o) const {
       return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldd, precision, bias, accumulate, alignment,
-                      bias_alignment, d_bf16) < std::tie(o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.ldd,
-                                                         o.precision, o.bias, o.accumulate, o.alignment,
-                                                         o.bias_alignment, o.d_bf16);
+                      bias_alignment, d_bf16, gelu, aux_alignment) <
+             std::tie(o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.ldd, o.precision, o.bias, o.accumulate,
+                      o.alignment, o.bias_alignment, o.d_bf16, o.gelu, o.aux_alignment);
     }
   };
   struct GemmPlan {
@@ -178,7 +192,7 @@ class CudaKernels final : public Kernels {
     cublasLtMatmulAlgo_t algo{};
     bool found = false;  // false: the heuristic had no algorithm for this key
   };
-  GemmPlan& Plan(const GemmKey& key, const void* bias) const;
+  GemmPlan& Plan(const GemmKey& key, const void* bias, const void* aux) const;
   // dst[OC] += sum_n X[n, :] over X[N, OC], deterministic (matmul's dbias).
   void ColumnSums(float* dst, const void* X, int N, int OC) const;  // X in the activation dtype
 
@@ -188,6 +202,11 @@ class CudaKernels final : public Kernels {
   // separate buffers for uses that overlap: kGeneral (partial sums, index lists), kOperandA and
   // kOperandB (a bf16 matmul's bf16 copies of its two inputs).
   void* Scratch(size_t bytes, ScratchSlot slot = kGeneral) const;
+  // The GELU epilogues' element-wise halves on an fp32 matmul result x, where no cuBLASLt
+  // epilogue serves (CPU twins gelu_epilogue_forward / _backward): pre = x, out = gelu(x)
+  // (activation dtype); dinp = x * gelu'(pre) (writes).
+  void GeluEpilogueForward(void* out, void* pre, const float* x, size_t n) const;
+  void GeluEpilogueBackward(void* dinp, const void* pre, const float* x, size_t n) const;
   // sum_squares' per-block partials (in the general scratch); *blocks = their count.
   double* SumSquaresPartials(const void* x, DType dtype, size_t n, unsigned* blocks) const;
   // Makes this thread's current device ours (cheap; kernels may be called from any thread).
@@ -201,6 +220,7 @@ class CudaKernels final : public Kernels {
   Bf16SourceNotes sources_;  // note_bf16_source's notes of the open window
   mutable std::atomic<uint64_t> operands_from_stored_{0};
   mutable std::atomic<uint64_t> biases_from_stored_{0};
+  mutable std::atomic<uint64_t> gelu_in_epilogue_{0};
   bool cudnn_attention_ = false;
   mutable void* scratch_[kNumSlots] = {};
   mutable size_t scratch_bytes_[kNumSlots] = {};

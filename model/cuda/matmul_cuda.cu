@@ -91,7 +91,7 @@ struct PreferenceHandle {  // destroys the heuristic's preference descriptor on 
 
 // Made once per key. The plan enters plans_ before its descriptors are made, so that the
 // destructor frees them even if a call below throws.
-CudaKernels::GemmPlan& CudaKernels::Plan(const GemmKey& key, const void* bias) const {
+CudaKernels::GemmPlan& CudaKernels::Plan(const GemmKey& key, const void* bias, const void* aux) const {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
   GemmPlan& p = plans_.emplace(key, GemmPlan{}).first->second;
@@ -103,9 +103,21 @@ CudaKernels::GemmPlan& CudaKernels::Plan(const GemmKey& key, const void* bias) c
   const cublasOperation_t tb = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   SHARDGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   SHARDGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  const cublasLtEpilogue_t epilogue = key.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  cublasLtEpilogue_t epilogue = key.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  if (key.gelu == GeluEpilogue::kForward)
+    epilogue = key.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  if (key.gelu == GeluEpilogue::kBackward) epilogue = CUBLASLT_EPILOGUE_DGELU;
   SHARDGPT_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+  if (key.gelu != GeluEpilogue::kNone) {
+    // aux: D's layout and (left unset, cuBLASLt's default outside fp8) D's type; the heuristic
+    // reads the pointer's value for its alignment, as the bias's.
+    const int64_t aux_ld = key.ldd;
+    SHARDGPT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+    SHARDGPT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+  }
   if (key.bias) {
     const cudaDataType_t bias_type = d_type;  // D's type: cuBLASLt's rule outside fp8
     SHARDGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
@@ -143,9 +155,9 @@ CudaKernels::GemmPlan& CudaKernels::Plan(const GemmKey& key, const void* bias) c
   return p;
 }
 
-void CudaKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* A, DType a_type, int lda,
+bool CudaKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* A, DType a_type, int lda,
                        const void* B, DType b_type, int ldb, void* D, DType d_type, int ldd, float beta,
-                       const void* bias) const {
+                       const void* bias, GeluEpilogue gelu, const void* aux) const {
   // The operands as the plan reads them, of one type: at kBf16 the bf16 operands as they are
   // (activations) and bf16 copies (256-byte aligned scratch) of the fp32 ones (weights); at
   // kExact fp32 copies of the bf16 ones (widening is exact). D is fp32, or bf16 at kBf16.
@@ -161,22 +173,26 @@ void CudaKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const vo
   if (!bf16 && b_type == DType::kBF16) b_op = F32Copy(static_cast<const uint16_t*>(B), b_rows, b_cols, ldb, kOperandB);
   const uint32_t align = std::min(std::min(Alignment(a_op), Alignment(b_op)), Alignment(D));
   const uint32_t bias_align = bias ? Alignment(bias) : 256u;
+  const bool with_gelu = gelu != GeluEpilogue::kNone;
   GemmKey key{trans_a, trans_b, m, n, k, lda, ldb, ldd, precision_, bias != nullptr, beta != 0.0f, align, bias_align,
-              d_type == DType::kBF16};
-  GemmPlan* found = &Plan(key, bias);
+              d_type == DType::kBF16, gelu, with_gelu ? Alignment(aux) : 256u};
+  GemmPlan* found = &Plan(key, bias, aux);
   if (!found->found && key.precision == MatmulPrecision::kBf16) {
     // No bf16 algorithm for this configuration: this shape runs in fp32, on the fp32 inputs
     // (only where every operand and the result are fp32: bf16 activations have no fp32 twin here).
-    if (a_type == DType::kBF16 || b_type == DType::kBF16 || d_type == DType::kBF16)
+    if (a_type == DType::kBF16 || b_type == DType::kBF16 || d_type == DType::kBF16) {
+      if (with_gelu) return false;  // the caller's fp32 route names the shape if it fails too
       throw std::runtime_error("CUDA: cublasLtMatmulAlgoGetHeuristic: no bf16 algorithm for a " + std::to_string(m) +
                                "x" + std::to_string(n) + "x" + std::to_string(k) + " matmul on bf16 activations "
                                "(alignment " + std::to_string(align) + " bytes)");
+    }
     key.precision = MatmulPrecision::kExact;
     key.alignment = std::min(std::min(Alignment(A), Alignment(B)), Alignment(D));
     a_op = A, b_op = B;
-    found = &Plan(key, bias);
+    found = &Plan(key, bias, aux);
   }
   GemmPlan& plan = *found;
+  if (!plan.found && with_gelu) return false;
   if (!plan.found && bias) {
     // No epilogue algorithm for this shape: D = bias broadcast (D is contiguous: ldd == m, as in
     // matmul_forward, the only caller with a bias), then D += A B (rounded once: a bf16 bias is
@@ -188,8 +204,7 @@ void CudaKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const vo
       SHARDGPT_LAUNCH(broadcast_bias_kernel<uint16_t>, cuda::GridFor((size_t)m * n, 256), 256, 0, stream_)(
           static_cast<uint16_t*>(D), static_cast<const uint16_t*>(bias), n, m);
     SHARDGPT_CUDA_CHECK_LAUNCH("broadcast_bias_kernel");
-    Gemm(trans_a, trans_b, m, n, k, A, a_type, lda, B, b_type, ldb, D, d_type, ldd, 1.0f, nullptr);
-    return;
+    return Gemm(trans_a, trans_b, m, n, k, A, a_type, lda, B, b_type, ldb, D, d_type, ldd, 1.0f, nullptr);
   }
   if (!plan.found)
     throw std::runtime_error("CUDA: cublasLtMatmulAlgoGetHeuristic: no algorithm for a " + std::to_string(m) + "x" +
@@ -198,9 +213,13 @@ void CudaKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const vo
   if (bias)
     SHARDGPT_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  if (with_gelu)
+    SHARDGPT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
   const float alpha = 1.0f;
   SHARDGPT_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, a_op, plan.a, b_op, plan.b, &beta, D, plan.d, D,
                                        plan.d, &plan.algo, workspace_, kWorkspaceBytes, stream_));
+  return true;
 }
 
 void CudaKernels::ColumnSums(float* dst, const void* X, int N, int OC) const {
@@ -272,6 +291,63 @@ void CudaKernels::matmul_backward(void* dinp, float* dw, float* dbias, const voi
   // dw^T (C x OC) += inp^T (C x N) @ (dout^T (OC x N))^T
   if (dw) Gemm(false, true, /*m=*/C, /*n=*/OC, /*k=*/N, inp, act, C, dout, act, OC, dw, DType::kF32, C, 1.0f, nullptr);
   if (dbias) ColumnSums(dbias, dout, N, OC);
+}
+
+// The fc matmul with its GELU (Kernels::matmul_gelu_forward). Where the fast path's conditions
+// hold (matmul_forward's `direct`: D in the activation dtype, its bias of D's type) one
+// cuBLASLt call with GELU_AUX_BIAS writes out = gelu(x) and pre = x, each rounded once from the
+// fp32 x: no GELU pass, and pre is not read back. Otherwise (fp32 products on bf16
+// activations, an fp32 bias that is not stored bf16 values, or no algorithm with the epilogue)
+// x goes to fp32 scratch and gelu_epilogue_forward_kernel writes both: the same arithmetic.
+void CudaKernels::matmul_gelu_forward(void* out, void* pre, const void* inp, const float* w, const float* bias, int N,
+                                      int C, int OC) const {
+  if (N == 0 || OC == 0) return;
+  Bind();
+  const size_t n = static_cast<size_t>(N) * OC;
+  if (C == 0) {  // empty product: x = bias (or 0), as matmul_forward writes it
+    matmul_forward(pre, inp, w, bias, N, C, OC);
+    return gelu_forward(out, pre, n);
+  }
+  const DType act = act_dtype_;
+  const bool bf16_d = act == DType::kBF16 && precision_ == MatmulPrecision::kBf16;
+  const uint16_t* stored_bias = bf16_d && bias ? sources_.Find(bias, OC) : nullptr;
+  const bool direct = act == DType::kF32 || (bf16_d && (bias == nullptr || stored_bias != nullptr));
+  const void* d_bias = act == DType::kBF16 ? static_cast<const void*>(stored_bias) : bias;
+  if (direct && Gemm(true, false, OC, N, C, w, DType::kF32, C, inp, act, C, out, act, OC, 0.0f, d_bias,
+                     GeluEpilogue::kForward, pre)) {
+    if (stored_bias) biases_from_stored_++;
+    gelu_in_epilogue_++;
+    return;
+  }
+  float* x = static_cast<float*>(Scratch(sizeof(float) * n, kResult));
+  Gemm(true, false, OC, N, C, w, DType::kF32, C, inp, act, C, x, DType::kF32, OC, 0.0f, bias);
+  GeluEpilogueForward(out, pre, x, n);
+}
+
+// The fc projection's backward with the GELU's (Kernels::matmul_dgelu_backward): dinp =
+// (dout @ w) * gelu'(pre) by cuBLASLt's DGELU epilogue (beta 0: it writes), where D can be the
+// activation dtype (matmul_backward's `direct`); else the fp32 product in scratch and
+// gelu_epilogue_backward_kernel. dw and dbias as matmul_backward's.
+void CudaKernels::matmul_dgelu_backward(void* dinp, float* dw, float* dbias, const void* dout, const void* inp,
+                                        const void* pre, const float* w, int N, int C, int OC) const {
+  if (N == 0 || C == 0) return;
+  Bind();
+  const DType act = act_dtype_;
+  const size_t n = static_cast<size_t>(N) * C;
+  if (OC == 0) {  // empty product: dinp = 0
+    SHARDGPT_CUDA_CHECK(cudaMemsetAsync(dinp, 0, DTypeSize(act) * n, stream_));
+    return;
+  }
+  const bool direct = act == DType::kF32 || precision_ == MatmulPrecision::kBf16;
+  if (direct && Gemm(false, false, C, N, OC, w, DType::kF32, C, dout, act, OC, dinp, act, C, 0.0f, nullptr,
+                     GeluEpilogue::kBackward, pre)) {
+    gelu_in_epilogue_++;
+  } else {
+    float* x = static_cast<float*>(Scratch(sizeof(float) * n, kResult));
+    Gemm(false, false, C, N, OC, w, DType::kF32, C, dout, act, OC, x, DType::kF32, C, 0.0f, nullptr);
+    GeluEpilogueBackward(dinp, pre, x, n);
+  }
+  matmul_backward(nullptr, dw, dbias, dout, inp, w, N, C, OC);
 }
 
 }  // namespace shardgpt

@@ -49,6 +49,8 @@ check keep-last-neg     "--keep-last"        -- train $D --keep-last -1
 check seq-len-huge      "seq-len 100000000"  -- train $D --seq-len 100000000
 check nccl-on-cpu       "--comm nccl"        -- train $D --comm nccl
 check attention-name   "--attention"        -- train $D --attention flash
+check gelu-name        "--gelu"             -- train $D --gelu epilogue
+check gelu-recompute   "--gelu fused with --recompute gelu" -- train $D --gelu fused --recompute gelu
 check attention-cpu    "--attention cudnn: needs --device cuda" -- train $D --attention cudnn
 # --attention cudnn with every GPU hidden: refused for the build (no cuDNN frontend: CI, the
 # emulation) or, where the cuDNN path is built, for the missing GPU.

@@ -3,7 +3,8 @@
 # build-emu/ build): a tiny model on 1 and 2 ranks, --comm nccl and --comm mpi, ZeRO stages 0-3,
 # against --device cpu on the same data and flags:
 #   fp32: every step's loss within 1e-4 of the CPU run's (stages 0-3 on 1 and 2 ranks);
-#   bf16 (--dtype bf16): within 2e-2, the band of tests/gpu/train_gpu_test.cc;
+#   bf16 (--dtype bf16): within 2e-2, the band of tests/gpu/train_gpu_test.cc; also with
+#   --gelu fused (CUDA: the GELU in cuBLASLt's epilogues; the CPU: their twins);
 #   HSDP (4 ranks, 2 shard groups of 2) at stages 2 and 3 over NCCL: within 1e-4;
 #   a checkpoint written by a CUDA run resumes on the CPU and one written on the CPU resumes on
 #   CUDA: the resumed steps' losses within 1e-4 of the uninterrupted CPU run's;
@@ -15,6 +16,7 @@ T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 for i in $(seq 1 200); do echo "In the beginning God created the heaven and the earth. And the earth was without form."; done > "$T/text.txt"
 "$BIN" prepare --input "$T/text.txt" --output "$T/data" >/dev/null
+GELU=
 MODEL="--data $T/data/train.bin --seq-len 32 --n-layer 2 --n-embd 64 --n-head 4 --lr 3e-3 --seed 3 --quiet --threads 1"
 if ! probe=$("$BIN" train $MODEL --micro-batch 2 --steps 1 --device cuda 2>&1); then
   if grep -q "no usable GPU" <<<"$probe"; then echo "SKIP: $probe"; exit 77; fi
@@ -46,18 +48,23 @@ PY
 run_case() {  # run_case DTYPE NP STAGE COMM...
   local dtype=$1 np=$2 stage=$3; shift 3
   local tol=1e-4; [ "$dtype" = bf16 ] && tol=2e-2
-  local F="--micro-batch 2 --grad-accum 2 --zero-stage $stage --dtype $dtype"
-  local tag="${dtype}_${np}_${stage// /_}"
+  local F="--micro-batch 2 --grad-accum 2 --zero-stage $stage --dtype $dtype $GELU"
+  local tag="${dtype}_${np}_${stage// /_}${GELU:+_fused}"
   train "$np" "$T/cpu_$tag.jsonl" $F --device cpu
   for comm in "$@"; do
     train "$np" "$T/cuda_${tag}_$comm.jsonl" $F --device cuda --comm "$comm"
-    compare "$T/cuda_${tag}_$comm.jsonl" "$T/cpu_$tag.jsonl" $tol "$dtype np=$np stage=$stage --comm $comm"
+    compare "$T/cuda_${tag}_$comm.jsonl" "$T/cpu_$tag.jsonl" $tol "$dtype np=$np stage=$stage --comm $comm $GELU"
   done
 }
 for stage in 0 1 2 3; do run_case fp32 1 $stage nccl; done
 for stage in 0 3; do run_case fp32 2 $stage nccl mpi; done
 for stage in 1 2; do run_case fp32 2 $stage nccl; done
 for stage in 0 3; do run_case bf16 2 $stage nccl; done
+# --gelu fused: cuBLASLt's GELU epilogues against their CPU twins (bf16 storage: the fc bias is a
+# stored bf16 value, so the forward has its GELU_AUX_BIAS epilogue too)
+GELU="--gelu fused"
+for stage in 0 3; do run_case bf16 2 $stage nccl; done
+GELU=
 # HSDP: 4 ranks in 2 shard groups of 2 (shard and replica NCCL communicators on one stream).
 for stage in 2 3; do run_case fp32 4 "$stage --shard-group-size 2" nccl; done
 

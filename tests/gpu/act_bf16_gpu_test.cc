@@ -190,6 +190,45 @@ TEST_P(GpuBf16Act, Matmul) {
   }
 }
 
+// --gelu fused: matmul_gelu_forward / matmul_dgelu_backward against the CPU twins, through both
+// CUDA paths: cuBLASLt's GELU epilogue where the result can be bf16 (bf16 products, and a bias
+// that is absent or a noted bf16 source, as bf16 storage gives), else the fp32 result in
+// scratch and the element-wise half (fp32 products; an fp32 bias). CudaGeluEpilogueCalls tells
+// which ran. The tolerances are the matmul's (the GELU adds at most one more bf16 step).
+TEST_P(GpuBf16Act, MatmulGeluFused) {
+  const bool bf16_products = GetParam() == MatmulPrecision::kBf16;
+  enum Bias { kNone, kF32, kNoted };
+  for (Bias bias : {kNone, kF32, kNoted}) {
+    SCOPED_TRACE(bias == kNone ? "no bias" : bias == kF32 ? "fp32 bias" : "noted bf16 bias");
+    const int N = 64, C = 96, OC = 128;
+    auto inp = Act((size_t)N * C, 40, -2, 2), out = Act((size_t)N * OC, 41), pre = Act((size_t)N * OC, 42);
+    auto w = F32(RandomFloats((size_t)OC * C, 43));
+    auto b = F32(Widen(Bits(RandomFloats(OC, 44))));  // bf16 values, so a noted source can hold them
+    DeviceBuffer src(gpu_.get(), nullptr, MemKind::kParams, OC * sizeof(uint16_t), "bf16 bias");
+    gpu_->CopyToDevice(src.data(), Bits(b.Get(false)).data(), OC * sizeof(uint16_t));
+    if (bias == kNoted) k(true).begin_weight_reuse(), k(true).note_bf16_source(b.p(true), src.data(), OC);
+    const uint64_t before = CudaGeluEpilogueCalls(*gpu_);
+    for (bool g : {true, false})
+      k(g).matmul_gelu_forward(out.p(g), pre.p(g), inp.p(g), w.p(g), bias == kNone ? nullptr : b.p(g), N, C, OC);
+    if (bias == kNoted) k(true).end_weight_reuse();
+    EXPECT_EQ(CudaGeluEpilogueCalls(*gpu_) - before, bf16_products && bias != kF32 ? 1u : 0u);
+    Near(pre, ProductTol(), "pre");
+    Near(out, ProductTol() + std::ldexp(1.0, -8), "out = gelu(pre)");
+  }
+  const int N = 48, C = 4 * 32, OC = 32;  // the fc projection's backward: C = 4 x OC
+  auto dout = Act((size_t)N * OC, 45), inp = Act((size_t)N * C, 46), pre = Act((size_t)N * C, 47, -3, 3);
+  auto dinp = Act((size_t)N * C, 48, -50, 50);  // garbage: the call writes dinp
+  auto w = F32(RandomFloats((size_t)OC * C, 49));
+  auto dw = F32(std::vector<float>((size_t)OC * C, 0.5f)), dbias = F32(std::vector<float>(OC, 0.25f));
+  const uint64_t before = CudaGeluEpilogueCalls(*gpu_);
+  for (bool g : {true, false})
+    k(g).matmul_dgelu_backward(dinp.p(g), dw.p(g), dbias.p(g), dout.p(g), inp.p(g), pre.p(g), w.p(g), N, C, OC);
+  EXPECT_EQ(CudaGeluEpilogueCalls(*gpu_) - before, bf16_products ? 1u : 0u);
+  Near(dinp, ProductTol() + std::ldexp(1.0, -8), "dinp = (dout @ w) * gelu'(pre)");
+  ExpectNear(dw.Get(true), dw.Get(false), bf16_products ? 1e-2 : 1e-5, "dw");
+  ExpectNear(dbias.Get(true), dbias.Get(false), 1e-5, "dbias");
+}
+
 TEST_P(GpuBf16Act, Attention) {
   for (int hs : {32, 64}) {  // 64: the tensor-core kernels at kBf16; 32: the CUDA-core ones
     SCOPED_TRACE("hs=" + std::to_string(hs));
@@ -237,11 +276,12 @@ class DeviceParams : public UnitHooks {
 };
 
 std::vector<float> TrainOn(Device& d, DType act, MatmulPrecision precision, int steps = 20,
-                           Recompute recompute = Recompute::kNone) {
+                           Recompute recompute = Recompute::kNone, bool gelu_fused = false) {
   const GPTConfig c{2, 2, 64, 16, 64};  // hs 32
   const int B = 2, T = 16;
   d.kernels().set_activation_dtype(act);
   d.kernels().set_matmul_precision(precision);
+  d.kernels().set_gelu_fused(gelu_fused);
   ParamLayout layout(c);
   std::vector<float> init(layout.total_numel());
   InitParameters(layout, 4, init.data());
@@ -277,6 +317,22 @@ TEST_P(GpuBf16Act, RecomputeReproducesNoRecomputeBitwise) {
   const std::vector<float> none = TrainOn(*gpu_, DType::kBF16, GetParam(), 3);
   EXPECT_EQ(TrainOn(*gpu_, DType::kBF16, GetParam(), 3, Recompute::kGelu), none);
   EXPECT_EQ(TrainOn(*gpu_, DType::kBF16, GetParam(), 3, Recompute::kBlock), none);
+}
+
+// --gelu fused in the model: the device's losses stay within 2% of its separate-kernel run and
+// of the CPU's fused run, and --recompute block reproduces the fused run bitwise.
+TEST_P(GpuBf16Act, GeluFusedTrainsCloseToSeparateAndToTheCpu) {
+  const std::vector<float> fused = TrainOn(*gpu_, DType::kBF16, GetParam(), 10, Recompute::kNone, true);
+  const std::vector<float> separate = TrainOn(*gpu_, DType::kBF16, GetParam(), 10);
+  const std::vector<float> cpu = TrainOn(*cpu_, DType::kBF16, GetParam(), 10, Recompute::kNone, true);
+  for (int i = 0; i < 10; i++) {
+    EXPECT_NEAR(fused[i], separate[i], 0.02 * separate[i]) << "step " << i + 1;
+    EXPECT_NEAR(fused[i], cpu[i], 0.02 * cpu[i]) << "step " << i + 1;
+  }
+  EXPECT_LT(fused[9], 0.9f * fused[0]);
+  EXPECT_EQ(TrainOn(*gpu_, DType::kBF16, GetParam(), 3, Recompute::kBlock, true),
+            std::vector<float>(fused.begin(), fused.begin() + 3));
+  gpu_->kernels().set_gelu_fused(false), cpu_->kernels().set_gelu_fused(false);
 }
 
 INSTANTIATE_TEST_SUITE_P(Precision, GpuBf16Act, ::testing::Values(MatmulPrecision::kExact, MatmulPrecision::kBf16),

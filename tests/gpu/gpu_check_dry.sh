@@ -8,7 +8,8 @@
 #     non-negative figures, whose FLOPs sum to 6*B*T*(12*L*C^2 + Vp*C) + 6*L*B*T^2*C, the matmul
 #     and attention FLOPs of a step counted from the shape alone (not from the table's per-call
 #     formulas), and the roofline table for the same shape with the same sum;
-#   - the attention section: "not available" or both backends' tokens/s.
+#   - the attention section: "not available" or both backends' tokens/s;
+#   - the --gelu fused line beside stage 0, with how many calls had cuBLASLt's epilogue.
 # No figure of it is a GPU figure (the emulation runs on the CPU).
 # And --sanitize: says it did not run, runs nothing else.
 #   gpu_check_dry.sh BUILD_DIR SOURCE_DIR
@@ -66,6 +67,12 @@ for name, (cols, rows) in (("per-kernel", prof), ("roofline", roof)):
     need(abs(got - want) <= 1e-4 * want, "%s FLOPs sum %.6g == 6BT(12LC^2 + VpC) + 6LBT^2C = %d" % (name, got, want))
     calls = [int(v[cols.index("calls") - 1]) for k, v in rows.items() if k != "all kernels"]
     need(all(c > 0 for c in calls), "%s: every row has calls" % name)
+# --gelu fused beside stage 0: its figures, and at least one call in cuBLASLt's epilogue (the
+# emulation's cuBLASLt has the GELU epilogues)
+gm = [re.match(r"^stage 0 --gelu fused: %s tokens/s \| MFU %s%% \| ([0-9]+) of ([0-9]+) calls ran the GELU in" % (num, num), l)
+      for l in lines]
+gm = [m for m in gm if m]
+need(gm and 0 < int(gm[0].group(1)) <= int(gm[0].group(2)), "the --gelu fused summary line with epilogue calls")
 att = [l for l in lines if l.startswith("attention own vs cudnn: not available") or re.match(r"^attention (own|cudnn)\s*: " + num + " tokens/s", l)]
 need(att, "the attention section: not available, or both backends' tokens/s")
 if fail:

@@ -352,6 +352,42 @@ TEST_F(GpuTest, MatmulBf16) {
   for (const auto& mc : kMatmulCases) RunMatmul(*gpu_, *cpu_, mc, MatmulPrecision::kBf16, kTolBf16);
 }
 
+// --gelu fused at fp32 activations: every configuration has cuBLASLt's GELU epilogue (GELU_AUX
+// or GELU_AUX_BIAS forward, DGELU backward; fp32 D and aux) at both precisions. Against the CPU
+// twins (which at fp32 activations are matmul + gelu): the matmul's tolerance.
+TEST_F(GpuTest, MatmulGeluFusedFp32Activations) {
+  for (MatmulPrecision precision : {MatmulPrecision::kExact, MatmulPrecision::kBf16}) {
+    SCOPED_TRACE(precision == MatmulPrecision::kExact ? "fp32 products" : "bf16 products");
+    const double tol = precision == MatmulPrecision::kExact ? kTolF32 : kTolBf16;
+    for (bool g : {true, false}) k(g).set_matmul_precision(precision);
+    const int N = 40, C = 64, OC = 4 * 64;
+    auto inp = Make(RandomFloats((size_t)N * C, 70, -2, 2), "inp"), w = Make(RandomFloats((size_t)OC * C, 71), "w");
+    auto b = Make(RandomFloats(OC, 72), "bias");
+    for (bool bias : {true, false}) {
+      auto out = Zeros((size_t)N * OC, "out"), pre = Zeros((size_t)N * OC, "pre");
+      const uint64_t before = CudaGeluEpilogueCalls(*gpu_);
+      for (bool g : {true, false})
+        k(g).matmul_gelu_forward(out.p(g), pre.p(g), inp.p(g), w.p(g), bias ? b.p(g) : nullptr, N, C, OC);
+      EXPECT_EQ(CudaGeluEpilogueCalls(*gpu_) - before, 1u);
+      ExpectNear(pre.Gpu(), pre.Cpu(), tol, bias ? "pre (bias)" : "pre");
+      ExpectNear(out.Gpu(), out.Cpu(), tol, bias ? "out (bias)" : "out");
+    }
+    // backward at the fc projection's shape (in = 4 x out channels)
+    auto dout = Make(RandomFloats((size_t)N * 64, 73), "dout"), wp = Make(RandomFloats((size_t)64 * OC, 74), "w");
+    auto x = Make(RandomFloats((size_t)N * OC, 75), "inp"), pre = Make(RandomFloats((size_t)N * OC, 76, -3, 3), "pre");
+    auto dinp = Make(RandomFloats((size_t)N * OC, 77, -50, 50), "dinp");  // garbage: written
+    auto dw = Zeros((size_t)64 * OC, "dw"), dbias = Zeros(64, "dbias");
+    const uint64_t before = CudaGeluEpilogueCalls(*gpu_);
+    for (bool g : {true, false})
+      k(g).matmul_dgelu_backward(dinp.p(g), dw.p(g), dbias.p(g), dout.p(g), x.p(g), pre.p(g), wp.p(g), N, OC, 64);
+    EXPECT_EQ(CudaGeluEpilogueCalls(*gpu_) - before, 1u);
+    ExpectNear(dinp.Gpu(), dinp.Cpu(), tol, "dinp");
+    ExpectNear(dw.Gpu(), dw.Cpu(), tol, "dw");
+    ExpectNear(dbias.Gpu(), dbias.Cpu(), kTolF32, "dbias");
+  }
+  for (bool g : {true, false}) k(g).set_matmul_precision(MatmulPrecision::kExact);
+}
+
 // The weight reuse window with bf16 storage (Kernels::note_bf16_source): a matmul weight inside
 // a noted fp32 compute copy is read from the bf16 parameters it was noted as widened from, until
 // the window closes or either buffer is freed (CudaDevice::Free). The test notes a source that
