@@ -2,7 +2,7 @@
 // included only by the .cu files (it needs the CUDA headers).
 //
 // Files: kernels_cuda.cu   encoder, layernorm, gelu, residual (+ fused residual+layernorm), crossentropy, engine kernels
-//        matmul_cuda.cu    matmuls through cuBLASLt, bias gradient
+//        matmul_cuda.cu    matmuls through cuBLASLt (the GELU epilogues of --gelu fused), bias gradient
 //        attention_cuda.cu flash-style causal attention, forward and backward
 // Each kernel's maths and shapes are those of its CPU twin (model/kernels_cpu.h, same name);
 // the comment above each kernel names the twin and restates the maths.
@@ -193,6 +193,10 @@ class CudaKernels final : public Kernels {
     bool found = false;  // false: the heuristic had no algorithm for this key
   };
   GemmPlan& Plan(const GemmKey& key, const void* bias, const void* aux) const;
+  // At bf16 activations: whether cuBLASLt can write a forward matmul's result in bf16 itself
+  // (bf16 products, and no bias or a bias noted as the widening of stored bf16 values: then
+  // *d_bias = those bf16 values, the bias of D's type); else the fp32 result goes to scratch.
+  bool Bf16ResultDirect(const float* bias, int OC, const void** d_bias) const;
   // dst[OC] += sum_n X[n, :] over X[N, OC], deterministic (matmul's dbias).
   void ColumnSums(float* dst, const void* X, int N, int OC) const;  // X in the activation dtype
 

@@ -1,4 +1,5 @@
-// Matmuls through cuBLASLt, and the bias gradient. CPU twins: matmul_forward / matmul_backward.
+// Matmuls through cuBLASLt, and the bias gradient. CPU twins: matmul_forward / matmul_backward
+// (and, with the GELU in the epilogue, matmul_gelu_forward / matmul_dgelu_backward).
 //
 //   forward:  out[N,OC] = inp[N,C] @ w[OC,C]^T + bias[OC]                  (bias may be null)
 //   backward: dinp[N,C] += dout[N,OC] @ w;  dw[OC,C] += dout^T @ inp;  dbias[OC] += sum_n dout[n,:]
@@ -26,8 +27,14 @@
 // kExact (fp32 operands only; on bf16 activations it is an error naming the shape); one with no
 // bias-epilogue algorithm gets the bias written first and accumulates onto it.
 //
+// --gelu fused (matmul_gelu_forward / matmul_dgelu_backward, at the end): the fc matmul with
+// GELU_AUX_BIAS (D = gelu(x + bias), aux = x + bias, both rounded once from fp32) and the fc
+// projection's data gradient with DGELU (beta 0: D = x * gelu'(aux)). aux has D's type and
+// layout (AUX_LD = ldd; AUX_DATA_TYPE left unset: D's type outside fp8). cuBLASLt's GELU is its
+// own tanh approximation, not gelu_forward's instructions: the results agree to rounding.
+//
 // Algorithms: the heuristic is asked once per (shape, transposes, leading dimensions, precision,
-// epilogue, beta, pointer alignment); its answer and the descriptors are kept in plans_. One
+// epilogue, beta, pointer alignments); its answer and the descriptors are kept in plans_. One
 // algorithm per shape also keeps results bitwise reproducible (cuBLAS is deterministic for a
 // fixed algorithm; split-K reductions, if chosen, are ordered).
 #include <string>
@@ -237,6 +244,16 @@ void CudaKernels::ColumnSums(float* dst, const void* X, int N, int OC) const {
   SHARDGPT_CUDA_CHECK_LAUNCH("add_chunk_sums_kernel");
 }
 
+bool CudaKernels::Bf16ResultDirect(const float* bias, int OC, const void** d_bias) const {
+  if (precision_ != MatmulPrecision::kBf16) return false;
+  if (bias == nullptr) return true;
+  const uint16_t* stored = sources_.Find(bias, OC);
+  if (stored == nullptr) return false;
+  *d_bias = stored;
+  biases_from_stored_++;
+  return true;
+}
+
 // out^T (OC x N) = w^T(stored C x OC, transposed) @ inp^T (C x N) + bias
 // bf16 activations: inp goes to cuBLASLt as it is; out is written in bf16 by cuBLASLt itself
 // (bf16 products, fp32 accumulation, one rounding) when there is no bias, or when the fp32 bias
@@ -249,13 +266,10 @@ void CudaKernels::matmul_forward(void* out, const void* inp, const float* w, con
   if (N == 0 || OC == 0) return;
   Bind();
   const DType act = act_dtype_;
-  const bool bf16_d = act == DType::kBF16 && precision_ == MatmulPrecision::kBf16 && C > 0;
-  const uint16_t* stored_bias = bf16_d && bias ? sources_.Find(bias, OC) : nullptr;
-  const bool direct = act == DType::kF32 || (bf16_d && (bias == nullptr || stored_bias != nullptr));
+  const void* d_bias = bias;
+  const bool direct = act == DType::kF32 || (C > 0 && Bf16ResultDirect(bias, OC, &d_bias));
   void* D = direct ? out : Scratch(sizeof(float) * N * OC, kResult);
   const DType d_type = direct ? act : DType::kF32;
-  const void* d_bias = d_type == DType::kBF16 ? static_cast<const void*>(stored_bias) : bias;
-  if (stored_bias) biases_from_stored_++;
   if (C == 0) {  // empty product: out = bias (or 0)
     if (bias) {
       SHARDGPT_LAUNCH(broadcast_bias_kernel<float>, cuda::GridFor((size_t)N * OC, 256), 256, 0, stream_)(
@@ -309,13 +323,10 @@ void CudaKernels::matmul_gelu_forward(void* out, void* pre, const void* inp, con
     return gelu_forward(out, pre, n);
   }
   const DType act = act_dtype_;
-  const bool bf16_d = act == DType::kBF16 && precision_ == MatmulPrecision::kBf16;
-  const uint16_t* stored_bias = bf16_d && bias ? sources_.Find(bias, OC) : nullptr;
-  const bool direct = act == DType::kF32 || (bf16_d && (bias == nullptr || stored_bias != nullptr));
-  const void* d_bias = act == DType::kBF16 ? static_cast<const void*>(stored_bias) : bias;
+  const void* d_bias = bias;
+  const bool direct = act == DType::kF32 || Bf16ResultDirect(bias, OC, &d_bias);
   if (direct && Gemm(true, false, OC, N, C, w, DType::kF32, C, inp, act, C, out, act, OC, 0.0f, d_bias,
                      GeluEpilogue::kForward, pre)) {
-    if (stored_bias) biases_from_stored_++;
     gelu_in_epilogue_++;
     return;
   }
