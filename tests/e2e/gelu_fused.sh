@@ -7,17 +7,14 @@
 #         product); --recompute block reproduces the fused run bitwise;
 #   every JSONL row names the mode ("gelu": "fused" / "separate").
 set -euo pipefail
-BIN=$1
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-for i in $(seq 1 200); do echo "In the beginning God created the heaven and the earth. And the earth was without form."; done > "$T/text.txt"
-"$BIN" prepare --input "$T/text.txt" --output "$T/data" >/dev/null
+source "$(dirname "$0")/lib/common.sh"  # BIN, T, fail, mpirun as root
+e2e_prepare 200 "In the beginning God created the heaven and the earth. And the earth was without form."
 MODEL="--data $T/data/train.bin --seq-len 32 --n-layer 2 --n-embd 64 --n-head 4 --lr 3e-3 --seed 3 --quiet --threads 1
        --micro-batch 2 --grad-accum 2 --zero-stage 2 --steps 4"
 train() {  # train LOG [flags]
   local log=$1; shift
   timeout 300 mpirun -np 2 --oversubscribe "$BIN" train $MODEL --log "$log" "$@" >"$log.out" 2>&1 ||
-    { echo "FAIL: train $* (log $log.out):"; cat "$log.out"; exit 1; }
+    { cat "$log.out"; fail "train $* (log above)"; }
 }
 for dtype in fp32 bf16; do  # bf16 activations asked for: the default depends on the CPU's bf16 products
   train "$T/sep_$dtype.jsonl" --dtype $dtype --act-dtype $dtype

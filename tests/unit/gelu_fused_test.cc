@@ -8,23 +8,18 @@
 // unrounded fp32 result where the separate kernel reads it rounded to bf16, so out and dinp
 // differ from the separate kernels' by about one bf16 rounding step (2^-8 of the largest value:
 // the tolerance below is twice that), while pre, dw and dbias are the separate kernels'. The
-// backward WRITES dinp (whatever it held before). A model trained 3 steps with --gelu fused is
-// bitwise the separate one at fp32 activations and within 1% at bf16; --recompute block
-// reproduces it bitwise (its re-forward is the same fused call); --recompute gelu is refused.
+// backward WRITES dinp (whatever it held before). The model with --gelu fused:
+// tests/unit/gpt_bf16_act_test.cc (GptBf16Act.GeluFused*).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
-#include <stdexcept>
 #include <tuple>
 #include <vector>
 
 #include "base/bf16.h"
 #include "model/device.h"
-#include "model/gpt.h"
 #include "model/kernels_cpu.h"
-#include "model/optimizer.h"
-#include "model/param_layout.h"
 #include "tests/common/random_data.h"
 
 namespace shardgpt {
@@ -135,69 +130,6 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(std::get<0>(p.param) == DType::kF32 ? "Fp32Act" : "Bf16Act") +
              (std::get<1>(p.param) == MatmulPrecision::kExact ? "Fp32Products" : "Bf16Products");
     });
-
-const GPTConfig kConfig{2, 2, 32, 16, 64};
-constexpr int kB = 2, kT = 16;
-
-// Losses of `steps` AdamW steps on one fixed batch with the CPU kernels at (act, precision).
-std::vector<float> Train(DType act, MatmulPrecision precision, bool fused, Recompute recompute, int steps) {
-  Kernels& k = CpuDevice().kernels();
-  struct Restore {  // the shared CPU device's kernel settings back to the defaults, also on a throw
-    Kernels& k;
-    ~Restore() {
-      k.set_activation_dtype(DType::kF32);
-      k.set_matmul_precision(MatmulPrecision::kExact);
-      k.set_gelu_fused(false);
-    }
-  } restore{k};
-  k.set_activation_dtype(act);
-  k.set_matmul_precision(precision);
-  k.set_gelu_fused(fused);
-  ParamLayout layout(kConfig);
-  LocalParams p(layout);
-  InitParameters(layout, 4, p.params());
-  const size_t n = layout.total_numel();
-  std::vector<float> m(n, 0.0f), v(n, 0.0f);
-  const auto x = RandomTokens(kB * kT, 64, 12), y = RandomTokens(kB * kT, 64, 13);
-  GPT model(kConfig, kB, kT, CpuDevice(), nullptr, recompute);
-  std::vector<float> losses;
-  for (int step = 1; step <= steps; step++) {
-    p.ZeroGrads();
-    losses.push_back(model.Forward(p, x.data(), y.data(), kB, kT, 1.0f));
-    model.Backward(p);
-    adamw_update(p.params(), p.grads(), m.data(), v.data(), n, 3e-3f, 0.0f, AdamWConfig(), step, 1.0f);
-  }
-  return losses;
-}
-
-class GeluFusedModel : public ::testing::TestWithParam<MatmulPrecision> {
- protected:
-  void SetUp() override { SetComputeThreads(2); }
-};
-
-TEST_P(GeluFusedModel, Fp32ActivationsTrainBitwiseAsTheSeparateKernels) {
-  EXPECT_EQ(Train(DType::kF32, GetParam(), true, Recompute::kNone, 3),
-            Train(DType::kF32, GetParam(), false, Recompute::kNone, 3));
-}
-
-TEST_P(GeluFusedModel, Bf16ActivationsTrainCloseToTheSeparateKernels) {
-  const std::vector<float> fused = Train(DType::kBF16, GetParam(), true, Recompute::kNone, 10);
-  const std::vector<float> separate = Train(DType::kBF16, GetParam(), false, Recompute::kNone, 10);
-  for (int i = 0; i < 10; i++) EXPECT_NEAR(fused[i], separate[i], 0.01 * separate[i]) << "step " << i + 1;
-  EXPECT_NE(fused, separate);  // the fused GELU really read the unrounded product
-  EXPECT_LT(fused[9], 0.9f * fused[0]);
-}
-
-TEST_P(GeluFusedModel, RecomputeBlockReproducesItBitwiseAndRecomputeGeluIsRefused) {
-  const std::vector<float> none = Train(DType::kBF16, GetParam(), true, Recompute::kNone, 3);
-  EXPECT_EQ(Train(DType::kBF16, GetParam(), true, Recompute::kBlock, 3), none);
-  EXPECT_THROW(Train(DType::kBF16, GetParam(), true, Recompute::kGelu, 1), std::logic_error);
-}
-
-INSTANTIATE_TEST_SUITE_P(Precision, GeluFusedModel, ::testing::Values(MatmulPrecision::kExact, MatmulPrecision::kBf16),
-                         [](const ::testing::TestParamInfo<MatmulPrecision>& p) {
-                           return p.param == MatmulPrecision::kExact ? "Fp32Products" : "Bf16Products";
-                         });
 
 }  // namespace
 }  // namespace shardgpt
