@@ -134,9 +134,15 @@ TEST(EngineLayouts, PerParamEqualsFlat) {
   }
 }
 
-// At a fixed rank count the four stages give the same losses. With fp32 and N <= 2 they are
-// bitwise equal (a sum of two terms has one order); with N >= 3 MPI's all-reduce and
-// reduce-scatter may add in different orders, so we allow 1e-6.
+// At a fixed rank count the four stages give the same losses. On one rank all are bitwise
+// stage 0; on two, stage 1 is (both accumulate the A micro-batches locally and reduce once, and
+// a sum of two ranks' terms has one order). Stages 2 and 3 reduce-scatter every micro-batch
+// (EveryMicroReduceScatter) and add the reduced shards, (g1a + g1b) + (g2a + g2b) where stage 0
+// adds (g1a + g2a) + (g1b + g2b): one rounding apart per element, which may move a loss by an
+// ulp (measured: 9.4e-8 relative at step 3 in the ASan + UBSan build on a Xeon model 207; the
+// Release build happened to agree bitwise). They, and every stage with N >= 3 (MPI may add in
+// other orders), are held to 1e-6 — a wrong shard, reduction or clip factor moves a loss by far
+// more.
 TEST(EngineStages, AgreeWithEachOther) {
   SetComputeThreads(1);
   auto comm = World();
@@ -148,7 +154,7 @@ TEST(EngineStages, AgreeWithEachOther) {
   }
   for (int stage = 1; stage <= 3; stage++)
     for (int s = 0; s < kSteps; s++) {
-      if (comm->world_size() <= 2)
+      if (comm->world_size() == 1 || (comm->world_size() == 2 && stage == 1))
         EXPECT_EQ(t[stage].losses[s], t[0].losses[s]) << "stage " << stage << " step " << s;
       else
         EXPECT_NEAR(t[stage].losses[s], t[0].losses[s], 1e-6) << "stage " << stage << " step " << s;
