@@ -352,11 +352,11 @@ size_t Align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 }  // namespace
 
-// bf16 activations: cuDNN takes the bf16 tensors as they are; the tensor-core kernels load bf16
-// qkv / dout directly and write fp32 out / dqkv into scratch, rounded into the bf16 buffers
-// after (dqkv: widened first, so dqkv = bf16(fp32(dqkv) + gradient)); the fp32 CUDA-core
-// kernels (kExact, or head sizes without tensor-core kernels) get widened fp32 copies. Every
-// result is the fp32 computation's, rounded once, as in the CPU twins.
+// bf16 activations: cuDNN and the tensor-core kernels take the bf16 tensors as they are (the
+// tensor-core kernels round out and dqkv = bf16(fp32(dqkv) + gradient) from fp32 in registers);
+// the fp32 CUDA-core kernels (kExact, or head sizes without tensor-core kernels) get widened
+// fp32 copies in scratch, rounded into the bf16 buffers after. Every result is the fp32
+// computation's, rounded once, as in the CPU twins.
 void CudaKernels::attention_forward(void* out_v, float* lse, const void* qkv_v, int B, int T, int C, int NH) const {
   if (B == 0 || T == 0) return;
   Bind();
@@ -374,27 +374,30 @@ void CudaKernels::attention_forward(void* out_v, float* lse, const void* qkv_v, 
     if (!act16) convert(o16, DType::kBF16, out_v, DType::kF32, n_o);
     return;
   }
-  const bool tc = precision_ == MatmulPrecision::kBf16 && cuda::TensorCoreAttentionSupports(a.hs);
+  if (precision_ == MatmulPrecision::kBf16 && cuda::TensorCoreAttentionSupports(a.hs)) {
+    if (act16)
+      cuda::AttentionForwardTc(static_cast<uint16_t*>(out_v), lse, static_cast<const uint16_t*>(qkv_v), B, T, C, NH,
+                               a.scale, stream_);
+    else
+      cuda::AttentionForwardTc(static_cast<float*>(out_v), lse, static_cast<const float*>(qkv_v), B, T, C, NH, a.scale,
+                               stream_);
+    return;
+  }
   float* out = static_cast<float*>(out_v);
   const float* qkv = static_cast<const float*>(qkv_v);
-  if (act16) {  // fp32 out in scratch; widened qkv for the CUDA-core kernels
-    char* base = static_cast<char*>(Scratch(Align256(n_o * 4) + (tc ? 0 : n_qkv * 4)));
+  if (act16) {  // fp32 out and widened qkv in scratch for the CUDA-core kernels
+    char* base = static_cast<char*>(Scratch(Align256(n_o * 4) + n_qkv * 4));
     out = reinterpret_cast<float*>(base);
-    if (!tc) {
-      float* q32 = reinterpret_cast<float*>(base + Align256(n_o * 4));
-      convert(qkv_v, DType::kBF16, q32, DType::kF32, n_qkv);
-      qkv = q32;
-    }
+    float* q32 = reinterpret_cast<float*>(base + Align256(n_o * 4));
+    convert(qkv_v, DType::kBF16, q32, DType::kF32, n_qkv);
+    qkv = q32;
   }
-  if (tc && act16) cuda::AttentionForwardTc(out, lse, static_cast<const uint16_t*>(qkv_v), B, T, C, NH, a.scale, stream_);
-  else if (tc) cuda::AttentionForwardTc(out, lse, qkv, B, T, C, NH, a.scale, stream_);
-  else
-    switch (DimsPerLane(a.hs)) {
-      case 1: LaunchForward<1>(a, out, lse, qkv, stream_); break;
-      case 2: LaunchForward<2>(a, out, lse, qkv, stream_); break;
-      case 3: LaunchForward<3>(a, out, lse, qkv, stream_); break;
-      default: LaunchForward<4>(a, out, lse, qkv, stream_); break;
-    }
+  switch (DimsPerLane(a.hs)) {
+    case 1: LaunchForward<1>(a, out, lse, qkv, stream_); break;
+    case 2: LaunchForward<2>(a, out, lse, qkv, stream_); break;
+    case 3: LaunchForward<3>(a, out, lse, qkv, stream_); break;
+    default: LaunchForward<4>(a, out, lse, qkv, stream_); break;
+  }
   if (act16) convert(out, DType::kF32, out_v, DType::kBF16, n_o);
 }
 
@@ -428,9 +431,10 @@ void CudaKernels::attention_backward(void* dqkv_v, const void* dout_v, const voi
   }
   const int64_t rows = (int64_t)B * NH * T;
   const bool tc = precision_ == MatmulPrecision::kBf16 && cuda::TensorCoreAttentionSupports(a.hs);
-  // scratch: D, then with bf16 activations the fp32 dqkv and (CUDA-core kernels) widened dout, qkv
+  // scratch: D, then for the CUDA-core kernels at bf16 activations the fp32 dqkv and widened dout, qkv
   const size_t s_d = Align256(sizeof(float) * rows), s_q = Align256(n_qkv * 4), s_o = Align256(n_o * 4);
-  char* base = static_cast<char*>(Scratch(s_d + (act16 ? s_q + (tc ? 0 : s_q + s_o) : 0)));
+  const bool widen = act16 && !tc;
+  char* base = static_cast<char*>(Scratch(s_d + (widen ? 2 * s_q + s_o : 0)));
   float* D = reinterpret_cast<float*>(base);
   const int rows_per_block = 256 / 32;
   const unsigned d_grid = (unsigned)((rows + rows_per_block - 1) / rows_per_block);
@@ -441,31 +445,33 @@ void CudaKernels::attention_backward(void* dqkv_v, const void* dout_v, const voi
     SHARDGPT_LAUNCH(attention_backward_d_kernel<float>, d_grid, 256, 0, stream_)(
         D, static_cast<const float*>(dout_v), static_cast<const float*>(out_v), B, T, C, NH);
   SHARDGPT_CUDA_CHECK_LAUNCH("attention_backward_d_kernel");
+  if (tc) {
+    if (act16)
+      cuda::AttentionBackwardTc(static_cast<uint16_t*>(dqkv_v), static_cast<const uint16_t*>(dout_v),
+                                static_cast<const uint16_t*>(qkv_v), lse, D, B, T, C, NH, a.scale, stream_);
+    else
+      cuda::AttentionBackwardTc(static_cast<float*>(dqkv_v), static_cast<const float*>(dout_v),
+                                static_cast<const float*>(qkv_v), lse, D, B, T, C, NH, a.scale, stream_);
+    return;
+  }
   float* dqkv = static_cast<float*>(dqkv_v);
   const float* dout = static_cast<const float*>(dout_v);
   const float* qkv = static_cast<const float*>(qkv_v);
-  if (act16) {
+  if (widen) {
     dqkv = reinterpret_cast<float*>(base + s_d);
+    float* q32 = reinterpret_cast<float*>(base + s_d + s_q);
+    float* d32 = reinterpret_cast<float*>(base + s_d + 2 * s_q);
     convert(dqkv_v, DType::kBF16, dqkv, DType::kF32, n_qkv);
-    if (!tc) {
-      float* q32 = reinterpret_cast<float*>(base + s_d + s_q);
-      float* d32 = reinterpret_cast<float*>(base + s_d + 2 * s_q);
-      convert(qkv_v, DType::kBF16, q32, DType::kF32, n_qkv);
-      convert(dout_v, DType::kBF16, d32, DType::kF32, n_o);
-      qkv = q32, dout = d32;
-    }
+    convert(qkv_v, DType::kBF16, q32, DType::kF32, n_qkv);
+    convert(dout_v, DType::kBF16, d32, DType::kF32, n_o);
+    qkv = q32, dout = d32;
   }
-  if (tc && act16)
-    cuda::AttentionBackwardTc(dqkv, static_cast<const uint16_t*>(dout_v), static_cast<const uint16_t*>(qkv_v), lse, D,
-                              B, T, C, NH, a.scale, stream_);
-  else if (tc) cuda::AttentionBackwardTc(dqkv, dout, qkv, lse, D, B, T, C, NH, a.scale, stream_);
-  else
-    switch (DimsPerLane(a.hs)) {
-      case 1: LaunchBackward<1>(a, dqkv, dout, qkv, lse, D, stream_); break;
-      case 2: LaunchBackward<2>(a, dqkv, dout, qkv, lse, D, stream_); break;
-      case 3: LaunchBackward<3>(a, dqkv, dout, qkv, lse, D, stream_); break;
-      default: LaunchBackward<4>(a, dqkv, dout, qkv, lse, D, stream_); break;
-    }
+  switch (DimsPerLane(a.hs)) {
+    case 1: LaunchBackward<1>(a, dqkv, dout, qkv, lse, D, stream_); break;
+    case 2: LaunchBackward<2>(a, dqkv, dout, qkv, lse, D, stream_); break;
+    case 3: LaunchBackward<3>(a, dqkv, dout, qkv, lse, D, stream_); break;
+    default: LaunchBackward<4>(a, dqkv, dout, qkv, lse, D, stream_); break;
+  }
   if (act16) convert(dqkv, DType::kF32, dqkv_v, DType::kBF16, n_qkv);
 }
 

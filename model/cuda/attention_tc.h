@@ -22,11 +22,11 @@ void AttentionForwardTc(float* out, float* lse, const float* qkv, int B, int T, 
 // dqkv[B,T,3C] += from dout[B,T,C], qkv, the forward's lse and D[B,NH,T] = rowsum(dO * o).
 void AttentionBackwardTc(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* D, int B,
                          int T, int C, int NH, float scale, cudaStream_t stream);
-// The same on bf16 activations (raw bits): qkv and dout loaded into the bf16 tiles as they are
-// (no conversion pass); out and dqkv stay fp32 (the caller rounds them into bf16 buffers).
-void AttentionForwardTc(float* out, float* lse, const uint16_t* qkv, int B, int T, int C, int NH, float scale,
+// The same on bf16 activations (raw bits), read and written as they are: out = bf16(the fp32
+// result), dqkv = bf16(fp32(dqkv) + the fp32 gradient) (no fp32 scratch, no conversion pass).
+void AttentionForwardTc(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int C, int NH, float scale,
                         cudaStream_t stream);
-void AttentionBackwardTc(float* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse, const float* D,
+void AttentionBackwardTc(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse, const float* D,
                          int B, int T, int C, int NH, float scale, cudaStream_t stream);
 
 }  // namespace cuda

@@ -19,10 +19,12 @@
 //   dq        a block per (query tile, bh), looping over key tiles 0..diagonal;
 //   dk, dv    a block per (key tile, bh), looping over query tiles diagonal..end.
 // Every output element is summed by one thread in a fixed order: no atomics, bitwise
-// reproducible. Tiles are loaded to shared memory as bf16 (rows past T as zeros, masked);
-// rows are padded by 8 elements (16 bytes) to spread the fragment loads over the banks.
-// Inputs go through load_f32 (device_util.cuh), so that bf16 activations only change the
-// template argument In.
+// reproducible. Tiles are loaded to shared memory as bf16 (rows past T as zeros, masked), 8
+// elements per thread step with 128-bit loads; rows are padded by 8 elements (16 bytes), so that
+// the 8 rows of each ldmatrix (mma.cuh) fall in distinct banks. The kernels read and write the
+// activation dtype Act (fp32, or bf16 as raw bits) as it is: out and the dqkv sums are rounded
+// to it once, from fp32 (dqkv = Act(fp32(dqkv) + gradient)), so bf16 activations need no fp32
+// scratch and no conversion pass (bitwise the fp32 kernels' results rounded, as the CPU twins).
 #include <cmath>
 
 #include "model/cuda/attention_tc.h"
@@ -44,9 +46,32 @@ constexpr int kNT = kTile / 8;  // n-tiles of 8 columns per tile of 64
 template <int HS>
 constexpr int kLd = HS + 8;  // shared-memory row stride (bf16 elements)
 
+// Eight elements of a tile row as bf16: one 128-bit load of bf16 (as they are), two of fp32 (rounded).
+__device__ __forceinline__ bf16x8 load_bf16x8(const uint16_t* p) { return load128(p); }
+__device__ __forceinline__ bf16x8 load_bf16x8(const float* p) {
+  float x[kVec];
+  load8(x, p);
+  bf16x8 r;
+  #pragma unroll
+  for (int j = 0; j < kVec; j++) r.v[j] = f32_to_bf16(x[j]);
+  return r;
+}
+
 // dst[r][d] (bf16, row stride Ld) = src[(row0 + r) * stride + d] for r < kTile, d < HS; rows >= T are 0.
-template <int HS, typename In>
-__device__ __forceinline__ void load_tile(uint16_t* dst, const In* src, int row0, int T, int64_t stride) {
+// A thread moves 8 elements per step (one 128-bit shared store) where src and stride keep every
+// row 16-byte aligned (the model's qkv and dout do), else one element per step.
+template <int HS, typename Act>
+__device__ __forceinline__ void load_tile(uint16_t* dst, const Act* src, int row0, int T, int64_t stride) {
+  constexpr int kChunks = HS / kVec;  // 8-element chunks per row
+  if (reinterpret_cast<uintptr_t>(src) % 16 == 0 && stride % kVec == 0) {
+    for (int i = threadIdx.x; i < kTile * kChunks; i += blockDim.x) {
+      const int r = i / kChunks, d = (i - r * kChunks) * kVec, t = row0 + r;
+      bf16x8 x{};
+      if (t < T) x = load_bf16x8(src + (int64_t)t * stride + d);
+      store128(dst + r * kLd<HS> + d, x);
+    }
+    return;
+  }
   for (int i = threadIdx.x; i < kTile * HS; i += blockDim.x) {
     const int r = i / HS, d = i - r * HS, t = row0 + r;
     dst[r * kLd<HS> + d] = t < T ? f32_to_bf16(load_f32(src, (size_t)((int64_t)t * stride + d))) : uint16_t{0};
@@ -62,10 +87,11 @@ __device__ __forceinline__ void scores(float s[kNT][4], const uint32_t a[HS / 16
   #pragma unroll
   for (int kk = 0; kk < HS / 16; kk++) {
     #pragma unroll
-    for (int j = 0; j < kNT; j++) {
-      uint32_t b[2];
-      load_b_nk(b, tile, kLd<HS>, 8 * j, 16 * kk);
-      mma_bf16_16816(s[j], a[kk], b, s[j]);
+    for (int j = 0; j < kNT; j += 2) {
+      uint32_t b[2][2];
+      load_b_nk_x2(b, tile, kLd<HS>, 8 * j, 16 * kk);
+      mma_bf16_16816(s[j], a[kk], b[0], s[j]);
+      mma_bf16_16816(s[j + 1], a[kk], b[1], s[j + 1]);
     }
   }
 }
@@ -78,10 +104,11 @@ __device__ __forceinline__ void accumulate_pv(float acc[HS / 8][4], const float 
     uint32_t a[4];
     acc_to_a(a, p[2 * kk], p[2 * kk + 1]);
     #pragma unroll
-    for (int n = 0; n < HS / 8; n++) {
-      uint32_t b[2];
-      load_b_kn(b, tile, kLd<HS>, 16 * kk, 8 * n);
-      mma_bf16_16816(acc[n], a, b, acc[n]);
+    for (int n = 0; n < HS / 8; n += 2) {
+      uint32_t b[2][2];
+      load_b_kn_x2(b, tile, kLd<HS>, 16 * kk, 8 * n);
+      mma_bf16_16816(acc[n], a, b[0], acc[n]);
+      mma_bf16_16816(acc[n + 1], a, b[1], acc[n + 1]);
     }
   }
 }
@@ -107,9 +134,9 @@ __device__ __forceinline__ float quad_max(float v) {
 __device__ __forceinline__ int tile_index() { return (int)(gridDim.x - 1 - blockIdx.x); }
 
 // ---- forward: a block per (query tile, bh) ----
-template <int HS, typename In>
+template <int HS, typename Act>
 __global__ void __launch_bounds__(kThreads)
-    attention_tc_forward_kernel(float* out, float* lse, const In* qkv, int T, int C, int NH, float scale) {
+    attention_tc_forward_kernel(Act* out, float* lse, const Act* qkv, int T, int C, int NH, float scale) {
   SHARDGPT_DYNAMIC_SHARED(uint16_t, smem);
   uint16_t* Qs = smem;
   uint16_t* Ks = Qs + kTile * kLd<HS>;
@@ -118,7 +145,7 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = tile_index() * kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int64_t C3 = 3 * (int64_t)C;
-  const In* q = qkv + (int64_t)b * T * C3 + h * HS;
+  const Act* q = qkv + (int64_t)b * T * C3 + h * HS;
   load_tile<HS>(Qs, q, q0, T, C3);
   __syncthreads();
   uint32_t qa[HS / 16][4];
@@ -175,20 +202,20 @@ __global__ void __launch_bounds__(kThreads)
   for (int r = 0; r < 2; r++) {
     const float lr = quad_sum(l[r]);
     if (row[r] >= T) continue;
-    float* orow = out + ((int64_t)b * T + row[r]) * C + h * HS;
+    Act* orow = out + ((int64_t)b * T + row[r]) * C + h * HS;
     #pragma unroll
     for (int n = 0; n < HS / 8; n++) {
-      orow[8 * n + 2 * tq] = o[n][2 * r] / lr;
-      orow[8 * n + 2 * tq + 1] = o[n][2 * r + 1] / lr;
+      store_f32(orow, 8 * n + 2 * tq, o[n][2 * r] / lr);
+      store_f32(orow, 8 * n + 2 * tq + 1, o[n][2 * r + 1] / lr);
     }
     if (tq == 0) lse[(int64_t)bh * T + row[r]] = m[r] + logf(lr);
   }
 }
 
 // ---- backward, dq: a block per (query tile, bh), looping over key tiles 0..diagonal ----
-template <int HS, typename In>
+template <int HS, typename Act>
 __global__ void __launch_bounds__(kThreads)
-    attention_tc_backward_dq_kernel(float* dqkv, const In* dout, const In* qkv, const float* lse, const float* Dg,
+    attention_tc_backward_dq_kernel(Act* dqkv, const Act* dout, const Act* qkv, const float* lse, const float* Dg,
                                     int T, int C, int NH, float scale) {
   SHARDGPT_DYNAMIC_SHARED(uint16_t, smem);
   uint16_t* Qs = smem;
@@ -199,7 +226,7 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = tile_index() * kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int64_t C3 = 3 * (int64_t)C;
-  const In* q = qkv + (int64_t)b * T * C3 + h * HS;
+  const Act* q = qkv + (int64_t)b * T * C3 + h * HS;
   load_tile<HS>(Qs, q, q0, T, C3);
   load_tile<HS>(dOs, dout + (int64_t)b * T * C + h * HS, q0, T, C);
   __syncthreads();
@@ -239,20 +266,19 @@ __global__ void __launch_bounds__(kThreads)
   #pragma unroll
   for (int r = 0; r < 2; r++) {
     if (row[r] >= T) continue;
-    float* dqrow = dqkv + ((int64_t)b * T + row[r]) * C3 + h * HS;
+    Act* dqrow = dqkv + ((int64_t)b * T + row[r]) * C3 + h * HS;
     #pragma unroll
-    for (int n = 0; n < HS / 8; n++) {
-      dqrow[8 * n + 2 * tq] += dq[n][2 * r] * scale;
-      dqrow[8 * n + 2 * tq + 1] += dq[n][2 * r + 1] * scale;
-    }
+    for (int n = 0; n < HS / 8; n++)
+      #pragma unroll
+      for (int e = 0; e < 2; e++) add_f32(dqrow, 8 * n + 2 * tq + e, dq[n][2 * r + e] * scale);
   }
 }
 
 // ---- backward, dk and dv: a block per (key tile, bh), looping over query tiles diagonal..end.
 // The warp's rows are keys: S^T = k q^T, dP^T = v dO^T, so P^T and dS^T are A fragments. ----
-template <int HS, typename In>
+template <int HS, typename Act>
 __global__ void __launch_bounds__(kThreads)
-    attention_tc_backward_dkv_kernel(float* dqkv, const In* dout, const In* qkv, const float* lse, const float* Dg,
+    attention_tc_backward_dkv_kernel(Act* dqkv, const Act* dout, const Act* qkv, const float* lse, const float* Dg,
                                      int T, int C, int NH, float scale) {
   SHARDGPT_DYNAMIC_SHARED(uint16_t, smem);
   uint16_t* Ks = smem;
@@ -265,8 +291,8 @@ __global__ void __launch_bounds__(kThreads)
   const int k0 = (int)blockIdx.x * kTile;  // the first key tiles have the most query tiles: first
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int64_t C3 = 3 * (int64_t)C;
-  const In* q = qkv + (int64_t)b * T * C3 + h * HS;
-  const In* dO = dout + (int64_t)b * T * C + h * HS;
+  const Act* q = qkv + (int64_t)b * T * C3 + h * HS;
+  const Act* dO = dout + (int64_t)b * T * C + h * HS;
   load_tile<HS>(Ks, q + C, k0, T, C3);
   load_tile<HS>(Vs, q + 2 * C, k0, T, C3);
   __syncthreads();
@@ -308,14 +334,14 @@ __global__ void __launch_bounds__(kThreads)
   #pragma unroll
   for (int r = 0; r < 2; r++) {
     if (key[r] >= T) continue;
-    float* dkrow = dqkv + ((int64_t)b * T + key[r]) * C3 + C + h * HS;
-    float* dvrow = dkrow + C;
+    Act* dkrow = dqkv + ((int64_t)b * T + key[r]) * C3 + C + h * HS;
+    Act* dvrow = dkrow + C;
     #pragma unroll
     for (int n = 0; n < HS / 8; n++)
       #pragma unroll
       for (int e = 0; e < 2; e++) {
-        dkrow[8 * n + 2 * tq + e] += dk[n][2 * r + e] * scale;
-        dvrow[8 * n + 2 * tq + e] += dv[n][2 * r + e];
+        add_f32(dkrow, 8 * n + 2 * tq + e, dk[n][2 * r + e] * scale);
+        add_f32(dvrow, 8 * n + 2 * tq + e, dv[n][2 * r + e]);
       }
   }
 }
@@ -329,27 +355,27 @@ void AllowSharedMemory(Kernel kernel, size_t bytes) {
 template <int HS>
 constexpr size_t TileBytes() { return sizeof(uint16_t) * kTile * kLd<HS>; }
 
-template <int HS, typename In>
-void Forward(float* out, float* lse, const In* qkv, int B, int T, int C, int NH, float scale, cudaStream_t stream) {
+template <int HS, typename Act>
+void Forward(Act* out, float* lse, const Act* qkv, int B, int T, int C, int NH, float scale, cudaStream_t stream) {
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
   const size_t smem = 3 * TileBytes<HS>();
-  auto* attention_tc_forward = &attention_tc_forward_kernel<HS, In>;  // (a template-id has commas)
+  auto* attention_tc_forward = &attention_tc_forward_kernel<HS, Act>;  // (a template-id has commas)
   AllowSharedMemory(attention_tc_forward, smem);
   SHARDGPT_LAUNCH(attention_tc_forward, grid, kThreads, smem, stream)(out, lse, qkv, T, C, NH, scale);
   SHARDGPT_CUDA_CHECK_LAUNCH("attention_tc_forward_kernel");
 }
 
-template <int HS, typename In>
-void Backward(float* dqkv, const In* dout, const In* qkv, const float* lse, const float* D, int B, int T, int C,
+template <int HS, typename Act>
+void Backward(Act* dqkv, const Act* dout, const Act* qkv, const float* lse, const float* D, int B, int T, int C,
               int NH, float scale, cudaStream_t stream) {
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
   const size_t smem_dq = 4 * TileBytes<HS>();
-  auto* attention_tc_backward_dq = &attention_tc_backward_dq_kernel<HS, In>;
+  auto* attention_tc_backward_dq = &attention_tc_backward_dq_kernel<HS, Act>;
   AllowSharedMemory(attention_tc_backward_dq, smem_dq);
   SHARDGPT_LAUNCH(attention_tc_backward_dq, grid, kThreads, smem_dq, stream)(dqkv, dout, qkv, lse, D, T, C, NH, scale);
   SHARDGPT_CUDA_CHECK_LAUNCH("attention_tc_backward_dq_kernel");
   const size_t smem_dkv = smem_dq + 2 * sizeof(float) * kTile;
-  auto* attention_tc_backward_dkv = &attention_tc_backward_dkv_kernel<HS, In>;
+  auto* attention_tc_backward_dkv = &attention_tc_backward_dkv_kernel<HS, Act>;
   AllowSharedMemory(attention_tc_backward_dkv, smem_dkv);
   SHARDGPT_LAUNCH(attention_tc_backward_dkv, grid, kThreads, smem_dkv, stream)(dqkv, dout, qkv, lse, D, T, C, NH,
                                                                                 scale);
@@ -363,7 +389,7 @@ void AttentionForwardTc(float* out, float* lse, const float* qkv, int B, int T, 
   if (C / NH == 64) Forward<64>(out, lse, qkv, B, T, C, NH, scale, stream);
   else Forward<128>(out, lse, qkv, B, T, C, NH, scale, stream);
 }
-void AttentionForwardTc(float* out, float* lse, const uint16_t* qkv, int B, int T, int C, int NH, float scale,
+void AttentionForwardTc(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int C, int NH, float scale,
                         cudaStream_t stream) {
   if (C / NH == 64) Forward<64>(out, lse, qkv, B, T, C, NH, scale, stream);
   else Forward<128>(out, lse, qkv, B, T, C, NH, scale, stream);
@@ -374,7 +400,7 @@ void AttentionBackwardTc(float* dqkv, const float* dout, const float* qkv, const
   if (C / NH == 64) Backward<64>(dqkv, dout, qkv, lse, D, B, T, C, NH, scale, stream);
   else Backward<128>(dqkv, dout, qkv, lse, D, B, T, C, NH, scale, stream);
 }
-void AttentionBackwardTc(float* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse, const float* D,
+void AttentionBackwardTc(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse, const float* D,
                          int B, int T, int C, int NH, float scale, cudaStream_t stream) {
   if (C / NH == 64) Backward<64>(dqkv, dout, qkv, lse, D, B, T, C, NH, scale, stream);
   else Backward<128>(dqkv, dout, qkv, lse, D, B, T, C, NH, scale, stream);

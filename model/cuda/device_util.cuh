@@ -71,6 +71,9 @@ __device__ __forceinline__ float load_f32(const float* p, size_t i) { return p[i
 __device__ __forceinline__ float load_f32(const uint16_t* p, size_t i) { return bf16_to_f32(p[i]); }
 __device__ __forceinline__ void store_f32(float* p, size_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void store_f32(uint16_t* p, size_t i, float v) { p[i] = f32_to_bf16(v); }
+// p[i] = p[i] + v in fp32, rounded to p's dtype once (bf16: RNE, as store_f32).
+template <typename T>
+__device__ __forceinline__ void add_f32(T* p, size_t i, float v) { store_f32(p, i, load_f32(p, i) + v); }
 
 // ---- 128-bit loads and stores (the element-wise kernels) ----
 // Packed128<T>: 16 bytes, 4 floats or 8 bf16 (raw bits), moved with one 128-bit access

@@ -1,5 +1,5 @@
 // The bf16 tensor-core product of one warp, mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32,
-// on registers, and the loads of its fragments from shared memory. Used by the tensor-core
+// on registers, and the loads of its fragments from shared memory (ldmatrix). Used by the tensor-core
 // attention (attention_tc_cuda.cu).
 //
 //   D[16,8] = A[16,16] B[16,8] + C[16,8]      A, B bf16; C, D fp32
@@ -85,31 +85,72 @@ __device__ __forceinline__ void mma_bf16_16816(float d[4], const uint32_t a[4], 
 #endif
 }
 
-// ---- fragment loads from shared memory: s holds bf16 bits, row-major with leading dimension ld
-// (even, so that pairs are 4-byte aligned). (r0, c0): the fragment's first row / column in s. ----
+// ---- fragment loads from shared memory: ldmatrix, four 8x8 b16 matrices per instruction ----
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (PTX ISA, "Warp-level matrix load
+// instruction: ldmatrix"; sm_75 and later): lane 8i + j supplies the address of row j of matrix
+// i (8 contiguous bf16, 16-byte aligned); lane l = 4g + t receives in r[i] the pair
+//   row g, columns 2t, 2t+1 of matrix i          (plain: exactly an A/B fragment register), or
+//   rows 2t, 2t+1 of column g of matrix i        (.trans: the matrix read column-major).
+// One instruction instead of 4 (A) or 8 (two B fragments of [k][n] data, 16-bit each) shared
+// loads per lane. Under the emulation every lane gathers the row addresses it needs from the
+// lanes that supplied them with __shfl_sync, as the hardware does, and each address is checked
+// for 16-byte alignment (a GPU faults on a misaligned one).
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const uint16_t* row) {
+#ifdef SHARDGPT_CUDA_EMULATION
+  cuda_emu::CheckVectorAccess(row, 16, "ldmatrix");
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const uint64_t mine = reinterpret_cast<uintptr_t>(row);
+  auto row_of = [&](int src) { return reinterpret_cast<const uint16_t*>(__shfl_sync(kFullMask, mine, src)); };
+  for (int i = 0; i < 4; i++) {
+    if (kTrans) {
+      const uint16_t *r0 = row_of(8 * i + 2 * t), *r1 = row_of(8 * i + 2 * t + 1);
+      r[i] = pack_bf16(r0[g], r1[g]);
+    } else {
+      const uint16_t* rg = row_of(8 * i + g);
+      r[i] = pack_bf16(rg[2 * t], rg[2 * t + 1]);
+    }
+  }
+#else
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  if (kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+#endif
+}
 
-// A[r][c] = s[(r0 + r) * ld + c0 + c]   (A stored row-major: pairs are contiguous)
+// s holds bf16 bits, row-major with leading dimension ld (a multiple of 8, so that every row of
+// every 8x8 matrix starts 16-byte aligned; s itself 16-byte aligned). (r0, c0): the fragment's
+// first row / column in s. Lane l = 8i + j addresses row j of matrix i.
+
+// A[r][c] = s[(r0 + r) * ld + c0 + c]: matrices (rows, cols) 0: (r0, c0) 1: (r0+8, c0)
+// 2: (r0, c0+8) 3: (r0+8, c0+8) are a0..a3.
 __device__ __forceinline__ void load_a(uint32_t a[4], const uint16_t* s, int ld, int r0, int c0) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const uint16_t* p = s + (r0 + g) * ld + c0 + 2 * t;
-  a[0] = *reinterpret_cast<const uint32_t*>(p);
-  a[1] = *reinterpret_cast<const uint32_t*>(p + 8 * ld);
-  a[2] = *reinterpret_cast<const uint32_t*>(p + 8);
-  a[3] = *reinterpret_cast<const uint32_t*>(p + 8 * ld + 8);
+  const int lane = threadIdx.x % 32, i = lane / 8, j = lane % 8;
+  ldmatrix_x4<false>(a, s + (r0 + j + 8 * (i & 1)) * ld + c0 + 8 * (i >> 1));
 }
-// B[k][n] = s[(n0 + n) * ld + k0 + k]   (B^T stored row-major, e.g. K for S = Q K^T: pairs contiguous)
-__device__ __forceinline__ void load_b_nk(uint32_t b[2], const uint16_t* s, int ld, int n0, int k0) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const uint16_t* p = s + (n0 + g) * ld + k0 + 2 * t;
-  b[0] = *reinterpret_cast<const uint32_t*>(p);
-  b[1] = *reinterpret_cast<const uint32_t*>(p + 8);
+// The B fragments of n-tiles n0 and n0 + 8 (b[0], b[1]) for the k-step at k0, where
+// B[k][n] = s[(n + .) * ld + k0 + k] (B^T stored row-major, e.g. K for S = Q K^T): matrices
+// (rows n, cols k) 0: (n0, k0) 1: (n0, k0+8) 2: (n0+8, k0) 3: (n0+8, k0+8).
+__device__ __forceinline__ void load_b_nk_x2(uint32_t b[2][2], const uint16_t* s, int ld, int n0, int k0) {
+  const int lane = threadIdx.x % 32, i = lane / 8, j = lane % 8;
+  uint32_t r[4];
+  ldmatrix_x4<false>(r, s + (n0 + j + 8 * (i >> 1)) * ld + k0 + 8 * (i & 1));
+  b[0][0] = r[0], b[0][1] = r[1], b[1][0] = r[2], b[1][1] = r[3];
 }
-// B[k][n] = s[(k0 + k) * ld + n0 + n]   (B stored row-major, e.g. V for O = P V: pairs strided)
-__device__ __forceinline__ void load_b_kn(uint32_t b[2], const uint16_t* s, int ld, int k0, int n0) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const uint16_t* p = s + (k0 + 2 * t) * ld + n0 + g;
-  b[0] = pack_bf16(p[0], p[ld]);
-  b[1] = pack_bf16(p[8 * ld], p[9 * ld]);
+// The same where B[k][n] = s[(k0 + k) * ld + n + .] (B stored row-major, e.g. V for O = P V):
+// transposed loads of matrices (rows k, cols n) 0: (k0, n0) 1: (k0+8, n0) 2: (k0, n0+8)
+// 3: (k0+8, n0+8).
+__device__ __forceinline__ void load_b_kn_x2(uint32_t b[2][2], const uint16_t* s, int ld, int k0, int n0) {
+  const int lane = threadIdx.x % 32, i = lane / 8, j = lane % 8;
+  uint32_t r[4];
+  ldmatrix_x4<true>(r, s + (k0 + j + 8 * (i & 1)) * ld + n0 + 8 * (i >> 1));
+  b[0][0] = r[0], b[0][1] = r[1], b[1][0] = r[2], b[1][1] = r[3];
 }
 
 // The A fragment of k-step j from the fp32 accumulators of n-tiles 2j and 2j+1 (rounded to bf16).

@@ -246,6 +246,36 @@ TEST_P(GpuBf16Act, Attention) {
   }
 }
 
+// At bf16 activations the attention kernels' results are the fp32-activation kernels' results
+// on the same values, rounded once: out = bf16(out32), dqkv = bf16(fp32(dqkv) + gradient), lse
+// equal. Bitwise, on the device alone (the tensor-core kernels at kBf16 read and write bf16
+// directly; the CUDA-core ones at kExact go through widened copies).
+TEST_P(GpuBf16Act, AttentionIsTheFp32ActivationResultRoundedOnce) {
+  const int B = 2, T = 70, NH = 2, hs = 64, C = NH * hs;  // T: a whole 64-row tile and a ragged one
+  const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+  const auto qkv = Bits(RandomFloats(nq, 50, -1.5f, 1.5f)), dout = Bits(RandomFloats(no, 51));
+  const auto dqkv0 = Bits(RandomFloats(nq, 52));  // nonzero: the backward adds to it
+  Kernels& g = k(true);
+  auto bf = [&](const std::vector<uint16_t>& v) { return Pair<uint16_t>(*gpu_, *cpu_, v); };
+  auto out16 = bf(std::vector<uint16_t>(no)), q16 = bf(qkv), d16 = bf(dout), dq16 = bf(dqkv0);
+  auto lse16 = F32(std::vector<float>((size_t)B * NH * T)), lse32 = F32(std::vector<float>((size_t)B * NH * T));
+  g.attention_forward(out16.p(true), lse16.p(true), q16.p(true), B, T, C, NH);
+  g.attention_backward(dq16.p(true), d16.p(true), q16.p(true), out16.p(true), lse16.p(true), B, T, C, NH);
+
+  g.set_activation_dtype(DType::kF32);
+  auto out32 = F32(std::vector<float>(no)), q32 = F32(Widen(qkv)), d32 = F32(Widen(dout));
+  auto dq32 = F32(Widen(dqkv0));
+  g.attention_forward(out32.p(true), lse32.p(true), q32.p(true), B, T, C, NH);
+  auto o32 = F32(Widen(out16.Get(true)));  // the backward reads the same (rounded) out as the bf16 one
+  g.attention_backward(dq32.p(true), d32.p(true), q32.p(true), o32.p(true), lse32.p(true), B, T, C, NH);
+  g.set_activation_dtype(DType::kBF16);
+
+  EXPECT_EQ(out16.Get(true), Bits(out32.Get(true))) << "out = bf16(fp32 out)";
+  EXPECT_EQ(lse16.Get(true), lse32.Get(true)) << "lse";
+  EXPECT_EQ(dq16.Get(true), Bits(dq32.Get(true))) << "dqkv = bf16(fp32(dqkv) + gradient)";
+  EXPECT_NE(dq16.Get(true), dqkv0) << "the backward added nothing";
+}
+
 // The model's parameters and gradients in one device's memory (LocalParams is host memory).
 class DeviceParams : public UnitHooks {
  public:

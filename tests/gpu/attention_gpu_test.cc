@@ -132,12 +132,15 @@ TEST_P(MmaTest, LayoutPutsEveryElementInItsPlace) {
 
 INSTANTIATE_TEST_SUITE_P(Fragments, MmaTest,
                          ::testing::Values(mma_test::Source::kRegisters, mma_test::Source::kLoadBkn,
-                                           mma_test::Source::kLoadBnk),
+                                           mma_test::Source::kLoadBnk, mma_test::Source::kLoadBknHi,
+                                           mma_test::Source::kLoadBnkHi),
                          [](const ::testing::TestParamInfo<mma_test::Source>& i) {
                            switch (i.param) {
                              case mma_test::Source::kRegisters: return std::string("Registers");
                              case mma_test::Source::kLoadBkn: return std::string("LoadBkn");
-                             default: return std::string("LoadBnk");
+                             case mma_test::Source::kLoadBnk: return std::string("LoadBnk");
+                             case mma_test::Source::kLoadBknHi: return std::string("LoadBknHi");
+                             default: return std::string("LoadBnkHi");
                            }
                          });
 

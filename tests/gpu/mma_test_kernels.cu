@@ -13,8 +13,8 @@ namespace {
 
 // A 16x16, B 16x8 ([k][n]), C 16x8, D 16x8, all row-major in global memory; one block of 32.
 __global__ void mma_test_kernel(float* D, const uint16_t* A, const uint16_t* B, const float* C, int source) {
-  __shared__ uint16_t sa[16 * 24];  // leading dimension 24 (padded, even)
-  __shared__ uint16_t sb[16 * 24];
+  __shared__ __align__(16) uint16_t sa[16 * 24];  // leading dimension 24 (padded, a multiple of 8)
+  __shared__ __align__(16) uint16_t sb[16 * 24];
   const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
   uint32_t a[4], b[2];
   if (source == 0) {
@@ -28,16 +28,24 @@ __global__ void mma_test_kernel(float* D, const uint16_t* A, const uint16_t* B, 
     b[0] = cuda::pack_bf16(B_(2 * t, g), B_(2 * t + 1, g));
     b[1] = cuda::pack_bf16(B_(2 * t + 8, g), B_(2 * t + 9, g));
   } else {
+    // B goes to n-tile `hi` of a 16-column shared tile; the other n-tile holds bf16 NaNs, so
+    // a loader that hands back the wrong one of its two fragments poisons D.
+    const bool kn = source == static_cast<int>(Source::kLoadBkn) || source == static_cast<int>(Source::kLoadBknHi);
+    const int hi = source == static_cast<int>(Source::kLoadBknHi) || source == static_cast<int>(Source::kLoadBnkHi);
     for (int i = lane; i < 16 * 16; i += 32) sa[(i / 16) * 24 + i % 16] = A[i];
+    for (int i = lane; i < 16 * 24; i += 32) sb[i] = 0xffff;
+    __syncthreads();
     for (int i = lane; i < 16 * 8; i += 32) {
-      const int k = i / 8, n = i % 8;
-      if (source == 1) sb[k * 24 + n] = B[i];  // [k][n]
-      else sb[n * 24 + k] = B[i];              // [n][k]
+      const int k = i / 8, n = i % 8 + 8 * hi;
+      if (kn) sb[k * 24 + n] = B[i];  // [k][n]
+      else sb[n * 24 + k] = B[i];     // [n][k]
     }
     __syncthreads();
     cuda::load_a(a, sa, 24, 0, 0);
-    if (source == 1) cuda::load_b_kn(b, sb, 24, 0, 0);
-    else cuda::load_b_nk(b, sb, 24, 0, 0);
+    uint32_t pair[2][2];
+    if (kn) cuda::load_b_kn_x2(pair, sb, 24, 0, 0);
+    else cuda::load_b_nk_x2(pair, sb, 24, 0, 0);
+    b[0] = pair[hi][0], b[1] = pair[hi][1];
   }
   const float c[4] = {C[g * 8 + 2 * t], C[g * 8 + 2 * t + 1], C[(g + 8) * 8 + 2 * t], C[(g + 8) * 8 + 2 * t + 1]};
   float d[4];

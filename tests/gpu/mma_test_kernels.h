@@ -12,9 +12,11 @@ namespace mma_test {
 // How the kernel gets its fragments.
 //   kRegisters: each lane builds its registers from global memory by the PTX ISA layout, written
 //               out in the test kernel (independently of mma.cuh's loaders);
-//   kLoadBkn:   A, B copied to shared memory, load_a and load_b_kn (B stored [k][n]);
-//   kLoadBnk:   A, B^T copied to shared memory, load_a and load_b_nk (B stored [n][k]).
-enum class Source { kRegisters, kLoadBkn, kLoadBnk };
+//   kLoadBkn:   A, B copied to shared memory, load_a and load_b_kn_x2 (B stored [k][n]) as the
+//               first of its two n-tiles; kLoadBknHi as the second;
+//   kLoadBnk:   A, B^T copied to shared memory, load_a and load_b_nk_x2 (B stored [n][k]) as the
+//               first n-tile; kLoadBnkHi as the second.
+enum class Source { kRegisters, kLoadBkn, kLoadBnk, kLoadBknHi, kLoadBnkHi };
 
 // A: 16x16 bf16 bits row-major; B: 16x8 bf16 bits row-major ([k][n]); C, D: 16x8 fp32 row-major.
 // Returns "" or the CUDA error.

@@ -30,6 +30,7 @@
 // blocks run one after another there (a later block sees stale values, as on a GPU it would see
 // garbage; kernels must not rely on either).
 #define __shared__ static thread_local
+#define __align__(n) __attribute__((aligned(n)))
 
 // ---- vector types and built-ins ----
 struct uint3 {
