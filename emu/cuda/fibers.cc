@@ -12,6 +12,16 @@
 // Every abort names the kernel, the block, the thread and the call sites
 // (cuda_emu::Fail: "shardgpt CUDA emulation: kernel ...").
 //
+// Each block draws (from the seeded generator) two schedules, so that a missing barrier shows
+// in one of them:
+//   warps in step: the lanes a collective releases queue behind every other runnable thread,
+//     so all warps advance together; or warps run ahead: they queue first, so one warp runs
+//     from a barrier to the next before the others move (a warp that refills a shared buffer
+//     others still read, without a barrier between, overwrites it);
+//   cp.async copies land at the wait that covers their group (the latest a GPU allows: a read
+//     before the wait sees stale data) or at once when started (the earliest: a copy into a
+//     buffer others still read lands under them).
+//
 // Fiber stacks are mmap'ed once per host thread (with a guard page below each) and reused.
 // Under AddressSanitizer every switch is announced (__sanitizer_*_switch_fiber).
 #include <sys/mman.h>
@@ -23,6 +33,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <random>
 #include <string>
 #include <vector>
@@ -77,6 +88,13 @@ struct Fiber {
   const char* file = nullptr;
   int line = 0;
   void* asan_fake_stack = nullptr;
+  // cp.async copies not landed yet: the open group, then the committed ones, oldest first
+  struct AsyncCopy {
+    void* dst;
+    const void* src;
+  };
+  std::vector<AsyncCopy> open_group;
+  std::deque<std::vector<AsyncCopy>> committed;
 };
 
 struct Warp {
@@ -100,6 +118,8 @@ struct Block {
   int barrier_line = 0;
   void* shared = nullptr;
   std::mt19937_64* rng = nullptr;
+  bool warps_run_ahead = false;  // released lanes queue first (see the header comment)
+  bool cp_async_at_start = false;  // cp.async copies land when started, not at their wait
   const void* scheduler_stack_bottom = nullptr;
   size_t scheduler_stack_size = 0;
   void* scheduler_fake_stack = nullptr;
@@ -252,6 +272,9 @@ void RunBlock(Block* b) {
   b->next = 0;
   for (int i = 0; i < b->nthreads; i++) b->runnable.push_back(i);
   std::shuffle(b->runnable.begin(), b->runnable.end(), *b->rng);
+  const uint64_t draw = (*b->rng)();
+  b->warps_run_ahead = draw & 1;
+  b->cp_async_at_start = (draw >> 1) & 1;
   for (int i = 0; i < b->nthreads; i++) {
     Fiber& f = b->fibers[i];
     char* stack = tls_stacks.Get(i);
@@ -261,6 +284,8 @@ void RunBlock(Block* b) {
     f.context = ctx::make_fcontext(stack + kGuardBytes + kStackBytes, kStackBytes, FiberMain);
     f.state = State::kRunnable;
     f.asan_fake_stack = nullptr;
+    f.open_group.clear();
+    f.committed.clear();
   }
   for (Warp& w : b->warps) w = Warp();
   b->at_barrier = b->done = 0;
@@ -346,6 +371,33 @@ void CheckVectorAccess(const void* p, size_t bytes, const char* what) {
   Fail(msg);
 }
 
+static Fiber& CurrentFiber(const char* what) {
+  if (tls_block == nullptr) Fail(std::string(what) + " used outside a kernel");
+  return tls_block->fibers[tls_block->current];
+}
+
+void CpAsync16(void* shared_dst, const void* global_src) {
+  CheckVectorAccess(shared_dst, 16, "cp.async (shared destination)");
+  CheckVectorAccess(global_src, 16, "cp.async (global source)");
+  Fiber& f = CurrentFiber("cp.async");
+  if (tls_block->cp_async_at_start) std::memcpy(shared_dst, global_src, 16);
+  else f.open_group.push_back({shared_dst, global_src});
+}
+
+void CpAsyncCommit() {
+  Fiber& f = CurrentFiber("cp.async.commit_group");
+  f.committed.push_back(std::move(f.open_group));
+  f.open_group.clear();
+}
+
+void CpAsyncWait(int newer_groups_left) {
+  Fiber& f = CurrentFiber("cp.async.wait_group");
+  while (f.committed.size() > static_cast<size_t>(std::max(0, newer_groups_left))) {
+    for (const Fiber::AsyncCopy& c : f.committed.front()) std::memcpy(c.dst, c.src, 16);
+    f.committed.pop_front();
+  }
+}
+
 void* DynamicShared() {
   if (tls_block == nullptr) Fail("dynamic shared memory used outside a kernel");
   return tls_block->shared;
@@ -425,9 +477,16 @@ uint64_t WarpCollective(WarpOp op, unsigned mask, uint64_t value, int param, int
   Fiber* lanes = &b->fibers[warp * 32];
   uint64_t results[32];
   for (int l = 0; l < 32; l++) results[l] = Resolve(lanes, l);
+  int released[31], n = 0;
   for (int l = 0; l < 32; l++) {
     lanes[l].result = results[l];
-    if (l != lane) MakeRunnable(b, warp * 32 + l);
+    if (l != lane) released[n++] = warp * 32 + l;
+  }
+  if (b->warps_run_ahead) {  // next in the queue: this warp goes on before the others
+    for (int i : released) b->fibers[i].state = State::kRunnable;
+    b->runnable.insert(b->runnable.begin() + (long)b->next, released, released + n);
+  } else {
+    for (int i : released) MakeRunnable(b, i);
   }
   w.arrived = 0;
   f.state = State::kRunnable;

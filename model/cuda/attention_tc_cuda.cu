@@ -20,12 +20,15 @@
 //   dk, dv    a block per (key tile, bh), looping over query tiles diagonal..end.
 // Every output element is summed by one thread in a fixed order: no atomics, bitwise
 // reproducible. Tiles are loaded to shared memory as bf16 (rows past T as zeros, masked), 8
-// elements per thread step with 128-bit loads; rows are padded by 8 elements (16 bytes), so that
-// the 8 rows of each ldmatrix (mma.cuh) fall in distinct banks. The kernels read and write the
-// activation dtype Act (fp32, or bf16 as raw bits) as it is: out and the dqkv sums are rounded
-// to it once, from fp32 (dqkv = Act(fp32(dqkv) + gradient)), so bf16 activations need no fp32
-// scratch and no conversion pass (bitwise the fp32 kernels' results rounded, as the CPU twins).
+// elements per thread step (bf16: cp.async; fp32: 128-bit loads, rounded), and the tiles a
+// block loops over are double-buffered: the next one loads while this one is used. Rows are
+// padded by 8 elements (16 bytes), so that the 8 rows of each ldmatrix (mma.cuh) fall in
+// distinct banks. The kernels read and write the activation dtype Act (fp32, or bf16 as raw
+// bits) as it is: out and the dqkv sums are rounded to it once, from fp32 (dqkv =
+// Act(fp32(dqkv) + gradient)), so bf16 activations need no fp32 scratch and no conversion pass
+// (bitwise the fp32 kernels' results rounded, as the CPU twins are).
 #include <cmath>
+#include <type_traits>
 
 #include "model/cuda/attention_tc.h"
 #include "model/cuda/device_util.cuh"
@@ -46,8 +49,7 @@ constexpr int kNT = kTile / 8;  // n-tiles of 8 columns per tile of 64
 template <int HS>
 constexpr int kLd = HS + 8;  // shared-memory row stride (bf16 elements)
 
-// Eight elements of a tile row as bf16: one 128-bit load of bf16 (as they are), two of fp32 (rounded).
-__device__ __forceinline__ bf16x8 load_bf16x8(const uint16_t* p) { return load128(p); }
+// Eight fp32 elements of a tile row as bf16: two 128-bit loads, rounded.
 __device__ __forceinline__ bf16x8 load_bf16x8(const float* p) {
   float x[kVec];
   load8(x, p);
@@ -57,18 +59,21 @@ __device__ __forceinline__ bf16x8 load_bf16x8(const float* p) {
   return r;
 }
 
-// dst[r][d] (bf16, row stride Ld) = src[(row0 + r) * stride + d] for r < kTile, d < HS; rows >= T are 0.
-// A thread moves 8 elements per step (one 128-bit shared store) where src and stride keep every
-// row 16-byte aligned (the model's qkv and dout do), else one element per step.
+// Starts filling dst (bf16, row stride kLd) with src[(row0 + r) * stride + d] for r < kTile,
+// d < HS; rows >= T are 0. Where src and stride keep every row 16-byte aligned (the model's qkv
+// and dout do) a thread moves 8 elements per step: bf16 by cp.async, landing at the caller's
+// cp_async_wait (device_util.cuh), fp32 by two 128-bit loads, rounded; else one element per
+// step. Every thread sees the whole tile after its cp_async_wait and a __syncthreads.
 template <int HS, typename Act>
-__device__ __forceinline__ void load_tile(uint16_t* dst, const Act* src, int row0, int T, int64_t stride) {
+__device__ __forceinline__ void start_tile(uint16_t* dst, const Act* src, int row0, int T, int64_t stride) {
   constexpr int kChunks = HS / kVec;  // 8-element chunks per row
   if (reinterpret_cast<uintptr_t>(src) % 16 == 0 && stride % kVec == 0) {
     for (int i = threadIdx.x; i < kTile * kChunks; i += blockDim.x) {
       const int r = i / kChunks, d = (i - r * kChunks) * kVec, t = row0 + r;
-      bf16x8 x{};
-      if (t < T) x = load_bf16x8(src + (int64_t)t * stride + d);
-      store128(dst + r * kLd<HS> + d, x);
+      uint16_t* to = dst + r * kLd<HS> + d;
+      if (t >= T) store128(to, bf16x8{});
+      else if constexpr (std::is_same_v<Act, uint16_t>) cp_async16(to, src + (int64_t)t * stride + d);
+      else store128(to, load_bf16x8(src + (int64_t)t * stride + d));
     }
     return;
   }
@@ -138,15 +143,23 @@ template <int HS, typename Act>
 __global__ void __launch_bounds__(kThreads)
     attention_tc_forward_kernel(Act* out, float* lse, const Act* qkv, int T, int C, int NH, float scale) {
   SHARDGPT_DYNAMIC_SHARED(uint16_t, smem);
+  constexpr int kTileElems = kTile * kLd<HS>;
   uint16_t* Qs = smem;
-  uint16_t* Ks = Qs + kTile * kLd<HS>;
-  uint16_t* Vs = Ks + kTile * kLd<HS>;
+  // double-buffered K, V (addresses computed from buf: an array of two pointers indexed by buf
+  // would live in local memory)
+  auto Ks = [&](int buf) { return smem + (1 + buf) * kTileElems; };
+  auto Vs = [&](int buf) { return smem + (3 + buf) * kTileElems; };
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int q0 = tile_index() * kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int64_t C3 = 3 * (int64_t)C;
   const Act* q = qkv + (int64_t)b * T * C3 + h * HS;
-  load_tile<HS>(Qs, q, q0, T, C3);
+  start_tile<HS>(Qs, q, q0, T, C3);
+  cp_async_commit();
+  start_tile<HS>(Ks(0), q + C, 0, T, C3);
+  start_tile<HS>(Vs(0), q + 2 * C, 0, T, C3);
+  cp_async_commit();
+  cp_async_wait<1>();  // Q
   __syncthreads();
   uint32_t qa[HS / 16][4];
   load_rows<HS>(qa, Qs, warp);
@@ -158,13 +171,16 @@ __global__ void __launch_bounds__(kThreads)
   for (int n = 0; n < HS / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
   const int q_last = min(q0 + kTile, T) - 1;
-  for (int k0 = 0; k0 <= q_last; k0 += kTile) {
-    __syncthreads();  // the previous K, V tiles are consumed
-    load_tile<HS>(Ks, q + C, k0, T, C3);
-    load_tile<HS>(Vs, q + 2 * C, k0, T, C3);
+  for (int k0 = 0, buf = 0; k0 <= q_last; k0 += kTile, buf ^= 1) {
+    if (k0 + kTile <= q_last) {  // the next K, V tiles load while these are used
+      start_tile<HS>(Ks(buf ^ 1), q + C, k0 + kTile, T, C3);
+      start_tile<HS>(Vs(buf ^ 1), q + 2 * C, k0 + kTile, T, C3);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // this tile's K, V (the next ones may still be in flight)
     __syncthreads();
     float s[kNT][4];
-    scores<HS>(s, qa, Ks);
+    scores<HS>(s, qa, Ks(buf));
     float mx[2] = {-INFINITY, -INFINITY};
     #pragma unroll
     for (int j = 0; j < kNT; j++)
@@ -196,7 +212,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int n = 0; n < HS / 8; n++)
       #pragma unroll
       for (int e = 0; e < 4; e++) o[n][e] *= alpha[e >> 1];
-    accumulate_pv<HS>(o, s, Vs);
+    accumulate_pv<HS>(o, s, Vs(buf));
+    __syncthreads();  // every warp is done with buf before the next iteration refills it
   }
   #pragma unroll
   for (int r = 0; r < 2; r++) {
@@ -218,17 +235,23 @@ __global__ void __launch_bounds__(kThreads)
     attention_tc_backward_dq_kernel(Act* dqkv, const Act* dout, const Act* qkv, const float* lse, const float* Dg,
                                     int T, int C, int NH, float scale) {
   SHARDGPT_DYNAMIC_SHARED(uint16_t, smem);
+  constexpr int kTileElems = kTile * kLd<HS>;
   uint16_t* Qs = smem;
-  uint16_t* dOs = Qs + kTile * kLd<HS>;
-  uint16_t* Ks = dOs + kTile * kLd<HS>;
-  uint16_t* Vs = Ks + kTile * kLd<HS>;
+  uint16_t* dOs = smem + kTileElems;
+  auto Ks = [&](int buf) { return smem + (2 + buf) * kTileElems; };  // double-buffered
+  auto Vs = [&](int buf) { return smem + (4 + buf) * kTileElems; };
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int q0 = tile_index() * kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int64_t C3 = 3 * (int64_t)C;
   const Act* q = qkv + (int64_t)b * T * C3 + h * HS;
-  load_tile<HS>(Qs, q, q0, T, C3);
-  load_tile<HS>(dOs, dout + (int64_t)b * T * C + h * HS, q0, T, C);
+  start_tile<HS>(Qs, q, q0, T, C3);
+  start_tile<HS>(dOs, dout + (int64_t)b * T * C + h * HS, q0, T, C);
+  cp_async_commit();
+  start_tile<HS>(Ks(0), q + C, 0, T, C3);
+  start_tile<HS>(Vs(0), q + 2 * C, 0, T, C3);
+  cp_async_commit();
+  cp_async_wait<1>();  // Q, dO
   __syncthreads();
   uint32_t qa[HS / 16][4], da[HS / 16][4];
   load_rows<HS>(qa, Qs, warp);
@@ -245,14 +268,17 @@ __global__ void __launch_bounds__(kThreads)
   for (int n = 0; n < HS / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
 
   const int q_last = min(q0 + kTile, T) - 1;
-  for (int k0 = 0; k0 <= q_last; k0 += kTile) {
-    __syncthreads();
-    load_tile<HS>(Ks, q + C, k0, T, C3);
-    load_tile<HS>(Vs, q + 2 * C, k0, T, C3);
+  for (int k0 = 0, buf = 0; k0 <= q_last; k0 += kTile, buf ^= 1) {
+    if (k0 + kTile <= q_last) {  // the next K, V tiles load while these are used
+      start_tile<HS>(Ks(buf ^ 1), q + C, k0 + kTile, T, C3);
+      start_tile<HS>(Vs(buf ^ 1), q + 2 * C, k0 + kTile, T, C3);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
     __syncthreads();
     float s[kNT][4], dp[kNT][4];
-    scores<HS>(s, qa, Ks);   // q k^T
-    scores<HS>(dp, da, Vs);  // dO v^T
+    scores<HS>(s, qa, Ks(buf));   // q k^T
+    scores<HS>(dp, da, Vs(buf));  // dO v^T
     #pragma unroll
     for (int j = 0; j < kNT; j++)
       #pragma unroll
@@ -261,7 +287,8 @@ __global__ void __launch_bounds__(kThreads)
         const float p = key <= row[r] && key < T && row[r] < T ? expf(s[j][e] * scale - lse_r[r]) : 0.0f;
         s[j][e] = p * (dp[j][e] - D_r[r]);  // dS
       }
-    accumulate_pv<HS>(dq, s, Ks);  // dq += dS k
+    accumulate_pv<HS>(dq, s, Ks(buf));  // dq += dS k
+    __syncthreads();  // every warp is done with buf before the next iteration refills it
   }
   #pragma unroll
   for (int r = 0; r < 2; r++) {
@@ -281,20 +308,36 @@ __global__ void __launch_bounds__(kThreads)
     attention_tc_backward_dkv_kernel(Act* dqkv, const Act* dout, const Act* qkv, const float* lse, const float* Dg,
                                      int T, int C, int NH, float scale) {
   SHARDGPT_DYNAMIC_SHARED(uint16_t, smem);
+  constexpr int kTileElems = kTile * kLd<HS>;
   uint16_t* Ks = smem;
-  uint16_t* Vs = Ks + kTile * kLd<HS>;
-  uint16_t* Qs = Vs + kTile * kLd<HS>;
-  uint16_t* dOs = Qs + kTile * kLd<HS>;
-  float* ls = reinterpret_cast<float*>(dOs + kTile * kLd<HS>);  // lse of the query tile
-  float* Ds = ls + kTile;                                         // D of the query tile
+  uint16_t* Vs = smem + kTileElems;
+  auto Qs = [&](int buf) { return smem + (2 + buf) * kTileElems; };  // double-buffered
+  auto dOs = [&](int buf) { return smem + (4 + buf) * kTileElems; };
+  float* const stats = reinterpret_cast<float*>(smem + 6 * kTileElems);
+  auto ls = [&](int buf) { return stats + buf * kTile; };        // lse of the query tile
+  auto Ds = [&](int buf) { return stats + (2 + buf) * kTile; };  // D of the query tile
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int k0 = (int)blockIdx.x * kTile;  // the first key tiles have the most query tiles: first
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int64_t C3 = 3 * (int64_t)C;
   const Act* q = qkv + (int64_t)b * T * C3 + h * HS;
   const Act* dO = dout + (int64_t)b * T * C + h * HS;
-  load_tile<HS>(Ks, q + C, k0, T, C3);
-  load_tile<HS>(Vs, q + 2 * C, k0, T, C3);
+  // The query tile q0's Q, dO (by cp.async where they can) and lse, D (stored) into buffer buf.
+  auto start_query_tile = [&](int q0, int buf) {
+    start_tile<HS>(Qs(buf), q, q0, T, C3);
+    start_tile<HS>(dOs(buf), dO, q0, T, C);
+    for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
+      const int t = q0 + i;
+      ls(buf)[i] = t < T ? lse[(int64_t)bh * T + t] : 0.0f;
+      Ds(buf)[i] = t < T ? Dg[(int64_t)bh * T + t] : 0.0f;
+    }
+  };
+  start_tile<HS>(Ks, q + C, k0, T, C3);
+  start_tile<HS>(Vs, q + 2 * C, k0, T, C3);
+  cp_async_commit();
+  start_query_tile(k0, 0);
+  cp_async_commit();
+  cp_async_wait<1>();  // K, V
   __syncthreads();
   uint32_t ka[HS / 16][4], va[HS / 16][4];
   load_rows<HS>(ka, Ks, warp);
@@ -306,30 +349,26 @@ __global__ void __launch_bounds__(kThreads)
     #pragma unroll
     for (int e = 0; e < 4; e++) dk[n][e] = dv[n][e] = 0.0f;
 
-  for (int q0 = k0; q0 < T; q0 += kTile) {
-    __syncthreads();
-    load_tile<HS>(Qs, q, q0, T, C3);
-    load_tile<HS>(dOs, dO, q0, T, C);
-    for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
-      const int t = q0 + i;
-      ls[i] = t < T ? lse[(int64_t)bh * T + t] : 0.0f;
-      Ds[i] = t < T ? Dg[(int64_t)bh * T + t] : 0.0f;
-    }
+  for (int q0 = k0, buf = 0; q0 < T; q0 += kTile, buf ^= 1) {
+    if (q0 + kTile < T) start_query_tile(q0 + kTile, buf ^ 1);  // loads while this one is used
+    cp_async_commit();
+    cp_async_wait<1>();
     __syncthreads();
     float p[kNT][4], ds[kNT][4];
-    scores<HS>(p, ka, Qs);    // k q^T
-    scores<HS>(ds, va, dOs);  // v dO^T
+    scores<HS>(p, ka, Qs(buf));    // k q^T
+    scores<HS>(ds, va, dOs(buf));  // v dO^T
     #pragma unroll
     for (int j = 0; j < kNT; j++)
       #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int c = 8 * j + 2 * tq + (e & 1), t = q0 + c, s = key[e >> 1];
-        const float pv = s <= t && t < T && s < T ? expf(p[j][e] * scale - ls[c]) : 0.0f;
+        const float pv = s <= t && t < T && s < T ? expf(p[j][e] * scale - ls(buf)[c]) : 0.0f;
         p[j][e] = pv;
-        ds[j][e] = pv * (ds[j][e] - Ds[c]);
+        ds[j][e] = pv * (ds[j][e] - Ds(buf)[c]);
       }
-    accumulate_pv<HS>(dv, p, dOs);  // dv += P^T dO
-    accumulate_pv<HS>(dk, ds, Qs);  // dk += dS^T q
+    accumulate_pv<HS>(dv, p, dOs(buf));  // dv += P^T dO
+    accumulate_pv<HS>(dk, ds, Qs(buf));  // dk += dS^T q
+    __syncthreads();  // every warp is done with buf before the next iteration refills it
   }
   #pragma unroll
   for (int r = 0; r < 2; r++) {
@@ -358,7 +397,7 @@ constexpr size_t TileBytes() { return sizeof(uint16_t) * kTile * kLd<HS>; }
 template <int HS, typename Act>
 void Forward(Act* out, float* lse, const Act* qkv, int B, int T, int C, int NH, float scale, cudaStream_t stream) {
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
-  const size_t smem = 3 * TileBytes<HS>();
+  const size_t smem = 5 * TileBytes<HS>();  // Q, two K, two V
   auto* attention_tc_forward = &attention_tc_forward_kernel<HS, Act>;  // (a template-id has commas)
   AllowSharedMemory(attention_tc_forward, smem);
   SHARDGPT_LAUNCH(attention_tc_forward, grid, kThreads, smem, stream)(out, lse, qkv, T, C, NH, scale);
@@ -369,12 +408,12 @@ template <int HS, typename Act>
 void Backward(Act* dqkv, const Act* dout, const Act* qkv, const float* lse, const float* D, int B, int T, int C,
               int NH, float scale, cudaStream_t stream) {
   const dim3 grid((T + kTile - 1) / kTile, B * NH);
-  const size_t smem_dq = 4 * TileBytes<HS>();
+  const size_t smem_dq = 6 * TileBytes<HS>();  // Q, dO, two K, two V (dkv: K, V, two Q, two dO)
   auto* attention_tc_backward_dq = &attention_tc_backward_dq_kernel<HS, Act>;
   AllowSharedMemory(attention_tc_backward_dq, smem_dq);
   SHARDGPT_LAUNCH(attention_tc_backward_dq, grid, kThreads, smem_dq, stream)(dqkv, dout, qkv, lse, D, T, C, NH, scale);
   SHARDGPT_CUDA_CHECK_LAUNCH("attention_tc_backward_dq_kernel");
-  const size_t smem_dkv = smem_dq + 2 * sizeof(float) * kTile;
+  const size_t smem_dkv = smem_dq + 4 * sizeof(float) * kTile;  // + two lse, two D
   auto* attention_tc_backward_dkv = &attention_tc_backward_dkv_kernel<HS, Act>;
   AllowSharedMemory(attention_tc_backward_dkv, smem_dkv);
   SHARDGPT_LAUNCH(attention_tc_backward_dkv, grid, kThreads, smem_dkv, stream)(dqkv, dout, qkv, lse, D, T, C, NH,

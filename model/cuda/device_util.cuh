@@ -107,6 +107,36 @@ __device__ __forceinline__ void store128(T* p, const Packed128<T>& x) {
 
 inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// ---- cp.async (sm_80 and later): 16 bytes from global to shared memory, asynchronously ----
+// cp_async16 starts a copy (both addresses 16-byte aligned); cp_async_commit closes this
+// thread's group of started copies; cp_async_wait<N>() returns when at most N of its newer
+// groups are still in flight. A copy is visible to other threads only after the copier's wait
+// and a barrier. cp.async.cg caches in L2 only (the tile is read once per block). The emulation
+// lands each copy at its wait, the latest a GPU may (cuda_emu::CpAsync16).
+__device__ __forceinline__ void cp_async16(void* shared_dst, const void* global_src) {
+#ifdef SHARDGPT_CUDA_EMULATION
+  cuda_emu::CpAsync16(shared_dst, global_src);
+#else
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src));
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#ifdef SHARDGPT_CUDA_EMULATION
+  cuda_emu::CpAsyncCommit();
+#else
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#ifdef SHARDGPT_CUDA_EMULATION
+  cuda_emu::CpAsyncWait(N);
+#else
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 // Elements per vector step of the element-wise kernels: 8, one 128-bit access of bf16 or two
 // of fp32, so mixed fp32/bf16 kernels (convert, accumulate) move whole vectors on both sides.
 constexpr int kVec = 8;

@@ -5,6 +5,7 @@
 // kernel argument that is host memory, a copy past an allocation's end.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -94,6 +95,44 @@ __global__ void add_one_vec_kernel(float* x) {
   shardgpt::cuda::load8(v, x + i);
   for (float& f : v) f += 1.0f;
   shardgpt::cuda::store8(x + i, v);
+}
+
+// One warp: three cp.async groups (group g: each lane 16 bytes of src into its slot s[g][lane]),
+// then out[(stage * 3 + g) * 32 + lane] = the first int of s[g][lane] as the lane sees it before
+// any wait (stage 0), after wait<2> (1), wait<1> (2) and wait<0> (3). Each lane reads only what
+// it copied: no barrier is needed.
+__global__ void cp_async_kernel(int* out, const int* src, int offset) {
+  __shared__ __align__(16) int s[3][32][4];
+  const int lane = threadIdx.x;
+  for (int g = 0; g < 3; g++)
+    for (int k = 0; k < 4; k++) s[g][lane][k] = -1;
+  for (int g = 0; g < 3; g++) {
+    shardgpt::cuda::cp_async16(s[g][lane], src + offset + (g * 32 + lane) * 4);
+    shardgpt::cuda::cp_async_commit();
+  }
+  auto record = [&](int stage) {
+    for (int g = 0; g < 3; g++) out[(stage * 3 + g) * 32 + lane] = s[g][lane][0];
+  };
+  record(0);
+  shardgpt::cuda::cp_async_wait<2>();
+  record(1);
+  shardgpt::cuda::cp_async_wait<1>();
+  record(2);
+  shardgpt::cuda::cp_async_wait<0>();
+  record(3);
+}
+
+// Two warps pass three shuffles each; lane 0 of warp w writes, after its k-th, the block's tick
+// count into out[3 w + k]: the order in which the two warps advanced.
+__global__ void schedule_kernel(int* out) {
+  __shared__ int ticks;
+  if (threadIdx.x == 0) ticks = 0;
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int k = 0; k < 3; k++) {
+    __shfl_xor_sync(0xffffffffu, lane, 1);
+    if (lane == 0) out[3 * warp + k] = ticks++;
+  }
 }
 
 __global__ void add_one_kernel(float* x, int n) {
@@ -221,6 +260,71 @@ TEST(CudaEmulationDeathTest, MisalignedVectorAccessNamesTheKernel) {
       },
       "kernel add_one_vec_kernel.*load128: a 128-bit access at .* is not 16-byte aligned");
   CHECK_CUDA(cudaFree(d));
+}
+
+// Blocks draw one of two schedules: warps in step (each warp's shuffles interleave with the
+// other's) or warps running ahead (one warp passes all its shuffles before the other its first),
+// so that a warp refilling a shared buffer without a barrier shows in one of them.
+TEST(CudaEmulation, WarpsRunInStepOrAhead) {
+  int* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&out, 6 * sizeof(int)), cudaSuccess);
+  int ahead = 0, in_step = 0;
+  for (int launch = 0; launch < 16; launch++) {
+    SHARDGPT_LAUNCH(schedule_kernel, 1, 64, 0, nullptr)(out);
+    const std::vector<int> t = Download(out, 6);
+    const int max0 = std::max({t[0], t[1], t[2]}), min0 = std::min({t[0], t[1], t[2]});
+    const int max1 = std::max({t[3], t[4], t[5]}), min1 = std::min({t[3], t[4], t[5]});
+    if (max0 < min1 || max1 < min0) ahead++;
+    else in_step++;
+  }
+  EXPECT_GT(ahead, 0);
+  EXPECT_GT(in_step, 0);
+  CHECK_CUDA(cudaFree(out));
+}
+
+// cp.async copies land at one of the two extremes a GPU allows, drawn per block: at the wait
+// that leaves their group no longer among the allowed newer ones (never before: a kernel reading
+// early reads stale data), or at once when started. Over 16 launches both occur, each exactly.
+TEST(CudaEmulation, CpAsyncLandsAtItsWaitOrAtOnce) {
+  int *src = nullptr, *out = nullptr;
+  ASSERT_EQ(cudaMalloc(&src, 3 * 32 * 4 * sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&out, 4 * 3 * 32 * sizeof(int)), cudaSuccess);
+  std::vector<int> h(3 * 32 * 4);
+  std::iota(h.begin(), h.end(), 0);
+  CHECK_CUDA(cudaMemcpy(src, h.data(), h.size() * sizeof(int), cudaMemcpyHostToDevice));
+  int at_wait = 0, at_start = 0;
+  for (int launch = 0; launch < 16; launch++) {
+    SHARDGPT_LAUNCH(cp_async_kernel, 1, 32, 0, nullptr)(out, src, 0);
+    const std::vector<int> seen = Download(out, 4 * 3 * 32);
+    bool latest = true, earliest = true;
+    for (int stage = 0; stage < 4; stage++)
+      for (int g = 0; g < 3; g++)
+        for (int lane = 0; lane < 32; lane++) {
+          const int v = seen[(stage * 3 + g) * 32 + lane], copied = (g * 32 + lane) * 4;
+          latest = latest && v == (g < stage ? copied : -1);
+          earliest = earliest && v == copied;
+        }
+    EXPECT_TRUE(latest || earliest) << "launch " << launch << ": neither at the waits nor at once";
+    at_wait += latest, at_start += earliest;
+  }
+  EXPECT_GT(at_wait, 0);
+  EXPECT_GT(at_start, 0);
+  CHECK_CUDA(cudaFree(src));
+  CHECK_CUDA(cudaFree(out));
+}
+
+TEST(CudaEmulationDeathTest, MisalignedCpAsyncNamesTheKernel) {
+  int *src = nullptr, *out = nullptr;
+  ASSERT_EQ(cudaMalloc(&src, (3 * 32 * 4 + 4) * sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&out, 4 * 3 * 32 * sizeof(int)), cudaSuccess);
+  EXPECT_DEATH(
+      {
+        SHARDGPT_LAUNCH(cp_async_kernel, 1, 32, 0, nullptr)(out, src, 1);
+        cudaDeviceSynchronize();
+      },
+      "kernel cp_async_kernel.*cp.async \\(global source\\): a 128-bit access at .* is not 16-byte aligned");
+  CHECK_CUDA(cudaFree(src));
+  CHECK_CUDA(cudaFree(out));
 }
 
 TEST(CudaEmulationDeathTest, HostPointerArgumentIsRefused) {

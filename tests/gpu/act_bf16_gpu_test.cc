@@ -251,7 +251,8 @@ TEST_P(GpuBf16Act, Attention) {
 // equal. Bitwise, on the device alone (the tensor-core kernels at kBf16 read and write bf16
 // directly; the CUDA-core ones at kExact go through widened copies).
 TEST_P(GpuBf16Act, AttentionIsTheFp32ActivationResultRoundedOnce) {
-  const int B = 2, T = 70, NH = 2, hs = 64, C = NH * hs;  // T: a whole 64-row tile and a ragged one
+  // T: three whole 64-row tiles and a ragged one (the double-buffered loops refill their buffers)
+  const int B = 2, T = 200, NH = 2, hs = 64, C = NH * hs;
   const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
   const auto qkv = Bits(RandomFloats(nq, 50, -1.5f, 1.5f)), dout = Bits(RandomFloats(no, 51));
   const auto dqkv0 = Bits(RandomFloats(nq, 52));  // nonzero: the backward adds to it

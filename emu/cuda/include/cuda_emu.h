@@ -110,6 +110,16 @@ Counters GetCounters();
 // (Fail) naming `what`, the address, the kernel, the block and the thread.
 void CheckVectorAccess(const void* p, size_t bytes, const char* what);
 
+// cp.async (sm_80): a 16-byte copy from global to shared memory that does not pass through
+// registers and completes asynchronously. Modelled at its latest: each thread's copies are held
+// in groups (CpAsyncCommit closes one) and land only when that thread's CpAsyncWait(n) leaves
+// at most n newer groups pending, so a kernel that reads a tile before waiting for it (or
+// before the barrier after the other threads' waits) reads stale shared memory, as a GPU may.
+// Both addresses must be 16-byte aligned (checked as CheckVectorAccess does).
+void CpAsync16(void* shared_dst, const void* global_src);
+void CpAsyncCommit();
+void CpAsyncWait(int newer_groups_left);
+
 // Ends the process: prints "shardgpt CUDA emulation: <what>" on stderr and aborts. For a misuse
 // that a real GPU would punish with a crash, a hang or undefined behaviour.
 [[noreturn]] void Fail(const std::string& what);
