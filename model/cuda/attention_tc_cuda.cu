@@ -11,6 +11,7 @@
 //   backward: D_t = dO_t . o_t (fp32, attention_cuda.cu);  P = exp(S - lse);  dP = bf16(dO) bf16(v)^T;
 //             dS = P (dP - D);  dq += bf16(dS) bf16(k) * scale;
 //             dv += bf16(P)^T bf16(dO);  dk += bf16(dS)^T bf16(q) * scale.
+//   Each exp(x) is computed as exp2f(x log2 e), on S, m and lse held in log2 units (kLog2e).
 //
 // Blocks of kWarps = 4 warps, tiles of kTile = 64 rows (queries or keys): warp w owns the 16
 // rows 16w..16w+15 of its block's tile, as the rows of its m16n8k16 A fragments, and meets the
@@ -48,6 +49,12 @@ constexpr int kNT = kTile / 8;  // n-tiles of 8 columns per tile of 64
 
 template <int HS>
 constexpr int kLd = HS + 8;  // shared-memory row stride (bf16 elements)
+
+// exp(x) = exp2(x log2 e): the kernels keep scores and lse in log2 units (the scale folded into
+// one multiplication by scale log2 e), so that each exponential is one exp2f (the SFU's ex2 and
+// a denormal fix-up) instead of expf's range reduction. lse is stored in natural log units.
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 // Eight fp32 elements of a tile row as bf16: two 128-bit loads, rounded.
 __device__ __forceinline__ bf16x8 load_bf16x8(const float* p) {
@@ -165,7 +172,8 @@ __global__ void __launch_bounds__(kThreads)
   load_rows<HS>(qa, Qs, warp);
 
   const int row[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};  // this lane's two rows
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};          // l: this lane's partial sums
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // m in log2 units; l: this lane's partial sums
+  const float scale2 = scale * kLog2e;
   float o[HS / 8][4];
   #pragma unroll
   for (int n = 0; n < HS / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -187,7 +195,7 @@ __global__ void __launch_bounds__(kThreads)
       #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int key = k0 + 8 * j + 2 * tq + (e & 1), r = e >> 1;
-        s[j][e] = key <= row[r] && key < T ? s[j][e] * scale : -INFINITY;
+        s[j][e] = key <= row[r] && key < T ? s[j][e] * scale2 : -INFINITY;
         mx[r] = fmaxf(mx[r], s[j][e]);
       }
     float alpha[2], base[2];
@@ -195,7 +203,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int r = 0; r < 2; r++) {
       const float m_new = fmaxf(m[r], quad_max(mx[r]));
       base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet: p = 0, no NaN
-      alpha[r] = expf(m[r] - base[r]);
+      alpha[r] = exp2f(m[r] - base[r]);
       m[r] = m_new;
     }
     float sum[2] = {0.0f, 0.0f};
@@ -203,7 +211,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kNT; j++)
       #pragma unroll
       for (int e = 0; e < 4; e++) {
-        s[j][e] = expf(s[j][e] - base[e >> 1]);
+        s[j][e] = exp2f(s[j][e] - base[e >> 1]);
         sum[e >> 1] += s[j][e];
       }
     #pragma unroll
@@ -225,7 +233,7 @@ __global__ void __launch_bounds__(kThreads)
       store_f32(orow, 8 * n + 2 * tq, o[n][2 * r] / lr);
       store_f32(orow, 8 * n + 2 * tq + 1, o[n][2 * r + 1] / lr);
     }
-    if (tq == 0) lse[(int64_t)bh * T + row[r]] = m[r] + logf(lr);
+    if (tq == 0) lse[(int64_t)bh * T + row[r]] = m[r] * kLn2 + logf(lr);
   }
 }
 
@@ -244,6 +252,7 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = tile_index() * kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int64_t C3 = 3 * (int64_t)C;
+  const float scale2 = scale * kLog2e;
   const Act* q = qkv + (int64_t)b * T * C3 + h * HS;
   start_tile<HS>(Qs, q, q0, T, C3);
   start_tile<HS>(dOs, dout + (int64_t)b * T * C + h * HS, q0, T, C);
@@ -257,10 +266,10 @@ __global__ void __launch_bounds__(kThreads)
   load_rows<HS>(qa, Qs, warp);
   load_rows<HS>(da, dOs, warp);
   const int row[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
-  float lse_r[2], D_r[2];
+  float lse2[2], D_r[2];  // this lane's rows' lse (log2 units) and D
   #pragma unroll
   for (int r = 0; r < 2; r++) {
-    lse_r[r] = row[r] < T ? lse[(int64_t)bh * T + row[r]] : 0.0f;
+    lse2[r] = row[r] < T ? lse[(int64_t)bh * T + row[r]] * kLog2e : 0.0f;
     D_r[r] = row[r] < T ? Dg[(int64_t)bh * T + row[r]] : 0.0f;
   }
   float dq[HS / 8][4];
@@ -284,7 +293,7 @@ __global__ void __launch_bounds__(kThreads)
       #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int key = k0 + 8 * j + 2 * tq + (e & 1), r = e >> 1;
-        const float p = key <= row[r] && key < T && row[r] < T ? expf(s[j][e] * scale - lse_r[r]) : 0.0f;
+        const float p = key <= row[r] && key < T && row[r] < T ? exp2f(s[j][e] * scale2 - lse2[r]) : 0.0f;
         s[j][e] = p * (dp[j][e] - D_r[r]);  // dS
       }
     accumulate_pv<HS>(dq, s, Ks(buf));  // dq += dS k
@@ -314,10 +323,11 @@ __global__ void __launch_bounds__(kThreads)
   auto Qs = [&](int buf) { return smem + (2 + buf) * kTileElems; };  // double-buffered
   auto dOs = [&](int buf) { return smem + (4 + buf) * kTileElems; };
   float* const stats = reinterpret_cast<float*>(smem + 6 * kTileElems);
-  auto ls = [&](int buf) { return stats + buf * kTile; };        // lse of the query tile
+  auto ls = [&](int buf) { return stats + buf * kTile; };        // lse of the query tile (log2 units)
   auto Ds = [&](int buf) { return stats + (2 + buf) * kTile; };  // D of the query tile
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int k0 = (int)blockIdx.x * kTile;  // the first key tiles have the most query tiles: first
+  const float scale2 = scale * kLog2e;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int64_t C3 = 3 * (int64_t)C;
   const Act* q = qkv + (int64_t)b * T * C3 + h * HS;
@@ -328,7 +338,7 @@ __global__ void __launch_bounds__(kThreads)
     start_tile<HS>(dOs(buf), dO, q0, T, C);
     for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
       const int t = q0 + i;
-      ls(buf)[i] = t < T ? lse[(int64_t)bh * T + t] : 0.0f;
+      ls(buf)[i] = t < T ? lse[(int64_t)bh * T + t] * kLog2e : 0.0f;
       Ds(buf)[i] = t < T ? Dg[(int64_t)bh * T + t] : 0.0f;
     }
   };
@@ -362,7 +372,7 @@ __global__ void __launch_bounds__(kThreads)
       #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int c = 8 * j + 2 * tq + (e & 1), t = q0 + c, s = key[e >> 1];
-        const float pv = s <= t && t < T && s < T ? expf(p[j][e] * scale - ls(buf)[c]) : 0.0f;
+        const float pv = s <= t && t < T && s < T ? exp2f(p[j][e] * scale2 - ls(buf)[c]) : 0.0f;
         p[j][e] = pv;
         ds[j][e] = pv * (ds[j][e] - Ds(buf)[c]);
       }
