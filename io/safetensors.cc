@@ -20,6 +20,27 @@ namespace {
 // limit is 100 MB too): a lying length cannot make us allocate gigabytes.
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;
 
+// s in double quotes for an error message, with quotes, backslashes and control bytes escaped
+// (\n, \t, \r, \xNN): a tensor name or dtype from the file (JSON allows "\n" in a key) must
+// not break the message's one line.
+std::string Quoted(const std::string& s) {
+  std::string q = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') q += '\\', q += static_cast<char>(c);
+    else if (c == '\n') q += "\\n";
+    else if (c == '\t') q += "\\t";
+    else if (c == '\r') q += "\\r";
+    else if (c < 0x20 || c == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "\\x%02x", c);
+      q += hex;
+    } else {
+      q += static_cast<char>(c);
+    }
+  }
+  return q + "\"";
+}
+
 // IEEE half -> float (subnormals, inf and NaN included).
 float HalfToFloat(uint16_t h) {
   const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
@@ -83,12 +104,12 @@ StatusOr<std::vector<SafetensorsEntry>> ParseSafetensorsHeader(const std::string
       if (!v.is_object()) return Status::Corruption(what + ": __metadata__ is not an object of strings");
       for (auto m = v.begin(); m != v.end(); ++m) {
         if (!m.value().is_string())
-          return Status::Corruption(what + ": __metadata__ value of \"" + m.key() + "\" is not a string");
+          return Status::Corruption(what + ": __metadata__ value of " + Quoted(m.key()) + " is not a string");
         if (metadata) (*metadata)[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
-    const std::string t = what + ": tensor \"" + name + "\": ";
+    const std::string t = what + ": tensor " + Quoted(name) + ": ";
     if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
       return Status::Corruption(t + "expected an object with dtype, shape and data_offsets");
     SafetensorsEntry e;
@@ -96,7 +117,7 @@ StatusOr<std::vector<SafetensorsEntry>> ParseSafetensorsHeader(const std::string
     if (!v["dtype"].is_string()) return Status::Corruption(t + "dtype is not a string");
     e.dtype = v["dtype"].get<std::string>();
     const int elt = SafetensorsDTypeSize(e.dtype);
-    if (elt == 0) return Status::Corruption(t + "unknown dtype \"" + e.dtype + "\"");
+    if (elt == 0) return Status::Corruption(t + "unknown dtype " + Quoted(e.dtype));
     if (!v["shape"].is_array()) return Status::Corruption(t + "shape is not an array");
     // numel x elt must not wrap: every dimension and the running product stay below 2^62
     unsigned __int128 numel = 1;
@@ -128,7 +149,7 @@ StatusOr<std::vector<SafetensorsEntry>> ParseSafetensorsHeader(const std::string
   uint64_t at = 0;
   for (const SafetensorsEntry& e : out) {
     if (e.begin < at)
-      return Status::Corruption(what + ": tensor \"" + e.name + "\" overlaps the tensor before it (bytes " +
+      return Status::Corruption(what + ": tensor " + Quoted(e.name) + " overlaps the tensor before it (bytes " +
                                 std::to_string(e.begin) + " < " + std::to_string(at) + ")");
     if (e.begin > at)
       return Status::Corruption(what + ": bytes [" + std::to_string(at) + ", " + std::to_string(e.begin) +
@@ -180,9 +201,9 @@ const SafetensorsEntry* SafetensorsReader::Find(const std::string& name) const {
 Status SafetensorsReader::ReadFloats(const SafetensorsEntry& e, uint64_t first, uint64_t n, float* dst) {
   const int elt = SafetensorsDTypeSize(e.dtype);
   if (e.dtype != "F32" && e.dtype != "BF16" && e.dtype != "F16")
-    return Status::InvalidArgument(path_ + ": tensor \"" + e.name + "\" has dtype " + e.dtype +
+    return Status::InvalidArgument(path_ + ": tensor " + Quoted(e.name) + " has dtype " + Quoted(e.dtype) +
                                    " (expected F32, BF16 or F16)");
-  if (first + n > e.numel()) return Status::Internal(path_ + ": read past the end of tensor " + e.name);
+  if (first + n > e.numel()) return Status::Internal(path_ + ": read past the end of tensor " + Quoted(e.name));
   const uint64_t pos = data_start_ + e.begin + first * elt;
   if (elt == 4) {
     SHARDGPT_RETURN_IF_ERROR(PreadAll(fd_, path_, dst, n * 4, pos));

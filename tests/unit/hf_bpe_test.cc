@@ -179,6 +179,15 @@ TEST(Safetensors, RoundTripsAndRefusesLyingHeaders) {
   EXPECT_NE(parse(R"({"a":{"dtype":"Q4","shape":[2],"data_offsets":[0,8]}})", 8).status().message().find("unknown dtype"),
             std::string::npos);
   EXPECT_FALSE(parse("[1,2]", 0).ok());
+  // A name or dtype with control characters (JSON's "\n" escape in a key, found by the fuzzer)
+  // is quoted with them escaped: the error stays one line.
+  for (const char* json : {R"({"a\nb\"c":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                           R"({"ab":{"dtype":"F\n32","shape":[2],"data_offsets":[0,8]}})"}) {
+    const std::string m = parse(json, 4).status().message();
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    EXPECT_TRUE(m.find(R"("a\nb\"c")") != std::string::npos || m.find(R"(unknown dtype "F\n32")") != std::string::npos)
+        << m;
+  }
 }
 
 // export --hf then --init: every element of the flat buffer back, read in whole and in odd
