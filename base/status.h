@@ -37,6 +37,11 @@ class Status {
   std::string message_;
 };
 
+// s in double quotes for an error message, with quotes, backslashes and control bytes escaped
+// (\n, \t, \r, \xNN): a name read from a file (JSON allows "\n" in a string) must not break
+// the message's one line.
+std::string Quoted(const std::string& s);
+
 // A value or the error that prevented it.
 template <typename T>
 class StatusOr {

@@ -143,7 +143,7 @@ StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Parse(const std::str
     return Status::InvalidArgument(what + ": model.type " + m["type"].dump().substr(0, 40) + " is not a string");
   const std::string type = m.contains("type") ? m["type"].get<std::string>() : (m.contains("merges") ? "BPE" : "");
   if (type != "BPE")
-    return Status::InvalidArgument(what + ": unsupported model type \"" + type + "\" (expected \"BPE\", byte-level)");
+    return Status::InvalidArgument(what + ": unsupported model type " + Quoted(type) + " (expected \"BPE\", byte-level)");
   if (j.contains("normalizer") && !j["normalizer"].is_null())
     return Status::InvalidArgument(what + ": normalizer " + TypeOf(j["normalizer"]) + " is not supported (expected null)");
   if (!j.contains("pre_tokenizer") || !j["pre_tokenizer"].is_object() ||
@@ -190,7 +190,7 @@ StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Parse(const std::str
   int64_t max_id = -1;
   for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() >= (int64_t{1} << 24))
-      return Status::InvalidArgument(what + ": vocab entry \"" + it.key() + "\" has id " + it.value().dump() +
+      return Status::InvalidArgument(what + ": vocab entry " + Quoted(it.key()) + " has id " + it.value().dump() +
                                      " (expected an integer in [0, 2^24))");
     vocab[it.key()] = it.value().get<int32_t>();
     max_id = std::max<int64_t>(max_id, it.value().get<int64_t>());
@@ -251,7 +251,7 @@ StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Parse(const std::str
       const std::string s = e.get<std::string>();
       const size_t sp = s.find(' ', 1);
       if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-        return Status::InvalidArgument(what + ": merge " + std::to_string(rank) + " \"" + s + "\" (expected \"left right\")");
+        return Status::InvalidArgument(what + ": merge " + std::to_string(rank) + " " + Quoted(s) + " (expected \"left right\")");
       a = s.substr(0, sp), b = s.substr(sp + 1);
     } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
       a = e[0].get<std::string>(), b = e[1].get<std::string>();

@@ -144,7 +144,7 @@ StatusOr<std::unique_ptr<HfGpt2Reader>> HfGpt2Reader::Open(const std::string& pa
   // What our kernels compute: the tanh GELU, LayerNorm eps 1e-5, MLP width 4C, tied head.
   const std::string act = j.value("activation_function", std::string("gelu_new"));
   if (act != "gelu_new" && act != "gelu_pytorch_tanh")
-    return Status::InvalidArgument(cfg_path + ": activation_function \"" + act + "\" (expected gelu_new, the tanh GELU)");
+    return Status::InvalidArgument(cfg_path + ": activation_function " + Quoted(act) + " (expected gelu_new, the tanh GELU)");
   if (j.contains("layer_norm_epsilon") &&
       (!j["layer_norm_epsilon"].is_number() || std::fabs(j["layer_norm_epsilon"].get<double>() - 1e-5) > 1e-12))
     return Status::InvalidArgument(cfg_path + ": layer_norm_epsilon " + j["layer_norm_epsilon"].dump() + " (expected 1e-05)");
@@ -182,7 +182,7 @@ StatusOr<std::unique_ptr<HfGpt2Reader>> HfGpt2Reader::Open(const std::string& pa
     const bool mask = n.size() > 9 && (n.compare(n.size() - 9, 9, "attn.bias") == 0 ||
                                        (n.size() > 16 && n.compare(n.size() - 16, 16, "attn.masked_bias") == 0));
     if (n == "lm_head.weight" || mask) continue;  // tied to wte / causal-mask buffers: nothing to load
-    return Status::InvalidArgument(st_path + ": unexpected tensor \"" + n + "\" (not part of a GPT-2 " + c.ToString() + ")");
+    return Status::InvalidArgument(st_path + ": unexpected tensor " + Quoted(n) + " (not part of a GPT-2 " + c.ToString() + ")");
   }
   return r;
 }

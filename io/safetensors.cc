@@ -20,27 +20,6 @@ namespace {
 // limit is 100 MB too): a lying length cannot make us allocate gigabytes.
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;
 
-// s in double quotes for an error message, with quotes, backslashes and control bytes escaped
-// (\n, \t, \r, \xNN): a tensor name or dtype from the file (JSON allows "\n" in a key) must
-// not break the message's one line.
-std::string Quoted(const std::string& s) {
-  std::string q = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') q += '\\', q += static_cast<char>(c);
-    else if (c == '\n') q += "\\n";
-    else if (c == '\t') q += "\\t";
-    else if (c == '\r') q += "\\r";
-    else if (c < 0x20 || c == 0x7f) {
-      char hex[8];
-      std::snprintf(hex, sizeof(hex), "\\x%02x", c);
-      q += hex;
-    } else {
-      q += static_cast<char>(c);
-    }
-  }
-  return q + "\"";
-}
-
 // IEEE half -> float (subnormals, inf and NaN included).
 float HalfToFloat(uint16_t h) {
   const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
