@@ -56,16 +56,6 @@ constexpr int kLd = HS + 8;  // shared-memory row stride (bf16 elements)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Eight fp32 elements of a tile row as bf16: two 128-bit loads, rounded.
-__device__ __forceinline__ bf16x8 load_bf16x8(const float* p) {
-  float x[kVec];
-  load8(x, p);
-  bf16x8 r;
-  #pragma unroll
-  for (int j = 0; j < kVec; j++) r.v[j] = f32_to_bf16(x[j]);
-  return r;
-}
-
 // Starts filling dst (bf16, row stride kLd) with src[(row0 + r) * stride + d] for r < kTile,
 // d < HS; rows >= T are 0. Where src and stride keep every row 16-byte aligned (the model's qkv
 // and dout do) a thread moves 8 elements per step: bf16 by cp.async, landing at the caller's
@@ -80,7 +70,11 @@ __device__ __forceinline__ void start_tile(uint16_t* dst, const Act* src, int ro
       uint16_t* to = dst + r * kLd<HS> + d;
       if (t >= T) store128(to, bf16x8{});
       else if constexpr (std::is_same_v<Act, uint16_t>) cp_async16(to, src + (int64_t)t * stride + d);
-      else store128(to, load_bf16x8(src + (int64_t)t * stride + d));
+      else {
+        float x[kVec];
+        load8(x, src + (int64_t)t * stride + d);
+        store8(to, x);  // rounded to bf16
+      }
     }
     return;
   }

@@ -112,7 +112,8 @@ inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 1
 // thread's group of started copies; cp_async_wait<N>() returns when at most N of its newer
 // groups are still in flight. A copy is visible to other threads only after the copier's wait
 // and a barrier. cp.async.cg caches in L2 only (the tile is read once per block). The emulation
-// lands each copy at its wait, the latest a GPU may (cuda_emu::CpAsync16).
+// lands a block's copies either at their wait (the latest a GPU may) or at once (the earliest),
+// drawn per block (cuda_emu::CpAsync16).
 __device__ __forceinline__ void cp_async16(void* shared_dst, const void* global_src) {
 #ifdef SHARDGPT_CUDA_EMULATION
   cuda_emu::CpAsync16(shared_dst, global_src);
