@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "io/checkpoint.h"
+#include "ckpt/checkpoint.h"
 #include "io/hf_gpt2.h"
 #include "io/llmc_model.h"
 #include "io/path_guard.h"

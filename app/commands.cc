@@ -6,7 +6,7 @@
 #include <cstdlib>
 
 #include "io/bpe_tokenizer.h"
-#include "io/checkpoint.h"
+#include "ckpt/checkpoint.h"
 #include "io/llmc_model.h"
 #include "io/path_guard.h"
 #include "io/prepare.h"
@@ -36,8 +36,7 @@ Status RunPrepare(const std::vector<std::string>& inputs, const std::string& out
 }
 
 Status RunSample(const SampleOptions& o, int threads) {
-  // Nonsense used to pass silently: -n -1 printed nothing, a negative temperature acted as
-  // greedy, a negative --top-k as "all". -n 0 prints the prompt decoded and generates nothing
+  // A negative -n, temperature or --top-k is refused. -n 0 prints the prompt decoded and generates nothing
   // (a tokenizer's decode(encode(x)) round trip; tests/e2e/hf_tokenizer.sh uses it).
   if (o.tokens < 0)
     return Status::InvalidArgument("sample -n/--tokens " + std::to_string(o.tokens) +
@@ -52,7 +51,7 @@ Status RunSample(const SampleOptions& o, int threads) {
   if (!m.ok()) return m.status();
   const GPTConfig cfg = m->config;
   Tokenizer tok = Tokenizer::ByteLevel();
-  std::shared_ptr<const BpeTokenizer> bpe;  // issue 21: a tokenizer.json decodes and encodes --prompt
+  std::shared_ptr<const BpeTokenizer> bpe;  // a tokenizer.json decodes and encodes --prompt
   if (o.tokenizer_file.size() > 5 && o.tokenizer_file.compare(o.tokenizer_file.size() - 5, 5, ".json") == 0) {
     auto t = BpeTokenizer::Load(o.tokenizer_file);
     if (!t.ok()) return t.status();

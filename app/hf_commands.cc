@@ -8,7 +8,7 @@
 #include <filesystem>
 
 #include "io/bpe_tokenizer.h"
-#include "io/checkpoint.h"
+#include "ckpt/checkpoint.h"
 #include "io/data_loader.h"
 #include "io/hf_gpt2.h"
 #include "io/llmc_model.h"

@@ -1,4 +1,4 @@
-// The subcommands of the Hugging Face round trip (issue 21): `prepare --tokenizer
+// The subcommands of the Hugging Face round trip: `prepare --tokenizer
 // tokenizer.json` (byte-level BPE token shards) and `eval MODEL --data GLOB` (mean loss and
 // perplexity over consecutive windows). `export --hf` is in ckpt_commands.h, `--init DIR` in
 // io/llmc_model.h (LlmcModelReader opens HF directories too).

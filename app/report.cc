@@ -104,17 +104,4 @@ nlohmann::json StepJson(const StepReport& r, const Engine& engine, const ParamLa
 
 std::vector<uint64_t> GatherPerRank(Communicator& comm, uint64_t value) { return AllGatherU64(comm, {value}); }
 
-Status Agree(Communicator& comm, Status local) {
-  if (comm.AllTrue(local.ok())) return Status::OK();
-  // 2: failed with a message, 1: failed because another rank did (empty message), 0: ok
-  const uint64_t code = local.ok() ? 0 : local.message().empty() ? 1 : 2;
-  const std::vector<uint64_t> codes = GatherPerRank(comm, code);
-  int speaker = -1;
-  for (int want = 2; want >= 1 && speaker < 0; want--)
-    for (int r = 0; r < comm.world_size() && speaker < 0; r++)
-      if (codes[r] == static_cast<uint64_t>(want)) speaker = r;
-  if (speaker == comm.rank()) return local;
-  return local.ok() ? Status::Internal("") : Status(Status::Internal(""));
-}
-
 }  // namespace shardgpt

@@ -19,7 +19,5 @@ void PrintStartupReport(Engine& engine, const ParamLayout& layout, int grad_accu
 nlohmann::json StepJson(const StepReport& report, const Engine& engine, const ParamLayout& layout, int grad_accum);
 // Every rank's value, on every rank. Collective.
 std::vector<uint64_t> GatherPerRank(Communicator& comm, uint64_t value);
-// Makes every rank return an error when any rank has one; exactly one rank keeps the message.
-Status Agree(Communicator& comm, Status local);
 
 }  // namespace shardgpt

@@ -22,9 +22,7 @@
 #include <vector>
 
 #include "app/report.h"
-#include "io/async_checkpoint.h"
-#include "io/checkpoint.h"
-#include "io/ckpt_dir_lock.h"
+#include "ckpt/checkpoint_manager.h"
 #include "io/data_loader.h"
 #include "io/llmc_model.h"
 #include "io/path_guard.h"
@@ -165,10 +163,9 @@ double CpuAvailableBytes(std::string* where) {
   }
   return best;
 }
-// The JSONL --log file (rank 0): one write(2) per row, every result checked. A full disk used
-// to cut a row mid-JSON and lose the rest of the run's rows with exit status 0; now a row that
-// cannot be written in full is cut off again (the file keeps whole rows only) and the error,
-// with the path and strerror, stops the run on every rank before that step's checkpoint.
+// The JSONL --log file (rank 0): one write(2) per row, every result checked. A row that cannot
+// be written in full (a full disk) is cut off again, so the file keeps whole rows only, and the
+// error, with the path and strerror, stops the run on every rank before that step's checkpoint.
 class JsonlLog {
  public:
   JsonlLog() = default;
@@ -257,86 +254,15 @@ void RestoreDefaultStopSignalHandlers() {
 
 namespace {
 
-// What an explicit --resume choice (latest, PATH) that is damaged says after its error.
-constexpr const char* kAutoHint = " (--resume auto falls back to the newest checkpoint that loads)";
-
-// Rank 0's list of --resume auto candidates, on every rank (ranks on several nodes list the
-// shared directory at slightly different moments; one listing keeps them on the same one).
-ResumeCandidates BroadcastCandidates(Communicator& comm, const std::string& ckpt_dir) {
-  ResumeCandidates c;
-  std::string text;
-  if (comm.rank() == 0) {
-    c = ListResumeCandidates(ckpt_dir);
-    text = c.latest_problem;
-    for (const std::string& d : c.dirs) text += "\n" + d;
-  }
-  uint64_t n = text.size();
-  comm.ControlBroadcast(&n, sizeof(n), 0);
-  text.resize(n);
-  if (n > 0) comm.ControlBroadcast(text.data(), n, 0);
-  if (comm.rank() != 0) {
-    size_t at = text.find('\n');
-    c.latest_problem = text.substr(0, at);
-    while (at != std::string::npos) {
-      const size_t next = text.find('\n', at + 1);
-      c.dirs.push_back(text.substr(at + 1, next == std::string::npos ? std::string::npos : next - at - 1));
-      at = next;
-    }
-  }
-  return c;
-}
-
-// Setup phase 1: the model config (from --init or the flags) and the checkpoint to resume from
-// (empty: a fresh start), agreed on by every rank. --resume auto gives, instead of one path,
-// its candidates in order (Resume tries them) and what is wrong with `latest`, if anything.
-Status ResolveModelAndResume(TrainOptions& o, Communicator& comm, std::unique_ptr<LlmcModelReader>* init,
-                             std::string* resume_path, ResumeCandidates* candidates) {
+// Setup phase 1: the model config, from --init or the flags, agreed on by every rank.
+Status ResolveModel(TrainOptions& o, Communicator& comm, std::unique_ptr<LlmcModelReader>* init) {
   if (!o.init_file.empty()) {  // the header now; each rank reads its owned ranges in Setup
     auto m = LlmcModelReader::Open(o.init_file);
     SHARDGPT_RETURN_IF_ERROR(Agree(comm, m.status()));
     *init = std::move(m.value());
     o.model = (*init)->config();
   }
-  SHARDGPT_RETURN_IF_ERROR(o.model.Validate());
-  if (o.resume.empty()) return Status::OK();
-  // "auto" is the requeue idiom: the newest checkpoint under --ckpt-dir if there is one, else a
-  // fresh start. "latest" insists on one (a missing checkpoint there is a mistake to report).
-  const bool auto_resume = o.resume == "auto";
-  if ((o.resume == "latest" || auto_resume) && o.ckpt_dir.empty())
-    return Status::InvalidArgument("--resume " + o.resume + " needs --ckpt-dir (where to look for the latest checkpoint)");
-  if (auto_resume) {
-    // The model config of each candidate is checked by LoadCheckpoint, before it touches the
-    // engine: another model stops the run there, damage moves on to the next candidate.
-    *candidates = BroadcastCandidates(comm, o.ckpt_dir);
-    if (candidates->dirs.empty() && comm.rank() == 0) {
-      if (!candidates->latest_problem.empty())
-        std::fprintf(stderr, "shardgpt: warning: --resume auto: %s; no complete step_* directory either\n",
-                     candidates->latest_problem.c_str());
-      std::printf("--resume auto: no checkpoint in %s yet, starting from step 0 on %d rank(s)\n", o.ckpt_dir.c_str(),
-                  comm.world_size());
-      std::fflush(stdout), std::fflush(stderr);
-    }
-    return Status::OK();
-  }
-  auto where = ResolveCheckpoint(o.resume, o.ckpt_dir);
-  if (where.ok()) {
-    *resume_path = where.value();
-    auto saved = ReadCheckpointConfig(*resume_path, o.ckpt_dir);
-    if (!saved.ok() && saved.status().code() == Status::Code::kCorruption)
-      return Agree(comm, Status::Corruption(saved.status().message() + kAutoHint));
-    SHARDGPT_RETURN_IF_ERROR(Agree(comm, saved.status()));
-    const std::string diff = saved->FirstDifference(o.model);
-    if (!diff.empty())
-      return Status::InvalidArgument(*resume_path + ": checkpoint is for another model (" + diff +
-                                     ", checkpoint vs this run)");
-  } else if (o.resume == "latest" && where.status().code() == Status::Code::kNotFound) {
-    return Agree(comm, Status::NotFound(where.status().message() + " (--resume auto starts fresh when there is none)"));
-  } else if (where.status().code() == Status::Code::kCorruption) {  // an unusable latest
-    return Agree(comm, Status::Corruption(where.status().message() + kAutoHint));
-  } else {
-    return Agree(comm, where.status());
-  }
-  return Status::OK();
+  return o.model.Validate();
 }
 
 // What a resume changes in what the data order depends on, one line each. Blocking changes
@@ -407,10 +333,7 @@ Status ValidateLoopOptions(TrainOptions& o, int world) {
   }
   if (o.grad_accum < 1) return Status::InvalidArgument("--grad-accum must be >= 1");
   if (o.steps < 1) return Status::InvalidArgument("--steps must be >= 1");
-  if (o.async_ckpt && o.ckpt_dir.empty())
-    return Status::InvalidArgument("--async-ckpt needs --ckpt-dir (where to write checkpoints)");
-  if (o.ckpt_every > 0 && o.ckpt_dir.empty())
-    return Status::InvalidArgument("--ckpt-every needs --ckpt-dir (where to write checkpoints)");
+  SHARDGPT_RETURN_IF_ERROR(CheckpointManager::ValidateOptions(o.checkpoint));
   if (o.gelu_fused && o.recompute == Recompute::kGelu)
     return Status::InvalidArgument("--gelu fused with --recompute gelu: the fused forward's GELU reads the fc "
                                    "matmul's unrounded result, which the backward cannot recompute from the stored "
@@ -425,7 +348,7 @@ Status ValidateLoopOptions(TrainOptions& o, int world) {
 class Trainer {
  public:
   Trainer(TrainOptions o, Communicator& comm, Device& device)
-      : o_(std::move(o)), comm_(comm), device_(device), lead_(comm.rank() == 0) {}
+      : o_(std::move(o)), comm_(comm), device_(device), lead_(comm.rank() == 0), ckpt_(o_.checkpoint, comm) {}
 
   Status Run(int* exit_code) {
     *exit_code = 0;
@@ -440,7 +363,8 @@ class Trainer {
   Status Setup() {
     SetComputeThreads(o_.threads);
     std::unique_ptr<LlmcModelReader> init;
-    SHARDGPT_RETURN_IF_ERROR(ResolveModelAndResume(o_, comm_, &init, &resume_path_, &candidates_));
+    SHARDGPT_RETURN_IF_ERROR(ResolveModel(o_, comm_, &init));
+    SHARDGPT_RETURN_IF_ERROR(ckpt_.PlanResume(o_.model));
     // bf16 runs round matmul inputs to bf16 where the device has fast bf16 matmuls (tensor cores,
     // AVX512-BF16/AMX), or where --compute-dtype asks for it; the activations follow (before
     // --micro-batch auto: the plan counts them in their dtype)
@@ -560,7 +484,7 @@ class Trainer {
       if (val_)
         for (const std::string& f : val_->files()) inputs.push_back({"--val-data", f});
       SHARDGPT_RETURN_IF_ERROR(Agree(comm_, CheckOutputsAgainstInputs({{"--log", o_.log_file}, {"--save-model", o_.save_model}},
-                                                                       inputs, {{"--resume", resume_path_}})));
+                                                                       inputs, {{"--resume", ckpt_.resume_path()}})));
     }
     if (!o_.save_model.empty()) {
       const std::string& f = o_.save_model;
@@ -568,21 +492,7 @@ class Trainer {
       if (access(dir.c_str(), W_OK) != 0)
         return Status::InvalidArgument("--save-model " + f + ": directory " + dir + " is not writable or does not exist");
     }
-    if (!o_.ckpt_dir.empty()) {  // one job per directory, writable: found now, not at the first save
-      Status st;
-      if (lead_) {
-        auto lock = CheckpointDirLock::Acquire(o_.ckpt_dir);
-        if (lock.ok()) ckpt_lock_ = std::move(lock.value());
-        else st = lock.status();
-      }
-      SHARDGPT_RETURN_IF_ERROR(Agree(comm_, st));
-      if (o_.async_ckpt) {
-        auto a = AsyncCheckpointer::Create(comm_, device_, o_.ckpt_dir, o_.keep_last, o_.quiet);
-        if (a.ok()) async_ = std::move(a.value());
-        SHARDGPT_RETURN_IF_ERROR(Agree(comm_, a.status()));
-      }
-    }
-    return Status::OK();
+    return ckpt_.Open(device_);
   }
 
   // The JSONL log (rank 0). A fresh run truncates it. A resumed run keeps the rows of steps up
@@ -593,109 +503,34 @@ class Trainer {
   Status OpenLog() {
     Status st;
     if (lead_ && !o_.log_file.empty()) {
-      if (!resume_path_.empty()) st = KeepLogRowsUpTo(o_.log_file, state_.step);
-      if (st.ok()) st = log_.Open(o_.log_file, /*append=*/!resume_path_.empty());
+      if (ckpt_.resuming()) st = KeepLogRowsUpTo(o_.log_file, state_.step);
+      if (st.ok()) st = log_.Open(o_.log_file, /*append=*/ckpt_.resuming());
     }
     return Agree(comm_, st);
   }
 
-  // One damaged --resume auto candidate that was passed over.
-  struct Skipped {
-    std::string dir, reason, error, renamed_to;
-  };
-
-  // --resume auto: the candidates in order (ListResumeCandidates); the first that loads (every
-  // check, every chunk checksum as it is read, on every rank) is resumed. A damaged one is
-  // passed over, and once a good one is found, renamed DIR.bad-<reason> by rank 0 (so the
-  // next requeue does not read it again) and warned about; `latest` then names the one
-  // resumed. Anything that is not damage (another model, ...) stops here as an error. When
-  // none loads: one error line listing each, nothing renamed (a later --resume auto must not
-  // start from step 0 because everything was moved aside). Collective; every rank has the
-  // same statuses (LoadCheckpoint agrees them), so all take the same path.
-  Status ResumeAuto() {
-    if (lead_ && !candidates_.latest_problem.empty()) {
-      std::fprintf(stderr, "shardgpt: warning: --resume auto: %s; trying the complete step_* directories, newest first\n",
-                   candidates_.latest_problem.c_str());
-      std::fflush(stderr);
-    }
-    std::vector<Skipped> skipped;
-    for (const std::string& dir : candidates_.dirs) {
-      LoadProblem problem = LoadProblem::kNone;
-      auto loaded = LoadCheckpoint(dir, o_.ckpt_dir, *engine_, *layout_, comm_, o_.quiet, &problem);
-      if (loaded.ok()) {
-        resume_path_ = dir;
-        state_ = loaded.value();
-        break;
-      }
-      if (!IsCheckpointDamage(problem)) return Agree(comm_, loaded.status());
-      skipped.push_back({dir, LoadProblemName(problem), loaded.status().message(), ""});
-    }
-    if (resume_path_.empty()) {
-      std::string line = "--resume auto: no checkpoint in " + o_.ckpt_dir + " loads (nothing renamed):";
-      for (const Skipped& s : skipped) line += " " + s.dir + " (" + s.reason + ": " + s.error + ");";
-      line.pop_back();
-      return Agree(comm_, Status::Corruption(lead_ ? line : ""));
-    }
-    nlohmann::json record = {{"from", resume_path_}, {"skipped", nlohmann::json::array()}};
-    if (!candidates_.latest_problem.empty()) record["latest_problem"] = candidates_.latest_problem;
-    if (lead_) {
-      for (Skipped& s : skipped) {
-        auto to = QuarantineCheckpoint(s.dir, s.reason);
-        if (to.ok()) s.renamed_to = to.value();
-        std::fprintf(stderr, "shardgpt: warning: --resume auto: skipped %s (%s): %s; %s\n", s.dir.c_str(), s.reason.c_str(),
-                     s.error.c_str(), to.ok() ? ("renamed to " + s.renamed_to).c_str()
-                                              : ("not renamed: " + to.status().message()).c_str());
-        record["skipped"].push_back({{"dir", s.dir}, {"reason", s.reason}, {"error", s.error}, {"renamed_to", s.renamed_to}});
-      }
-      if (!skipped.empty() || !candidates_.latest_problem.empty()) {
-        const Status st = PointLatestAt(o_.ckpt_dir, resume_path_.substr(resume_path_.rfind('/') + 1));
-        if (!st.ok()) std::fprintf(stderr, "shardgpt: warning: --resume auto: %s\n", st.message().c_str());
-      }
-      std::fflush(stderr);
-    }
-    resume_record_ = record;
-    skipped_ = std::move(skipped);
-    return Status::OK();
-  }
-
+  // The checkpoint the manager chose (if any) into the engine, then the checks of what the
+  // resumed state allows, the log, and the start-up lines. Collective.
   Status Resume() {
-    if (!candidates_.dirs.empty()) SHARDGPT_RETURN_IF_ERROR(ResumeAuto());
-    else if (!resume_path_.empty()) {
-      LoadProblem problem = LoadProblem::kNone;
-      auto loaded = LoadCheckpoint(resume_path_, o_.ckpt_dir, *engine_, *layout_, comm_, o_.quiet, &problem);
-      if (!loaded.ok() && IsCheckpointDamage(problem))
-        return Agree(comm_, Status::Corruption(loaded.status().message() + kAutoHint));
-      SHARDGPT_RETURN_IF_ERROR(Agree(comm_, loaded.status()));
-      state_ = loaded.value();
-      resume_record_ = {{"from", resume_path_}, {"skipped", nlohmann::json::array()}};
-    }
-    if (!resume_path_.empty()) {
+    SHARDGPT_RETURN_IF_ERROR(ckpt_.Load(*engine_, *layout_, &state_));
+    resume_record_ = ckpt_.resume_record();
+    if (ckpt_.resuming()) {
       SHARDGPT_RETURN_IF_ERROR(CheckResumeChanges());
       // Nothing left to do would silently do nothing: say so. (At the last step with validation
       // data there is something left: the final validation a stop may have interrupted.)
       if (state_.step > o_.steps || (state_.step == o_.steps && !val_))
         return Agree(comm_, Status::InvalidArgument("--steps " + std::to_string(o_.steps) + " is at or below the step " +
-                                                    std::to_string(state_.step) + " of the checkpoint " + resume_path_ +
+                                                    std::to_string(state_.step) + " of the checkpoint " + ckpt_.resume_path() +
                                                     " (raise --steps to train further)"));
       if (o_.stop_at_step > 0 && o_.stop_at_step <= state_.step)
         return Agree(comm_, Status::InvalidArgument("--stop-at-step " + std::to_string(o_.stop_at_step) +
                                                     " is at or below the resumed step " + std::to_string(state_.step)));
       train_->Restore(LoaderState{state_.loader_position});
       if (lead_) {  // even with --quiet: a requeued job's output says where it picked up
-        auto index = ReadCheckpointIndex(resume_path_);
-        std::printf("resumed from %s at step %lld (%lld tokens seen) on %d rank(s), zero stage %d", resume_path_.c_str(),
-                    static_cast<long long>(state_.step), static_cast<long long>(state_.tokens), comm_.world_size(),
-                    o_.engine.zero_stage);
-        if (index.ok()) {
-          std::printf(" (saved by %d rank(s), zero stage %d", index->ranks, index->zero_stage);
-          if (index->shard_group_size < index->ranks) std::printf(", shard groups of %d", index->shard_group_size);
-          std::printf(")");
-        }
-        for (size_t i = 0; i < skipped_.size(); i++)
-          std::printf("%s%s (%s%s%s)", i == 0 ? "; skipped damaged: " : ", ", skipped_[i].dir.c_str(),
-                      skipped_[i].reason.c_str(), skipped_[i].renamed_to.empty() ? "" : ", now ",
-                      skipped_[i].renamed_to.c_str());
-        std::printf("\n");
+        std::printf("resumed from %s at step %lld (%lld tokens seen) on %d rank(s), zero stage %d%s\n",
+                    ckpt_.resume_path().c_str(), static_cast<long long>(state_.step),
+                    static_cast<long long>(state_.tokens), comm_.world_size(), o_.engine.zero_stage,
+                    ckpt_.ResumeDetails().c_str());
         std::fflush(stdout);
       }
     }
@@ -730,7 +565,7 @@ class Trainer {
   }
 
   Status Loop(int* exit_code) {
-    const int hold_at_step = TestHoldAtStep(!resume_path_.empty(), state_.step);
+    const int hold_at_step = TestHoldAtStep(ckpt_.resuming(), state_.step);
     for (int step = static_cast<int>(state_.step); step < o_.steps; step++) {
       // a stop on any rank: every rank checkpoints at this step boundary and stops
       if (o_.stop_at_step > 0 && step == o_.stop_at_step) {
@@ -766,7 +601,7 @@ class Trainer {
       if (!o_.log_file.empty()) SHARDGPT_RETURN_IF_ERROR(Agree(comm_, logged));
       if (eval_now && !evaluated) return StopOnSignal(step + 1, " (during validation)", exit_code);
       // after the row: a checkpoint at step s always has the log rows 1..s behind it
-      if (o_.ckpt_every > 0 && state_.step % o_.ckpt_every == 0 && state_.step < o_.steps)
+      if (ckpt_.DuePeriodic(state_.step, o_.steps))
         SHARDGPT_RETURN_IF_ERROR(Save(/*background=*/true));
     }
     return Status::OK();
@@ -830,11 +665,7 @@ class Trainer {
         loss_sum += model_->Forward(*engine_, x_.data(), y_.data(), B, T, 1.0f / A);
       model_->Backward(*engine_);
     }
-    if (async_) {  // a background checkpoint's copy of the owned state must be complete before the step writes it
-      const double w0 = Now();
-      async_->WaitStaged();
-      ckpt_stall_ms_ += (Now() - w0) * 1e3;
-    }
+    ckpt_.WaitStaged();  // a background checkpoint's copy of the owned state, before the step writes it
     if (on_device) {
       engine_->StepDeferred(r.lr, o_.grad_clip);
       device_.kernels().sum_f64(dev + 1, dev, 1, A);  // this rank's mean over micro-batches
@@ -899,7 +730,7 @@ class Trainer {
     const TrainState now = RunRecord();
     std::vector<std::string> errors;
     for (const ConfigChange& c : ResumeChanges(state_, now)) {
-      const std::string line = "resume from " + resume_path_ + ": " + c.line;
+      const std::string line = "resume from " + ckpt_.resume_path() + ": " + c.line;
       if (c.blocking && !o_.allow_config_change) errors.push_back(line + " (--allow-config-change accepts it)");
       else if (lead_)
         std::fprintf(stderr, "shardgpt: warning: %s%s\n", line.c_str(),
@@ -915,26 +746,14 @@ class Trainer {
     return Agree(comm_, Status::OK());
   }
 
-  // A checkpoint of the current state (no-op without --ckpt-dir). With --async-ckpt a periodic
-  // one (background) is written while training continues; the others (stop, end) wait for it,
-  // so a run never exits with a save in flight. The time training was blocked and the write's
-  // own time go into the next JSONL row (ckpt_stall_ms, ckpt_write_ms).
+  // A checkpoint of the current state (no-op without --ckpt-dir). background: a periodic one,
+  // which --async-ckpt writes while training continues; the others (stop, end) are complete
+  // when this returns. Collective.
   Status Save(bool background = false) {
-    if (o_.ckpt_dir.empty()) return Status::OK();
+    if (!ckpt_.enabled()) return Status::OK();
     state_ = RunRecord();
     state_.loader_position = train_->state().position;
-    const double t0 = Now();
-    saved_since_row_ = true;
-    if (!async_) {
-      Status st = Agree(comm_, SaveCheckpoint(o_.ckpt_dir, state_, *engine_, *layout_, comm_, o_.keep_last, o_.quiet));
-      ckpt_stall_ms_ += (Now() - t0) * 1e3;
-      ckpt_write_ms_ = (Now() - t0) * 1e3;
-      return st;
-    }
-    Status st = async_->Save(state_, *engine_, *layout_);  // an earlier save's error: agreed by the writer
-    if (st.ok() && !background) st = async_->Wait();
-    ckpt_stall_ms_ += (Now() - t0) * 1e3;
-    return Agree(comm_, st);
+    return ckpt_.Save(state_, *engine_, *layout_, background);
   }
 
   // The step line on stdout and the JSONL record (rank 0; the per-rank figures are collective).
@@ -995,14 +814,10 @@ class Trainer {
     }
     if (eval_now) j["val_loss"] = last_val_;
     if (!resume_record_.is_null()) j["resume"] = std::move(resume_record_), resume_record_ = nullptr;  // first row only
-    if (async_) {
-      const double w = async_->TakeWriteMs();
-      if (w >= 0) ckpt_write_ms_ = w;
-    }
     // what checkpointing cost since the previous row (the save of a step comes after its row)
-    if (saved_since_row_) j["ckpt_stall_ms"] = ckpt_stall_ms_;
-    if (ckpt_write_ms_ >= 0) j["ckpt_write_ms"] = ckpt_write_ms_;
-    ckpt_stall_ms_ = 0, ckpt_write_ms_ = -1, saved_since_row_ = false;
+    const CheckpointManager::Cost cost = ckpt_.TakeCost();
+    if (cost.saved) j["ckpt_stall_ms"] = cost.stall_ms;
+    if (cost.write_ms >= 0) j["ckpt_write_ms"] = cost.write_ms;
     return log_.Append(j.dump(), step + 1);
   }
 
@@ -1049,9 +864,6 @@ class Trainer {
   Communicator& comm_;
   Device& device_;
   const bool lead_;
-  std::string resume_path_;
-  ResumeCandidates candidates_;   // --resume auto: what Resume tries, in order
-  std::vector<Skipped> skipped_;  // --resume auto: the damaged candidates passed over
   nlohmann::json resume_record_;  // the resume, for the first JSONL row after it (rank 0)
   std::string compute_line_;  // the start-up line saying which precision the matmuls run in
   std::unique_ptr<ParamLayout> layout_;
@@ -1062,10 +874,7 @@ class Trainer {
   DeviceBuffer step_scalars_;
   std::unique_ptr<DataLoader> train_, val_;
   JsonlLog log_;
-  std::unique_ptr<CheckpointDirLock> ckpt_lock_;  // rank 0, while training with --ckpt-dir
-  std::unique_ptr<AsyncCheckpointer> async_;       // --async-ckpt; destroyed first (waits for its save)
-  double ckpt_stall_ms_ = 0, ckpt_write_ms_ = -1;  // since the last JSONL row
-  bool saved_since_row_ = false;
+  CheckpointManager ckpt_;  // declared after the engine: destroyed first (waits for a background save)
   TrainState state_;
   std::vector<int32_t> x_, y_;
   float last_loss_ = NAN, last_val_ = NAN;
@@ -1078,6 +887,7 @@ class Trainer {
 }  // namespace
 
 Status RunTrain(TrainOptions o, Communicator& comm, Device& device, int* exit_code) {
+  o.checkpoint.quiet = o.quiet;
   Trainer trainer(std::move(o), comm, device);
   return trainer.Run(exit_code);
 }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "ckpt/checkpoint_manager.h"
 #include "model/config.h"
 #include "model/device.h"
 #include "model/gpt.h"
@@ -43,15 +44,11 @@ struct TrainOptions {
   std::string compute_dtype;  // --compute-dtype: "fp32", "bf16", or "" (bf16 with --dtype bf16 where fast)
   std::string act_dtype;      // --act-dtype: "fp32", "bf16", or ""/"auto" (model/compute_precision.h)
   bool quiet = false;
-  // checkpoints (io/checkpoint.h)
-  std::string ckpt_dir;    // save DIR/step_XXXXXXXX/ every ckpt_every steps and at the end
-  int ckpt_every = 0;
-  int keep_last = 0;       // 0 keeps all
-  std::string resume;      // "latest" (under ckpt_dir, must exist), "auto" (latest if any, else fresh) or a directory
+  // checkpoints: --ckpt-dir, --ckpt-every, --keep-last, --async-ckpt, --resume (its quiet is --quiet)
+  CheckpointOptions checkpoint;
   int stop_at_step = 0;    // > 0: checkpoint and stop after this step, as if preempted
-  bool async_ckpt = false;  // --async-ckpt: periodic checkpoints written in the background (io/async_checkpoint.h)
   bool allow_config_change = false;  // resume although the data order cannot continue (seq len, seed, data, shuffle)
-  // activation memory (issue 22)
+  // activation memory
   Recompute recompute = Recompute::kNone;  // --recompute (model/gpt.h)
   bool gelu_fused = false;  // --gelu fused: the MLP's GELU in the fc matmul's epilogue (Kernels::matmul_gelu_forward)
   bool micro_batch_auto = false;  // --micro-batch auto: the largest B whose predicted peak fits (parallel/memory_model.h)

@@ -27,8 +27,8 @@
 #include <string>
 #include <vector>
 
-#include "io/async_checkpoint.h"
-#include "io/checkpoint.h"
+#include "ckpt/async_checkpoint.h"
+#include "ckpt/checkpoint.h"
 #include "model/gpt.h"
 #include "model/kernels_cpu.h"
 #include "parallel/mpi_communicator.h"

@@ -1,7 +1,6 @@
 // Refuses a command's output path that would overwrite one of its own inputs.
 //
-// `export CK --out CK/rank_00000.h5`, `train --log VAL.bin` and the like used to exit 0 and
-// destroy the input. Every command with file outputs (train, export, prepare) lists its
+// Every command with file outputs (train, export, prepare) lists its
 // outputs and inputs and calls CheckOutputsAgainstInputs before it writes anything. Two
 // paths are the same file when they name the same device and inode (hard links, symlinks)
 // or, for an output that does not exist yet, the same canonical path (realpath of its

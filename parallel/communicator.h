@@ -297,7 +297,7 @@ class Communicator {
 
   // A new communicator over the same ranks with its own queue, thread and MPI communicator
   // (MPI_Comm_dup), for the control plane of ANOTHER thread (the async checkpoint writer,
-  // io/async_checkpoint.h): its calls never match or delay this one's, so the training
+  // ckpt/async_checkpoint.h): its calls never match or delay this one's, so the training
   // collectives' order is untouched. Its buffers are host memory. Collective over this
   // communicator (runs in its call order); needs MPI_THREAD_MULTIPLE (two threads in MPI).
   virtual StatusOr<std::unique_ptr<Communicator>> DuplicateControl() {
@@ -324,6 +324,22 @@ inline std::vector<uint64_t> AllGatherU64(Communicator& comm, const std::vector<
   std::vector<uint64_t> all(mine.size() * comm.world_size(), 0);
   if (!comm.ControlAllGather(mine.data(), all.data(), mine.size() * sizeof(uint64_t)).ok()) all.assign(all.size(), 0);
   return all;
+}
+
+// Every rank returns an error when any rank has one; exactly one rank keeps the message (the
+// first rank, in rank order, whose error has one), the others return an error with an empty
+// message, so that a failure is printed once. Collective.
+inline Status Agree(Communicator& comm, Status local) {
+  if (comm.AllTrue(local.ok())) return Status::OK();
+  // 2: failed with a message, 1: failed because another rank did (empty message), 0: ok
+  const uint64_t code = local.ok() ? 0 : local.message().empty() ? 1 : 2;
+  const std::vector<uint64_t> codes = AllGatherU64(comm, {code});
+  int speaker = -1;
+  for (uint64_t want = 2; want >= 1 && speaker < 0; want--)
+    for (int r = 0; r < comm.world_size() && speaker < 0; r++)
+      if (codes[r] == want) speaker = r;
+  if (speaker == comm.rank()) return local;
+  return Status::Internal("");
 }
 
 }  // namespace shardgpt

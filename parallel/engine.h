@@ -43,11 +43,11 @@
 #include "model/param_layout.h"
 #include "parallel/communicator.h"
 #include "parallel/engine_context.h"
+#include "parallel/engine_options.h"
 #include "parallel/grad_reducer.h"
 #include "parallel/param_store.h"
 #include "parallel/sharded_adamw.h"
 #include "parallel/sharded_muon.h"
-#include "parallel/zero_math.h"
 
 namespace shardgpt {
 

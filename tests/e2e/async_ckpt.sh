@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# --async-ckpt (io/async_checkpoint.h):
+# --async-ckpt (ckpt/async_checkpoint.h):
 #  - the files of an async run hold bitwise the values of a synchronous run's (every dataset of
 #    every shard file, every checkpoint), and the losses are the same;
 #  - a resume from an async checkpoint is bitwise the uninterrupted run (final model);

@@ -1,4 +1,4 @@
-// Fuzz target: a checkpoint's index.h5 (io/checkpoint_index.h): its checksum, then its JSON
+// Fuzz target: a checkpoint's index.h5 (ckpt/checkpoint_index.h): its checksum, then its JSON
 // content and our validation of it against the model and the plan. (The index's HDF5 part is
 // never parsed by shardgpt; its header explains why.)
 // Each input is parsed twice: as it is (almost every mutation must fail the checksum), and
@@ -17,7 +17,7 @@
 #include <hdf5.h>
 
 #include "fuzz_util.h"
-#include "io/checkpoint_index.h"
+#include "ckpt/checkpoint_index.h"
 #include "parallel/shard_plan.h"
 
 using namespace shardgpt;

@@ -1,4 +1,4 @@
-// Fuzz target: one checkpoint shard file, rank_00000.h5 (io/checkpoint_shard.h), read against
+// Fuzz target: one checkpoint shard file, rank_00000.h5 (ckpt/checkpoint_shard.h), read against
 // the index entry the seed was written for (tests/fuzz/fuzz_util.h: id, step, 300 elements,
 // known values, and the chunk offsets the writer reports), with the recorded size set to the
 // input's so that every mutation reaches the reader.
@@ -13,7 +13,7 @@
 #include <hdf5.h>
 
 #include "fuzz_util.h"
-#include "io/checkpoint_shard.h"
+#include "ckpt/checkpoint_shard.h"
 
 using namespace shardgpt;
 

@@ -12,8 +12,8 @@
 
 #include "base/bf16.h"
 #include "fuzz_util.h"
-#include "io/checkpoint_index.h"
-#include "io/checkpoint_shard.h"
+#include "ckpt/checkpoint_index.h"
+#include "ckpt/checkpoint_shard.h"
 #include "io/hf_gpt2.h"
 #include "io/llmc_model.h"
 #include "io/token_shard.h"
@@ -144,7 +144,7 @@ void CliArgs(const std::string& d) {
   Write(d + "/bad.txt", "--u64\n-1\n--int\n0x10\n--dbl\nnan");
 }
 
-// issue 21: a tiny Hugging Face GPT-2 model (the config safetensors_fuzz writes beside its
+// A tiny Hugging Face GPT-2 model (the config safetensors_fuzz writes beside its
 // input) and two tokenizer.json files (byte symbols, a few merges, an added token).
 void HfModels(const std::string& d) {
   const GPTConfig c{1, 2, 8, 4, 10};

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "io/checkpoint.h"
+#include "ckpt/checkpoint.h"
 #include "model/device_factory.h"
 #include "model/gpt.h"
 #include "model/kernels_cpu.h"

@@ -1,4 +1,4 @@
-// --resume auto's building blocks on 1..3 ranks (issue 24, issue 23 item 6):
+// --resume auto's building blocks on 1..3 ranks:
 //  - the one rule for DIR/latest, a case per test (missing, a name, empty, another name, a
 //    dangling symlink, a symlink loop, a directory, a FIFO, a missing or incomplete step, a good
 //    symlink): ResolveCheckpoint (an explicit choice) refuses every unusable one naming it,
@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "io/checkpoint.h"
+#include "ckpt/checkpoint.h"
 #include "model/gpt.h"
 #include "parallel/mpi_communicator.h"
 #include "tests/mpi/checkpoint_harness.h"

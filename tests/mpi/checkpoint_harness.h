@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "io/checkpoint.h"
+#include "ckpt/checkpoint.h"
 #include "model/gpt.h"
 #include "parallel/engine.h"
 #include "parallel/mpi_communicator.h"

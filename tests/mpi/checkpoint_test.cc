@@ -5,7 +5,7 @@
 // and export (HDF5 read back with h5py, llm.c .bin read back).
 //
 // Full states are compared as raw bits: a checkpoint is pure data movement.
-#include "io/checkpoint.h"
+#include "ckpt/checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <hdf5.h>
@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "app/ckpt_commands.h"
-#include "io/checkpoint_shard.h"
+#include "ckpt/checkpoint_shard.h"
 #include "io/llmc_model.h"
 #include "model/gpt.h"
 #include "parallel/mpi_communicator.h"

@@ -5,7 +5,7 @@
 // all-reduce of the owned shard among the R = N/G replicas) and lie within padding of the
 // formulas; bf16 storage and the last-micro policy work with groups; a checkpoint saved with
 // G = 2 on 4 ranks resumes with G = 3 on 3 ranks (another stage) and continues the reference.
-// Run with 4 and 6 ranks (the cases the issue names); other counts skip.
+// Run with 4 and 6 ranks (G = 2 and G = 3); other counts skip.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -16,7 +16,7 @@
 #include <memory>
 #include <vector>
 
-#include "io/checkpoint.h"
+#include "ckpt/checkpoint.h"
 #include "model/gpt.h"
 #include "model/kernels_cpu.h"
 #include "model/optimizer.h"

@@ -1,10 +1,10 @@
-// The checkpoint index (io/checkpoint_index.h) in one process: a round trip; every single
+// The checkpoint index (ckpt/checkpoint_index.h) in one process: a round trip; every single
 // flipped byte of the file refused by its checksum; a version 1 index refused by name; and
 // each inconsistent field refused naming the field (written through the real writer, which
 // stores whatever it is given, so each case is a crafted but well-formed, checksummed file).
 // Also crafted JSON (wrong types, wrap-around numbers) with a valid checksum.
 // Also the `latest` pointer of a checkpoint directory, which must name a step directory.
-#include "io/checkpoint_index.h"
+#include "ckpt/checkpoint_index.h"
 
 #include <gtest/gtest.h>
 #include <hdf5.h>
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "io/checkpoint.h"
+#include "ckpt/checkpoint.h"
 #include "io_test_util.h"
 
 namespace shardgpt {

@@ -1,7 +1,7 @@
 // Checkpoint planning without MPI or HDF5: the saved pieces cover every unit exactly once
 // with nothing written twice, and for every saving world x loading world x stage the reads a
 // rank plans fill exactly its range, touch only the files that hold it, and are minimal.
-#include "io/checkpoint_plan.h"
+#include "ckpt/checkpoint_plan.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "io/checkpoint_shard.h"
+#include "ckpt/checkpoint_shard.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,8 +13,8 @@
 #include <cstring>
 #include <vector>
 
-#include "io/checkpoint_h5.h"
-#include "io/checkpoint_plan.h"
+#include "ckpt/checkpoint_h5.h"
+#include "ckpt/checkpoint_plan.h"
 
 namespace shardgpt {
 

@@ -7,10 +7,9 @@
 // crafted files): the writer records every chunk's file offset in the index, and the reader
 // checks the header against the index, then reads each chunk it needs at its recorded offset
 // and checks the chunk's CRC-32C recorded in the index and its Fletcher32 trailer (as HDF5
-// computes it; Fletcher32 alone misses some changes, e.g. a 16-bit word 0000 <-> ffff, which
-// fuzzing found) before using a byte of it. A read
-// touches only byte ranges the validated index placed inside the file, and allocates one
-// chunk at most.
+// computes it; Fletcher32 alone misses some changes, e.g. a 16-bit word 0000 <-> ffff)
+// before using a byte of it. A read touches only byte ranges the validated index placed
+// inside the file, and allocates one chunk at most.
 //
 // Thread/rank contract: local (no communication). One ShardFileReader per thread.
 #pragma once
@@ -21,7 +20,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "io/checkpoint_index.h"
+#include "ckpt/checkpoint_index.h"
 
 namespace shardgpt {
 

@@ -1,4 +1,4 @@
-#include "io/checkpoint_plan.h"
+#include "ckpt/checkpoint_plan.h"
 
 #include <algorithm>
 #include <cstdio>

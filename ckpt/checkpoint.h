@@ -15,8 +15,8 @@
 // the same file system at DIR (one node, or a shared file system). The other functions are
 // local (no communication) and may run in a single process without MPI.
 //
-// The index file itself (its checksum, fields and validation) is io/checkpoint_index.h; one
-// shard file (writer, checked reader) is io/checkpoint_shard.h.
+// The index file itself (its checksum, fields and validation) is ckpt/checkpoint_index.h; one
+// shard file (writer, checked reader) is ckpt/checkpoint_shard.h.
 #pragma once
 
 #include <cstdint>
@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "base/status.h"
-#include "io/checkpoint_index.h"
-#include "io/checkpoint_plan.h"
-#include "io/checkpoint_shard.h"
+#include "ckpt/checkpoint_index.h"
+#include "ckpt/checkpoint_plan.h"
+#include "ckpt/checkpoint_shard.h"
 #include "io/llmc_model.h"
 #include "model/config.h"
 #include "model/param_layout.h"
@@ -60,7 +60,7 @@ SaveRole SaveRoleOf(const Engine& engine);
 
 // SaveCheckpoint with this rank's shard data taken from `fill` (the elements of its file, dataset
 // by dataset: see OwnedShardElements) instead of the engine: what the async writer
-// (io/async_checkpoint.h) runs on its own thread and communicator, from a staged copy.
+// (ckpt/async_checkpoint.h) runs on its own thread and communicator, from a staged copy.
 // Collective over comm.
 Status SaveCheckpointFrom(const std::string& dir, const TrainState& state, const ParamLayout& layout,
                           const SaveRole& role, const ShardFill& fill, Communicator& comm, int keep_last, bool quiet);

@@ -1,4 +1,4 @@
-#include "io/checkpoint.h"
+#include "ckpt/checkpoint.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -17,8 +17,8 @@
 #include <thread>
 #include <cstdlib>
 
-#include "io/checkpoint_h5.h"
-#include "io/checkpoint_shard.h"
+#include "ckpt/checkpoint_h5.h"
+#include "ckpt/checkpoint_shard.h"
 
 namespace shardgpt {
 

@@ -1,9 +1,9 @@
-#include "io/async_checkpoint.h"
+#include "ckpt/async_checkpoint.h"
 
 #include <chrono>
 #include <cstring>
 
-#include "io/checkpoint.h"
+#include "ckpt/checkpoint.h"
 
 namespace shardgpt {
 

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "io/checkpoint_plan.h"
+#include "ckpt/checkpoint_plan.h"
 #include "model/config.h"
 #include "model/param_layout.h"
 
@@ -40,7 +40,7 @@ constexpr int kOldestReadFormatVersion = 2;
 constexpr int kShardFormatVersion = 2;
 constexpr size_t kIndexHeaderBytes = 128;                  // the text header; the JSON follows
 constexpr uint64_t kMaxIndexBytes = uint64_t{256} << 20;  // ~100x the index of 4096 ranks x d48
-// Shard files (io/checkpoint_shard.h): a 512-byte text header (HDF5 user block), then HDF5
+// Shard files (ckpt/checkpoint_shard.h): a 512-byte text header (HDF5 user block), then HDF5
 // with datasets chunked by kShardChunkElems elements, each chunk followed by its Fletcher32.
 constexpr uint64_t kShardHeaderBytes = 512;
 constexpr uint64_t kShardChunkElems = uint64_t{1} << 20;  // 4 MiB chunks: Fletcher32 granularity

@@ -2,7 +2,7 @@
 // (--async-ckpt), as PyTorch DCP's async_save. A save copies this rank's owned state (fp32
 // master, m, v: exactly what its shard file holds) into a staging buffer, and a writer thread
 // then writes the shard file and, with the other ranks, the index, the rename and `latest`
-// (SaveCheckpointFrom, io/checkpoint.h), so the files are those of a synchronous save.
+// (SaveCheckpointFrom, ckpt/checkpoint.h), so the files are those of a synchronous save.
 //
 // Staging. On a device the host cannot address (CUDA) the caller copies into pinned host
 // memory (Device::AllocateHost) inside Save: a DMA at device-to-host bandwidth. On the CPU the
@@ -33,8 +33,8 @@
 #include <thread>
 
 #include "base/status.h"
-#include "io/checkpoint.h"
-#include "io/checkpoint_index.h"
+#include "ckpt/checkpoint.h"
+#include "ckpt/checkpoint_index.h"
 #include "model/device.h"
 #include "model/param_layout.h"
 #include "parallel/communicator.h"

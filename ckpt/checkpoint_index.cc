@@ -1,4 +1,4 @@
-#include "io/checkpoint_index.h"
+#include "ckpt/checkpoint_index.h"
 
 #include <unistd.h>
 
@@ -10,7 +10,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "io/checkpoint_h5.h"
+#include "ckpt/checkpoint_h5.h"
 #include "io/file_checks.h"
 
 namespace shardgpt {

@@ -1,4 +1,4 @@
-#include "io/checkpoint_h5.h"
+#include "ckpt/checkpoint_h5.h"
 
 #include <fcntl.h>
 #include <linux/falloc.h>

@@ -1,4 +1,4 @@
-#include "io/ckpt_dir_lock.h"
+#include "ckpt/ckpt_dir_lock.h"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -1,6 +1,6 @@
 // Small helpers over HDF5's C API for the checkpoint WRITERS: an owning handle, HDF5 errors as
-// one line of text, attributes. Internal to io/. shardgpt writes HDF5 (for h5py and h5dump)
-// but never parses an HDF5 file it is given (io/checkpoint_index.h says why). Every function
+// one line of text, attributes. Internal to ckpt/. shardgpt writes HDF5 (for h5py and h5dump)
+// but never parses an HDF5 file it is given (ckpt/checkpoint_index.h says why). Every function
 // returns errors as values and never lets HDF5 print (InitH5 silences its automatic error
 // printing for the calling thread).
 #pragma once
@@ -19,7 +19,7 @@ namespace h5 {
 // Silences HDF5's automatic error printing (per thread in the thread-safe build) and, once
 // per process before HDF5 initialises, turns off HDF5's atexit shutdown (H5dont_atexit): after
 // a write failed on a full disk, H5Fclose can fail and leave the file in HDF5's table, and
-// that shutdown then crashed inside exit (H5F__close_cb <- H5F_term_package). Every file is
+// that shutdown would then crash inside exit (H5F__close_cb <- H5F_term_package). Every file is
 // closed by its Id; the operating system releases the rest at exit. Cheap.
 void InitH5();
 // The innermost message of HDF5's error stack (e.g. "data error detected by Fletcher32

@@ -1,0 +1,137 @@
+#include "app/command_flags.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "model/compute_precision.h"
+
+namespace shardgpt {
+
+void PrepareFlags::Register(CLI::App& app) {
+  command = app.add_subcommand("prepare", "turn text files into byte-level token shards train.bin / val.bin");
+  command->add_option("--input", inputs, "text files")->required()->expected(1, -1);
+  command->add_option("--output", out, "output directory")->required();
+  command->add_option("--val-fraction", val_fraction, "share of tokens (the end of the text) for val.bin")->capture_default_str();
+  command->add_option("--tokenizer", tokenizer, "a Hugging Face byte-level BPE tokenizer.json (GPT-2's kind); "
+                                                "default: byte-level tokens");
+  command->add_option("--threads", threads, "encoding threads with --tokenizer (default: the cores)")
+      ->check(CLI::Range(1, 1024));
+}
+
+Status PrepareFlags::Run(const Launcher& launcher) const {
+  if (launcher.rank() != 0) return Status::OK();
+  if (!tokenizer.empty())
+    return RunPrepareTokenizer(tokenizer, inputs, out, val_fraction,
+                               threads > 0 ? threads : std::max(1u, std::thread::hardware_concurrency()));
+  return RunPrepare(inputs, out, val_fraction);
+}
+
+void SampleFlags::Register(CLI::App& app) {
+  SampleOptions& s = options;
+  command = app.add_subcommand("sample", "generate text from a trained model");
+  auto* model_file_opt = command->add_option("--model-file", s.model_file, "llm.c model .bin (as written by train --save-model)");
+  command->add_option("--checkpoint", s.checkpoint, "a checkpoint directory (or a --ckpt-dir: its latest)")->excludes(model_file_opt);
+  command->add_option("--tokenizer", s.tokenizer_file, "llm.c tokenizer .bin to decode GPT-2 ids, or a Hugging Face "
+                                                     "tokenizer.json (BPE: also encodes --prompt); default: bytes");
+  auto* prompt_opt = command->add_option("--prompt", s.prompt, "prompt text (byte-level models) ")->capture_default_str();
+  // one prompt: --prompt and --prompt-ids exclude each other
+  command->add_option("--prompt-ids", s.prompt_ids, "prompt as token ids (any tokenizer)")->excludes(prompt_opt);
+  command->add_option("-n,--tokens", s.tokens, "tokens to generate")->capture_default_str();
+  command->add_option("--temperature", s.temperature, "softmax temperature (0: greedy)")->capture_default_str();
+  command->add_option("--top-k", s.top_k, "sample among the k most likely tokens (0: all)")->capture_default_str();
+  command->add_option("--seed", s.seed, "sampling seed")->capture_default_str();
+}
+
+Status SampleFlags::Run(const Launcher& launcher) const {
+  return launcher.rank() == 0 ? RunSample(options, launcher.default_threads()) : Status::OK();
+}
+
+void EvalFlags::Register(CLI::App& app) {
+  EvalOptions& ev = options;
+  command = app.add_subcommand("eval", "mean loss and perplexity of a model over the consecutive windows of "
+                                       "token files (one JSON line; 1-N ranks)");
+  command->add_option("model", ev.model, "llm.c model .bin, Hugging Face GPT-2 directory, checkpoint or --ckpt-dir")
+      ->required();
+  command->add_option("--data", ev.data, "glob of token shards")->required();
+  command->add_option("-t,--seq-len", ev.seq_len, "tokens per window (default: the model's max_seq_len)")
+      ->check(CLI::Range(1, 1 << 20));
+  command->add_option("-b,--micro-batch", ev.micro_batch, "windows per forward pass")->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  command->add_option("--batches", ev.batches, "micro-batches in all, over every rank (default: every window)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  command->add_option("--logits-out", ev.logits_out, "write the first micro-batch's logits [B, T, vocab] as raw fp32");
+  command->add_option("--threads", ev.threads, "compute threads per rank (default: cores / ranks on the node)")
+      ->check(CLI::Range(1, 1024));
+}
+
+Status EvalFlags::Run(const Launcher& launcher) const {
+  EvalOptions ev = options;
+  if (ev.threads <= 0) ev.threads = launcher.default_threads();
+  return RunEval(ev);
+}
+
+void PlanFlags::Register(CLI::App& app) {
+  PlanOptions& p = options;
+  command = app.add_subcommand("plan", "print per-rank memory and per-step traffic for a configuration, without training");
+  model.Add(command);
+  engine.Add(command);
+  command->add_option("--ranks", p.ranks, "data-parallel ranks")->capture_default_str();
+  command->add_option("-b,--micro-batch", p.micro_batch, "sequences per rank per micro-batch")->capture_default_str();
+  command->add_option("-t,--seq-len", p.seq_len, "tokens per sequence")->capture_default_str();
+  command->add_option("--grad-accum", p.grad_accum, "micro-batches per step")->capture_default_str();
+  command->add_option("--mem-gib", p.mem_gib, "memory per rank in GiB: mark which stages fit");
+  command->add_option("--act-dtype", act_dtype,
+                      "dtype of the activations counted: auto (bf16 with --dtype bf16, as on a GPU), fp32 or bf16")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
+  recompute.Add(command, "memory per rank, e.g. 80GiB: print the largest micro-batch that fits for each ZeRO stage "
+                         "x --recompute mode");
+}
+
+Status PlanFlags::Run(const Launcher& launcher) const {
+  auto cfg = model.Resolve();
+  if (!cfg.ok()) return cfg.status();
+  PlanOptions p = options;
+  p.model = cfg.value();
+  p.engine = engine.Resolve();
+  p.recompute = recompute.mode();
+  p.memory_bytes = recompute.memory_bytes();
+  auto act = PlannedActivationDType(act_dtype, p.engine.dtype);
+  if (!act.ok()) return act.status();
+  p.engine.act_dtype = act.value();
+  if (p.engine.shard_group_size == kAutoShardGroup)
+    return Status::InvalidArgument("plan --shard-group-size auto: plan runs on no nodes; give the ranks per node as a number");
+  return launcher.rank() == 0 ? RunPlan(p) : Status::OK();
+}
+
+void CkptFlags::Register(CLI::App& app) {
+  command = app.add_subcommand("ckpt", "check or describe a sharded checkpoint");
+  command->require_subcommand(1);
+  verify = command->add_subcommand("verify", "verify every shard's checksum and size without training");
+  verify->add_option("path", path, "checkpoint directory (or a --ckpt-dir: its latest)")->required();
+  inspect = command->add_subcommand("inspect", "print a checkpoint's index");
+  inspect->add_option("path", path, "checkpoint directory (or a --ckpt-dir: its latest)")->required();
+}
+
+Status CkptFlags::Run(const Launcher& launcher) const {
+  if (launcher.rank() != 0) return Status::OK();
+  return *verify ? RunCkptVerify(path) : RunCkptInspect(path);
+}
+
+void ExportFlags::Register(CLI::App& app) {
+  command = app.add_subcommand("export", "write a checkpoint or model as one consolidated HDF5 file, an llm.c "
+                                         ".bin and/or a Hugging Face GPT-2 directory");
+  command->add_option("path", path, "checkpoint directory (or a --ckpt-dir: its latest), llm.c model .bin or HF "
+                                    "GPT-2 directory")->required();
+  command->add_option("--out", options.out_h5, "consolidated HDF5 file, one dataset per parameter at full shape");
+  command->add_option("--llmc", options.out_llmc, "write an llm.c model .bin (version 3, fp32)");
+  command->add_option("--hf", options.out_hf, "write a Hugging Face GPT-2 directory: config.json + "
+                                              "model.safetensors (GPT2LMHeadModel.from_pretrained loads it)");
+  command->add_option("--export-dtype", options.hf_dtype, "dtype of the --hf weights: fp32 or bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
+}
+
+Status ExportFlags::Run(const Launcher& launcher) const {
+  return launcher.rank() == 0 ? RunExport(path, options) : Status::OK();
+}
+
+}  // namespace shardgpt

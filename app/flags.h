@@ -1,0 +1,58 @@
+// Flag groups that several subcommands share (CLI11), and the numeric check they use. Each
+// group holds the flags' parsed text; Add registers them on a subcommand, Resolve turns them
+// into the options the commands take (after parsing).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <string>
+
+#include "base/status.h"
+#include "model/config.h"
+#include "model/gpt.h"
+#include "model/muon.h"
+#include "parallel/engine_options.h"
+
+namespace shardgpt {
+
+// EngineOptions::shard_group_size for --shard-group-size auto: resolved per run from the nodes
+// (Launcher::AutoShardGroupSize).
+constexpr int kAutoShardGroup = -1;
+
+// Numbers that must be finite and above (or at least) a bound, and at most `hi`: NaN and inf
+// are refused too, which CLI11's Range/PositiveNumber let through for floating point.
+CLI::Validator Finite(double lo, bool lo_inclusive, double hi = HUGE_VAL);
+
+// Flags that describe the model: a preset, then explicit overrides.
+struct ModelFlags {
+  std::string preset = "tiny";
+  int n_layer = 0, n_head = 0, n_embd = 0, max_seq_len = 0, vocab_size = 0;
+  void Add(CLI::App* app);
+  // The preset with the overrides applied, validated. A --seq-len above the model's maximum
+  // is the caller's error to report, never a silent raise.
+  StatusOr<GPTConfig> Resolve() const;
+};
+
+// Flags of the data-parallel engine, shared by train and plan.
+struct EngineFlags {
+  int zero_stage = 0;
+  std::string dtype = "fp32", reduce_dtype, reduce_grads = "every-micro", shard_layout = "flat";
+  double bucket_mb = 25.0;
+  bool reshard_after_forward = true;
+  std::string shard_group_size;  // empty: all ranks
+  std::string optimizer = "adamw";
+  MuonConfig muon;
+  void Add(CLI::App* app);
+  // shard_group_size is kAutoShardGroup for --shard-group-size auto.
+  EngineOptions Resolve() const;
+};
+
+// Flags of activation memory, shared by train and plan: --recompute and --memory.
+struct RecomputeFlags {
+  std::string recompute = "none", memory;
+  void Add(CLI::App* app, const char* memory_help);
+  Recompute mode() const;
+  double memory_bytes() const;  // 0 when --memory is not given
+};
+
+}  // namespace shardgpt

@@ -1,0 +1,162 @@
+#include "app/train_flags.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
+
+#include "app/cli_numbers.h"
+#include "model/optimizer.h"
+
+namespace shardgpt {
+
+namespace {
+
+// The cores this process may run on (its affinity mask: taskset, Slurm's cgroup binding),
+// at least 1; hardware_concurrency() when the mask cannot be read.
+int AllowedCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// --threads above this many per allowed core only oversubscribes (and, far above it, fails
+// inside the thread pool), so it is refused.
+constexpr int kMaxThreadsPerCore = 4;
+
+}  // namespace
+
+void TrainFlags::Register(CLI::App& app) {
+  command = app.add_subcommand("train", "train a GPT on token shards (llm.c format)");
+  model.Add(command);
+  engine.Add(command);
+  command->add_option("--init", options.init_file, "start from an llm.c model .bin (version 3 fp32 or 5 bf16) or a Hugging Face "
+                                          "GPT-2 directory (config.json + model.safetensors)");
+  command->add_option("--data", options.data, "glob of training token shards")->capture_default_str();
+  command->add_option("--val-data", options.val_data, "glob of validation token shards");
+  command->add_option("-b,--micro-batch", micro_batch,
+                    "sequences per rank per micro-batch, or auto: the largest whose predicted peak fits in --memory "
+                    "(default: the device's free memory)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "auto") return "";
+            std::string why = StrictNumber("INT", &v);
+            if (why.empty() && (std::stoll(v) < 1 || std::stoll(v) > 1000000))
+              why = "expected a micro-batch in [1, 1000000] or auto, got " + v;
+            return why;
+          },
+          "B|auto"))
+      ->capture_default_str();
+  command->add_option("-t,--seq-len", options.seq_len, "tokens per sequence")->capture_default_str();
+  command->add_option("--grad-accum", options.grad_accum, "micro-batches per step")->capture_default_str();
+  command->add_option("--batch-tokens", options.batch_tokens, "global tokens per step (derives --grad-accum)")->check(Finite(0, false));
+  command->add_option("--steps", options.steps, "optimizer steps")->capture_default_str();
+  command->add_option("--lr", options.schedule.max_lr, "peak learning rate")->check(Finite(0, false))->capture_default_str();
+  command->add_option("--min-lr-frac", options.schedule.min_lr_frac, "learning-rate floor as a fraction of --lr")
+      ->check(Finite(0, true, 1))->capture_default_str();
+  command->add_option("--warmup-steps", options.schedule.warmup_steps, "linear warmup steps")->check(Finite(0, true))->capture_default_str();
+  command->add_option("--lr-schedule", schedule, "cosine, linear, constant or wsd")
+      ->check(CLI::IsMember({"cosine", "linear", "constant", "wsd"}))->capture_default_str();
+  command->add_option("--wsd-decay-frac", options.schedule.decay_frac, "wsd: fraction of steps spent decaying")->capture_default_str();
+  command->add_option("--weight-decay", options.engine.adamw.weight_decay, "AdamW weight decay (2-D weights, embeddings)")->capture_default_str();
+  command->add_option("--grad-clip", options.grad_clip, "global gradient-norm clip (0 disables)")->check(Finite(0, true))->capture_default_str();
+  command->add_option("--eval-every", options.eval_every, "validation every N steps (0: only at the end)")->capture_default_str();
+  command->add_option("--val-batches", options.val_batches, "micro-batches per validation")->check(Finite(0, false))->capture_default_str();
+  command->add_option("--seed", options.seed, "seed of initialisation and data order")->capture_default_str();
+  command->add_flag("--no-shuffle", no_shuffle, "visit the training windows in file order");
+  command->add_option("--comm", device.comm.kind, "data-plane communicator: auto (nccl with --device cuda), mpi, nccl")
+      ->check(CLI::IsMember({"auto", "mpi", "nccl"}))->capture_default_str();
+  command->add_option("--comm-timeout", device.comm.timeout_s,
+                    "seconds a collective may make no progress before the job is ended (a rank or GPU died, hung or stopped; NCCL and MPI)")
+      ->capture_default_str();
+  command->add_option("--device", device.device, "cpu, or cuda (one GPU per rank, chosen by node-local rank)")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  command->add_option("--attention", device.attention,
+                    "attention kernels: own (this project's; on a GPU with --dtype bf16 the tensor-core ones) or "
+                    "cudnn (cuDNN SDPA, --device cuda, bf16; only in nvcc builds that found the cuDNN frontend; not "
+                    "yet run on a GPU)")
+      ->check(CLI::IsMember({"own", "cudnn"}))->capture_default_str();
+  command->add_option("--gelu", gelu,
+                    "the MLP's GELU: separate (its own kernel) or fused (in the fc matmul's epilogue, cuBLASLt "
+                    "GELU_AUX_BIAS forward and DGELU backward on --device cuda; the CPU runs the same arithmetic, no "
+                    "faster; not with --recompute gelu; not yet run on a GPU)")
+      ->check(CLI::IsMember({"separate", "fused"}))->capture_default_str();
+  command->add_option("--ckpt-dir", options.checkpoint.dir, "write sharded HDF5 checkpoints under DIR (every --ckpt-every steps and at the end)");
+  command->add_option("--ckpt-every", options.checkpoint.every, "checkpoint every N steps (0: only at the end)")->check(Finite(0, true))->capture_default_str();
+  command->add_option("--keep-last", options.checkpoint.keep_last, "keep only the K newest checkpoints (0: all)")->check(Finite(0, true))->capture_default_str();
+  command->add_option("--resume", options.checkpoint.resume, "resume from 'latest' (under --ckpt-dir; an error if there is none), 'auto' "
+                                         "(latest if there is one, else start fresh: for requeued jobs) or a checkpoint directory");
+  command->add_option("--stop-at-step", options.stop_at_step, "checkpoint and stop once this many steps are done, as if preempted (the schedule still follows --steps)")
+      ->check(Finite(0, true));
+  command->add_flag("--async-ckpt", options.checkpoint.async,
+                  "write the --ckpt-every checkpoints in the background while training continues (the final and "
+                  "stop checkpoints are waited for)");
+  command->add_flag("--allow-config-change", options.allow_config_change,
+                  "resume even where the sequence length, seed, data files or shuffle setting changed since the "
+                  "checkpoint (the data order then starts anew at the saved position)");
+  command->add_flag("--quiet", options.quiet, "print only the final loss and sample");
+  const int cores = AllowedCores(), max_threads = kMaxThreadsPerCore * cores;
+  command->add_option("--threads", options.threads, "compute threads per rank (default: cores / ranks on the node)")
+      ->check(CLI::Validator(
+          [cores, max_threads](std::string& in) -> std::string {
+            char* end = nullptr;
+            const long v = std::strtol(in.c_str(), &end, 10);
+            if (end != in.c_str() && *end == '\0' && v >= 1 && v <= max_threads) return "";
+            return "expected 1 .. " + std::to_string(max_threads) + " (" + std::to_string(kMaxThreadsPerCore) +
+                   " x the " + std::to_string(cores) + " core(s) this process may use), got " + in;
+          },
+          "1 .. " + std::to_string(max_threads)));
+  command->add_option("--compute-dtype", options.compute_dtype,
+                    "precision of the matmuls: fp32 or bf16 (bf16 inputs, fp32 accumulation); default: bf16 with "
+                    "--dtype bf16 where the hardware has fast bf16 products (GPU, AVX512-BF16/AMX CPUs), else fp32")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  command->add_option("--act-dtype", options.act_dtype,
+                    "dtype of the activations and their gradients: auto, fp32 or bf16 (fp32 maths inside the kernels; "
+                    "LayerNorm statistics, softmax, loss fp32); auto: bf16 where the matmuls are bf16")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
+  command->add_option("--log", options.log_file, "write one JSON line per step to this file");
+  command->add_option("--save-model", options.save_model, "write the final model as an llm.c .bin (version 3)");
+  command->add_option("--sample-tokens", options.sample_tokens, "print a sample of N tokens after training")->capture_default_str();
+  command->add_option("--sample-prompt", options.sample_prompt, "prompt of that sample");
+  recompute.Add(command, "per-rank memory for --micro-batch auto, e.g. 80GiB (default: the device's free memory; "
+                             "on the CPU the memory available to the process, shared by the node's ranks)");
+}
+
+StatusOr<TrainOptions> TrainFlags::Resolve(const Launcher& launcher) const {
+  TrainOptions t = options;
+  auto cfg = model.Resolve();
+  if (!cfg.ok()) return cfg.status();
+  t.model = cfg.value();
+  t.engine = engine.Resolve();
+  t.engine.adamw = options.engine.adamw;
+  if (t.engine.shard_group_size == kAutoShardGroup) {
+    auto g = launcher.AutoShardGroupSize();
+    if (!g.ok()) return g.status();
+    t.engine.shard_group_size = g.value();
+  }
+  t.recompute = recompute.mode();
+  t.gelu_fused = gelu == "fused";
+  t.memory_bytes = recompute.memory_bytes();
+  t.micro_batch_auto = micro_batch == "auto";
+  if (!t.micro_batch_auto) t.micro_batch = std::stoi(micro_batch);
+  t.ranks_per_node = launcher.local_size();
+  if (t.memory_bytes > 0 && !t.micro_batch_auto)
+    return Status::InvalidArgument("--memory is the budget of --micro-batch auto: give --micro-batch auto too");
+  t.shuffle = !no_shuffle;
+  t.schedule.kind = LrSchedule::ParseKind(schedule).value();
+  if (t.threads <= 0) t.threads = launcher.default_threads();
+  return t;
+}
+
+Status TrainFlags::Run(Launcher& launcher, int* exit_code) const {
+  Launcher::DeviceChoice choice = device;
+  choice.quiet = options.quiet;
+  return launcher.RunOnDevice(choice, [&](Communicator& comm, Device& dev) -> Status {
+    auto t = Resolve(launcher);
+    if (!t.ok()) return t.status();
+    return RunTrain(std::move(t.value()), comm, dev, exit_code);
+  });
+}
+
+}  // namespace shardgpt
