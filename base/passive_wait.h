@@ -2,9 +2,9 @@
 //
 // Our element-wise kernels (OpenMP) alternate with sgemm (OpenBLAS's own thread pool) many
 // times per step. With libgomp's default wait policy, idle OpenMP workers spin on the core
-// that OpenBLAS needs next, and a tiny GPT trains 2-3x slower on 2 cores (measured:
-// 2,016 vs 5,448 tokens/s). libgomp reads OMP_WAIT_POLICY once, when it is loaded, before
-// main(): so when the variable is unset we set it and re-execute ourselves, once.
+// that OpenBLAS needs next, which slows training several-fold on a machine with few cores.
+// libgomp reads OMP_WAIT_POLICY once, when it is loaded, before main(): so when the variable
+// is unset we set it and re-execute ourselves, once.
 #pragma once
 
 namespace shardgpt {

@@ -1,4 +1,4 @@
-// bench_muon: what distributed Muon costs each rank, against the goals. A program that
+// bench_muon: what distributed Muon costs each rank, against its goals (below). A program that
 // prints figures, not a test. Run it at several rank counts:
 //
 //   OPENBLAS_NUM_THREADS=1 mpirun -n N build/bench/bench_muon [--n-layer L] [--n-embd C]

@@ -26,7 +26,7 @@
 // 4800 GB/s), then the predicted step time and tokens/s; activations are counted at the size of
 // the activation dtype the run would use (the kernel set's activation_dtype()).
 //   mpirun -np 2 bench_train --config tiny --zero-stage 0 --threads 1
-// Configs (the issue's): tiny L4 H4 C256 V256 T256 B8; small L6 H6 C384 V256 T256 B8;
+// Configs: tiny L4 H4 C256 V256 T256 B8; small L6 H6 C384 V256 T256 B8;
 // gpt2 = GPT-2 124M shape L12 H12 C768 V50257 (max T 1024) run at T64 B4; d12 = the same model
 // at T1024 B16 (llm.c's GPU setting). B is per rank.
 #include <mpi.h>

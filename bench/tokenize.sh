@@ -4,7 +4,7 @@
 # and the same tokenizer.json, the ids checked equal. Prints MB/s of each and the ratio.
 # tokenizers gets the text in pieces of about 64 KB cut where the ids cannot change (after a
 # '\n' between ASCII non-space bytes, the rule of shardgpt's own cuts), through encode_batch
-# with RAYON_NUM_THREADS=1 (one core): one encode() of the whole 20 MB string is ~50x slower
+# with RAYON_NUM_THREADS=1 (one core): one encode() of the whole 20 MB string is far slower
 # in tokenizers 0.15 and would not be a fair reference.
 #
 #   bench/tokenize.sh BUILD/shardgpt [SOURCE_DIR]

@@ -7,11 +7,11 @@
 //             dq += scale dS k;  dk += scale dS^T q;  dv += P^T dO
 // but the score/value products are three small register-tile kernels (16-lane vectors, GCC
 // vector extensions) instead of thousands of tiny sgemm calls, each packing its operands
-// (bench_kernels BM_Attention*, tiled:0 against tiled:1, in the README): rows of 8 queries for
-// the scores and values, 4 key columns for dk/dv, skipping every 16-column group above the
-// diagonal. k and v are copied transposed once per head for the score products (the reduction
-// runs over hs, contiguous in both operands). Each (b, h) is one thread's work in a fixed
-// order, so the results do not depend on the thread count.
+// (bench_kernels BM_Attention*, tiled:0 against tiled:1; docs/PERFORMANCE.md): rows of 8
+// queries for the scores and values, 4 key columns for dk/dv, skipping every 16-column group
+// above the diagonal. k and v are copied transposed once per head for the score products
+// (the reduction runs over hs, contiguous in both operands). Each (b, h) is one thread's work
+// in a fixed order, so the results do not depend on the thread count.
 //
 // Needs hs % 16 == 0 (AttentionTiledFits); kernels_cpu.cc runs the sgemm kernel otherwise.
 #pragma once
@@ -21,9 +21,9 @@ namespace cpu_internal {
 
 inline bool AttentionTiledFits(int C, int NH) { return NH > 0 && C % NH == 0 && (C / NH) % 16 == 0; }
 // Past this T the backward runs the sgemm kernel: its dk/dv products walk down columns of the
-// [T, T] probability tiles, and once those outgrow L2 OpenBLAS's packed panels win
-// (bench_kernels BM_AttentionBackward, B4 C768 NH12: tiled / sgemm 0.84x the time at T = 64,
-// 1.0x at 512, 1.34x at 1024). The forward keeps only 8 rows of scores: tiled at every T.
+// [T, T] probability tiles, and once those outgrow L2 OpenBLAS's packed panels win (the two
+// break even at 512: bench_kernels BM_AttentionBackward). The forward keeps only 8 rows of
+// scores: tiled at every T.
 constexpr int kTiledAttentionBackwardMaxT = 512;
 
 // out[B,T,C] (writes), lse[B,NH,T] (writes) from qkv[B,T,3C]; OpenMP over (b,h).

@@ -25,8 +25,8 @@ ComputeFacts DetectComputeFacts(bool is_cuda);
 
 struct ComputeChoice {
   MatmulPrecision precision = MatmulPrecision::kExact;
-  // One start-up line ("compute: ..."), or "" for an fp32 run that asked nothing (its output
-  // stays as it was).
+  // One start-up line ("compute: ..."), or "" for an fp32 run that asked nothing (it prints no
+  // compute line).
   std::string line;
 };
 
@@ -38,8 +38,9 @@ ComputeChoice ChooseComputePrecision(DType storage, const std::string& requested
 // The dtype of the model's activations (Kernels::set_activation_dtype, GPT's allocation).
 // requested: --act-dtype ("fp32", "bf16", or "" / "auto" for automatic). Automatic: bf16 where
 // the matmuls compute in bf16 (precision kBf16, from ChooseComputePrecision), else fp32, on
-// both devices (on the CPU, bench_train --profile measured bf16 activations no slower at the
-// GPT-2 124M shape: README). The line says what was chosen when it is not fp32 by default.
+// both devices (on the CPU too, bf16 activations are no slower at the GPT-2 124M shape:
+// bench_train --profile, docs/PERFORMANCE.md). The line says what was chosen when it is not
+// fp32 by default.
 struct ActivationChoice {
   DType dtype = DType::kF32;
   std::string line;

@@ -287,11 +287,10 @@ class CpuDeviceImpl final : public Device {
     return p;
   }
   // Why a block cache: a fresh calloc of a large block is mmap'ed, untouched pages, so the first
-  // kernel to write it takes a page fault per 4 KiB page, from every thread at once (at the 124M
-  // shape the tied LM head's 154 MB weight gradient, allocated per step at --dtype bf16, made
-  // its product take 520-700 ms per call instead of 45-73, ONEDNN_VERBOSE). Blocks are reused by
-  // exact rounded size: a training step asks for the same sizes every step, so from the second
-  // step on nothing comes from the system.
+  // kernel to write it takes a page fault per 4 KiB page, from every thread at once, which costs
+  // a large product (the tied LM head's weight gradient, allocated every step at --dtype bf16)
+  // several times its compute. Blocks are reused by exact rounded size: a training step asks for
+  // the same sizes every step, so from the second step on nothing comes from the system.
   static size_t BlockSize(size_t bytes) { return (bytes + 255) / 256 * 256; }
   void* TakeCached(size_t size) {
     std::lock_guard<std::mutex> lock(mu_);

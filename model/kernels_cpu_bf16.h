@@ -67,7 +67,8 @@ const char* Bf16GemmName(Bf16Gemm gemm);  // "oneDNN" or "emulated"
 // kTransposedSource: dout [N,OC] itself, read by the primitive as a transposed ("ba") source;
 // kTransposedCopy: a bf16 copy of dout written transposed ([OC,N], dense "ab") first.
 // Default: kTransposedSource on CPUs with AMX-BF16 (oneDNN's AMX brgemm runs it as fast as a
-// dense source), kTransposedCopy elsewhere (its AVX512-BF16 brgemm runs it 2-3x slower).
+// dense source), kTransposedCopy elsewhere (its AVX512-BF16 brgemm runs a transposed source
+// several times slower than the copy costs).
 // Results differ at most in summation order. SetBf16DwSource: tests and measurements.
 enum class Bf16DwSource { kTransposedCopy, kTransposedSource };
 Bf16DwSource CurrentBf16DwSource();
@@ -129,8 +130,8 @@ bool Bf16WeightReuse();
 // Whether the CPU device's attention runs its score/value products in bf16 (the kernels
 // attention_*_bf16 below) at MatmulPrecision::kBf16, rather than in fp32 on the widened
 // activations. Default (until set): on where the batched oneDNN attention runs on bf16
-// dot-product instructions (CurrentBf16Gemm() == kOnednn and CpuHasBf16Dot(): 2.5-3x faster
-// than the fp32 tiles at the bench shapes), off elsewhere (oneDNN emulating bf16 on plain
+// dot-product instructions (CurrentBf16Gemm() == kOnednn and CpuHasBf16Dot(): faster than
+// the fp32 tiles at the bench shapes), off elsewhere (oneDNN emulating bf16 on plain
 // AVX-512, or the emulation, are slower than the fp32 tiles).
 void SetBf16AttentionProducts(bool on);
 bool Bf16AttentionProducts();

@@ -30,8 +30,9 @@ bool NcclBuilt();
 // named on every rank; parallel/gpu_binding.h); how many GPUs each rank sees does not matter.
 StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(const CommOptions& options, MPI_Comm comm, Device& device);
 
-// The former signature: local_size and gpus are ignored (NCCL now compares the GPUs' bus ids,
-// so --gpu-bind=per_task:1, where each rank sees one GPU, works). For callers not yet changed.
+// The same, for callers that pass the local rank count and visible GPU count: both are ignored
+// (NCCL compares the GPUs' bus ids, so --gpu-bind=per_task:1, where each rank sees one GPU,
+// works).
 inline StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(const CommOptions& options, MPI_Comm comm,
                                                                   Device& device, int /*local_size*/, int /*gpus*/) {
   return CreateCommunicator(options, comm, device);

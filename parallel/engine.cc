@@ -129,7 +129,7 @@ void Engine::BeginMicroBatch(int micro, int num_micro) {
 // Global gradient norm: every element counted once. Stage 0 holds the whole averaged gradient
 // on every rank; stages >= 1 sum their owned slices' squares over ranks. The per-piece sums of
 // squares were taken by the GradReducer as each unit's reduction completed; here they are
-// added in piece order (sum_f64: 0 + s0 + s1 + ..., the order this sum always had).
+// added in piece order (sum_f64: 0 + s0 + s1 + ..., one fixed order).
 float Engine::HostNormAndScale(float grad_clip, float* scale) {
   double ss = 0;
   ctx_.kernels().sum_f64(ss_.as<double>(), grads_->norm_partials(), grads_->num_norm_partials(), 1.0);

@@ -47,7 +47,7 @@ class CollectiveQueue {
   // on it. Stream-ordered backends (NCCL): the compute stream is ordered after it and the host
   // goes on (no host wait inside a step); its completion step then queues its device work
   // (accumulate, copy-out) after the collective, and the buffers it drops are reused in compute
-  // order, which now follows the collective (CudaDevice's allocator contract).
+  // order, which then follows the collective (CudaDevice's allocator contract).
   void WaitOldest() {
     Pending p = std::move(pending_.front());
     pending_.pop_front();

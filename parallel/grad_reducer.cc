@@ -29,8 +29,8 @@ namespace {
 // first, issues AR(u) before its next reduce-scatter; see there).
 //
 // MPI (two FIFOs, two threads): order across communicators does not matter; the all-reduce is
-// launched from the reduce-scatter's completion step, as before, which keeps the replica FIFO
-// from waiting for the shard FIFO.
+// launched from the reduce-scatter's completion step, which keeps the replica FIFO from
+// waiting for the shard FIFO.
 bool StreamOrdered(const EngineContext& ctx) {
   return ctx.replica != nullptr && ctx.replica->stream_ordered() && ctx.comm->stream_ordered();
 }

@@ -89,16 +89,14 @@ std::atomic<long long> g_diagnostic_step{-1};
 constexpr long long kClosingNote = -1;
 
 // The side channel (arrivals_) of a destroyed communicator, kept until no message can reach it
-// any more. Its notes are sent without a matching receive; freeing the channel while one is still
-// on its way would leave Open MPI's ob1 a message for a context id it no longer knows: ob1 files
-// it on a process-wide list of messages "for communicators not yet created", which the next
-// communicator given that id adopts (a message nobody sent on it) and which a thread creating a
-// communicator (mca_pml_ob1_add_comm) walks unlocked while another thread's progress appends to
-// it: the SEGV of issue 23 item 10. So each rank ends the channel with a closing note to every
-// peer (after all its other notes: MPI does not let a message overtake an earlier one from the
-// same sender on the same communicator and tag), and the channel is freed only once the closing
-// notes of all peers came in. Nothing waits for a peer: one that is still busy, or gone, only
-// keeps its channel here a little longer (or until MPI_Finalize).
+// any more. Its notes are sent without a matching receive, and Open MPI's ob1 must never get a
+// message for a freed context id: it keeps such a message for the next communicator given that
+// id, on a list that communicator creation (mca_pml_ob1_add_comm) walks unlocked while progress
+// on another thread appends to it. So each rank ends the channel with a closing note to every
+// peer (after all its other notes: MPI keeps one sender's messages in order on a communicator
+// and tag), and the channel is freed only once the closing notes of all peers came in. Nothing
+// waits for a peer: one that is still busy, or gone, only keeps its channel here a little
+// longer (or until MPI_Finalize).
 struct RetiredChannel {
   MPI_Comm comm = MPI_COMM_NULL;
   int open_peers = 0;               // peers whose closing note has not come in

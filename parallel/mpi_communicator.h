@@ -6,11 +6,11 @@
 // nonblocking MPI_I* form). That thread is what makes a collective progress while the caller
 // computes. It sleeps on a condition variable when the queue is empty, and waits for a call
 // with MPI_Test and a backoff sleep (1 ms of spinning, then sleeps doubling to 0.5 ms): a peer
-// that is still computing no longer costs a core spinning inside a blocking MPI call.
+// that is still computing costs no core spinning inside a blocking MPI call.
 //
 // Watchdog (SetTimeout, --comm-timeout): a call still not complete after that many seconds
 // ends the job (one line naming the call, the step and the ranks that did not arrive or that
-// arrived and then fell silent, then MPI_Abort): a stopped or hung peer no longer hangs the job.
+// arrived and then fell silent, then MPI_Abort): a stopped or hung peer cannot hang the job.
 //
 // MPI use: the communicator duplicates the given MPI_Comm (so its traffic never matches
 // anyone else's messages) and, after construction, calls MPI only from its thread, one call
@@ -49,8 +49,8 @@
 // runs what is still queued (so remote ranks are not left waiting), then joins the thread;
 // like every call it is collective, but it waits for no peer: the watchdog's side channel,
 // whose notes have no matching receive, is kept (retired) until every peer's closing note came
-// in, so that no message ever reaches a freed communicator (Open MPI's ob1 mishandles those:
-// issue 23 item 10). Not copyable; owned by the caller of Create().
+// in, so that no message ever reaches a freed communicator (Open MPI's ob1 mishandles those;
+// see RetiredChannel in the .cc). Not copyable; owned by the caller of Create().
 #pragma once
 
 #include <mpi.h>

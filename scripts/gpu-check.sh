@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command for a machine with one NVIDIA GPU (issue 19, part 6), under a global time budget
+# One command for a machine with one NVIDIA GPU, under a global time budget
 # (default 450 s, so it ends inside 8 minutes on one H200):
 #   1. builds the nvcc build with the benchmarks (BUILD, default build-gpu/); where CMake cannot
 #      find our libraries it unpacks the .debs carried in .gpu-deps/ (scripts/gpu-deps.sh: the

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # AddressSanitizer + UBSan loop over the multi-rank tests that start several communicators and
-# communication threads (issue 23, item 10): each test under `mpirun -np 4`, round after round,
+# communication threads: each test under `mpirun -np 4`, round after round,
 # for ASAN_MINUTES (default 20) or ASAN_RUNS rounds (default 100), whichever ends first; prints
 # per test the runs passed and failed, and keeps the log of every failing run. Not part of
 # .ci/run (CI time; CI's sanitizer pass runs each test once): run by hand, beside

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# ThreadSanitizer pass over the MPI communicator and the engine (issue 23, item 10: the rare
-# segfault of two-host HSDP/ZeRO-3 jobs, two communication threads under MPI_THREAD_MULTIPLE).
+# ThreadSanitizer pass over the MPI communicator and the engine with two communication threads
+# under MPI_THREAD_MULTIPLE, as two-host HSDP/ZeRO-3 jobs run them (races there are rare).
 # Not part of .ci/run (CI time): run by hand.
 #  1. builds the multi-rank tests with clang -fsanitize=thread (LLVM's OpenMP, whose runtime
 #     TSan understands; no CUDA) into build-tsan/;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 23, items 3-5: arguments that used to pass silently or crash are one clear error line
+# Arguments out of range or in conflict (--threads, sample's options) are one clear error line
 # with a non-zero exit on every rank, and outputs that would overwrite an input of the same
 # command (by realpath through symlinks, by device+inode for hard links, or inside the
 # checkpoint read) are refused before anything is written; the input is unchanged after.
@@ -26,16 +26,16 @@ check() {
     echo "ok   $name: $(grep '^shardgpt: error:' <<<"$out")"
   fi
 }
-# ---- item 4: --threads bounded by the cores this process may use ----
+# ---- --threads bounded by the cores this process may use ----
 for n in 0 -1 40000 100000; do check "threads $n" "--threads" 2 -- train $D --threads "$n"; done
-# ---- item 5: sample ----
+# ---- sample ----
 S="sample --model-file $T/model.bin"
 check "sample -n -1"          "tokens"        1 -- $S -n -1
 check "sample -n -5"          "tokens"        1 -- $S -n -5
 check "sample temperature<0"  "temperature"   1 -- $S --temperature -0.5
 check "sample top-k<0"        "top-k"         1 -- $S --top-k -3
 check "sample prompt+ids"     "prompt"        1 -- $S --prompt "In the" --prompt-ids 1 2 3
-# ---- item 3: outputs that are inputs ----
+# ---- outputs that are inputs ----
 sum_before=$(cat "$T/data/train.bin" "$T/data/val.bin" "$CK"/* | md5sum)
 ln -s "$T/data/val.bin" "$T/val-link.bin"
 ln "$T/data/train.bin" "$T/train-hard.bin"

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The CPU device's block cache (model/cpu_device.cc): once the first step has filled it, a
 # training step takes no host memory from the system and gives none back — no fresh pages for
-# the kernels to fault in (at the 124M shape that fault made the LM head's weight-gradient
-# product about 10x slower). `train` on a tiny model, ZeRO stages 0-3, fp32 and bf16 storage, 1 and 2
-# ranks over MPI, --log; tests/e2e/lib/device_counters_check.py checks the rows from step 2 on:
-# no system allocation (but at most one late block per rank) and no system free, on every rank.
+# the kernels to fault in (faulting them in costs a large product, such as the LM head's weight
+# gradient, several times its compute). `train` on a tiny model, ZeRO stages 0-3, fp32 and bf16
+# storage, 1 and 2 ranks over MPI, --log; tests/e2e/lib/device_counters_check.py checks the
+# rows from step 2 on: no system allocation (but at most one late block per rank) and no system
+# free, on every rank.
 set -euo pipefail
 source "$(dirname "$0")/lib/common.sh"
 e2e_prepare 200 "In the beginning God created the heaven and the earth. And the earth was without form."

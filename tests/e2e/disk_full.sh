@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 23, items 1-2: a full disk. On a small tmpfs this test mounts (and unmounts):
+# A full disk. On a small tmpfs this test mounts (and unmounts):
 #  - the JSONL --log fills up: every rank exits non-zero with one error line naming the path
 #    and strerror; the log keeps whole rows only; the checkpoint state is untouched (the
 #    previous checkpoint still verifies). 1 and 2 ranks.
 #  - a checkpoint save fills the disk (sync and --async-ckpt, 2 ranks): one "no space left on
-#    device writing ..." line, no crash at exit (it segfaulted in HDF5's shutdown), the
+#    device writing ..." line, no crash at exit (HDF5's shutdown included), the
 #    previous `latest` still verifies, no partial shard file left.
 #  - export --out onto a full disk: the same line, no crash, no e.h5.tmp left.
 # Skipped (status 77, reason printed) where mounting is not permitted.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 21, bad inputs: safetensors headers that lie (length past the file, a span that does not
+# Hugging Face, bad inputs: safetensors headers that lie (length past the file, a span that does not
 # match its shape, offsets past the data, overlapping tensors), an HF config whose shapes do
 # not match its tensors, a tokenizer.json of an unsupported model type, a vocabulary too large
 # for uint16 shards, text that is not UTF-8: each gives one error line naming the file and

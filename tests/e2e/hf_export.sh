@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 21, export: a model trained a few steps by shardgpt (2 ranks, ZeRO-3, vocab 300 padded
+# Hugging Face, export: a model trained a few steps by shardgpt (2 ranks, ZeRO-3, vocab 300 padded
 # to 384) is exported with `export --hf` from its --ckpt-dir and from its llm.c .bin;
 # transformers' GPT2LMHeadModel.from_pretrained loads it with no missing/unexpected weights,
 # and its loss on a held-out token file equals `shardgpt eval`'s (on 1 and 2 ranks, from the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 21, import: a randomly initialised transformers GPT2LMHeadModel (every tensor off its
+# Hugging Face, import: a randomly initialised transformers GPT2LMHeadModel (every tensor off its
 # default init, vocab 300 padded to 384 here), saved by save_pretrained, starts a shardgpt run
 # with --init DIR (1 rank, DDP) and --init DIR/model.safetensors (2 ranks, ZeRO-3: each rank
 # reads only its owned ranges); the first step's loss equals PyTorch's on the same batch

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 21, tokenizer: a byte-level BPE tokenizer trained by `tokenizers` on one text (KJV
+# Hugging Face, tokenizer: a byte-level BPE tokenizer trained by `tokenizers` on one text (KJV
 # Genesis), then `prepare --tokenizer` and `tokenizers` on *another* text (Unicode, emoji,
 # numbers, whitespace runs, empty lines, CRLF, NBSP/NEL, <|endoftext|> inside the text): the
 # same ids, with <|endoftext|> before each document; also for a 1.8 MB file cut into pieces

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Issue 23, item 7: a hung peer on the MPI path. One rank of a 2-rank run is SIGSTOPped after
+# A hung peer on the MPI path. One rank of a 2-rank run is SIGSTOPped after
 # the log shows a step (a point the test waits for, not a time); with --comm-timeout 10 the
 # other rank ends the job with one line naming the MPI call, the step and rank 1, and a
-# non-zero exit. Before, the job hung with the waiting rank at 99% CPU.
+# non-zero exit, never a hang.
 #
 # The stop lands where it lands: before rank 1 entered the collective ("did not arrive") or
 # inside it, after its arrival note ("arrived but sent nothing": a rank waiting inside a call
-# notes it again every heartbeat, a stopped one does not). Either verdict names rank 1; the old
-# one whenever the stop landed inside the collective, "every rank arrived (MPI itself is stuck)",
-# fails (it did in CI's sanitized pass, where a step spends more of its time in collectives). The
+# notes it again every heartbeat, a stopped one does not). Either verdict names rank 1; "every
+# rank arrived (MPI itself is stuck)" fails the test (the stop lands inside a collective more
+# often where a step spends more of its time in them, as in the sanitized pass). The
 # verdict itself, case by case, is tests/unit/stall_verdict_test.cc. (Stopping rank 0 first so
 # that rank 1 waits inside a collective does not force the second verdict: with messages this
 # small rank 0 completes its side on resuming and rank 1 is then missing from the next call.)

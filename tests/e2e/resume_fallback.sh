@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# --resume auto falls back to the newest checkpoint that loads (issue 24; the rule for `latest`,
-# issue 23 item 6). Checkpoints at steps 2 and 4 saved by 2 ranks (ZeRO 1), or by 3 (ZeRO 3);
+# --resume auto falls back to the newest checkpoint that loads (and `latest` follows one
+# rule). Checkpoints at steps 2 and 4 saved by 2 ranks (ZeRO 1), or by 3 (ZeRO 3);
 # step 4 damaged in each kind of place:
 #  - one byte of a shard's master, m or v dataset, one byte of the index, a missing shard file,
 #    a truncated one: --resume auto warns once naming the file and the reason, renames it

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 23, item 8: Ctrl-C. The first SIGINT stops at the step boundary as SIGTERM does (a
+# Ctrl-C. The first SIGINT stops at the step boundary as SIGTERM does (a
 # checkpoint with --ckpt-dir, exit status 130 on every rank); a second SIGINT aborts at once.
 # No race with the machine's speed: --steps 100000 cannot finish before the signal, which is
 # sent only after the log shows a step (both ranks have installed their handlers by then).

@@ -2,8 +2,8 @@
 # The NCCL watchdog (parallel/nccl/nccl_communicator.cc) under the CUDA emulation.
 # 0. --comm-timeout counts from when a collective starts, not from when it was queued: on 1
 #    rank (no peer to wait for), steps whose compute takes longer than a 1 s timeout (a couple
-#    of seconds each under the emulation, whose streams run only when waited on) complete.
-#    (Before the fix the all-reduce queued behind that compute aborted the run.)
+#    of seconds each under the emulation, whose streams run only when waited on) complete:
+#    an all-reduce queued behind that compute does not time out.
 # 1. An NCCL failure mid-run ends the job on every rank with one line, no hang: 2 ranks, --comm
 #    nccl, the emulation's failure injection
 # (SHARDGPT_NCCL_EMU_FAIL_AT=N: this process's N-th NCCL operation does not run and sets the

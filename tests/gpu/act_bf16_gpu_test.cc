@@ -14,7 +14,7 @@
 //             emulation's sums), as kTolBf16 there, plus the output rounding.
 // End to end: the device's bf16-activation losses stay within 2% of its fp32-activation run
 // and of the CPU's bf16-activation run over 20 steps, and fall by more than 20% (under the
-// emulation the gaps were 0.14% / 0.14% at fp32 products and 0.48% / 0.42% at bf16 products,
+// emulation the gaps are 0.14% / 0.14% at fp32 products and 0.48% / 0.42% at bf16 products,
 // the loss 4.15 -> 0.76; 2% leaves room for a real GPU's other summation orders); and
 // --recompute gelu / block reproduce the no-recompute losses bitwise on the device at bf16.
 #include <gtest/gtest.h>

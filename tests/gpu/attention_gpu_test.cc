@@ -10,15 +10,15 @@
 //   attention vs the bf16 CPU twin (model/kernels_cpu_bf16.h, same bf16 rounding of q, k, v, dO):
 //     out 1e-2 (kTolBf16): the two sides round different quantities to bf16 before the product
 //       with v (the GPU the running exp(S - m), the CPU the normalised P), so every term carries
-//       its own rounding error of up to 2^-9 relative; 1e-2 normwise is ~2.5 bf16 units (the
-//       emulation measured 2-3e-3).
+//       its own rounding error of up to 2^-9 relative; 1e-2 normwise is ~2.5 bf16 units (under
+//       the emulation: 2-3e-3).
 //     dqkv 1e-3: both sides recompute the same P from the same lse and round the same dS and P
 //       to bf16; they differ only where fp32 summation order or exp's last bit moves a value
-//       across a bf16 rounding boundary (a 2^-8 error in a few terms of a sum; the emulation
-//       measured <= 5e-5 with the GPU's exponentials as exp2f of log2-scaled scores, <= 1e-6
-//       when they were expf as on the CPU; a GPU's mma may sum in another order).
+//       across a bf16 rounding boundary (a 2^-8 error in a few terms of a sum; under the
+//       emulation <= 5e-5, most of it from the GPU's exp2f of log2-scaled scores against the
+//       CPU's exp; a GPU's mma may sum in another order).
 //     lse 1e-5: fp32 only (same bf16 inputs to q k^T, fp32 sums in another order, exp2f vs the
-//       CPU's exp polynomial; measured 1e-7).
+//       CPU's exp polynomial; under the emulation: 1e-7).
 //   The tensor-core path is checked to be the one running: it differs from the fp32 twin by more
 //   than 1e-4 normwise (bf16 rounding of the inputs) and agrees with the bf16 twin.
 #include <gtest/gtest.h>

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scripts/gpu-check.sh --dry under the CUDA emulation (ctest gpu_check_dry, label gpu-emu), so
-# that the script a GPU session runs once cannot rot: it must exit 0 and write a report with
+# that the script, which runs for real only on a machine with a GPU, cannot rot: it must exit 0
+# and write a report with
 #   - the test section passed (rc=0);
 #   - a summary line per ZeRO stage 0-3 with tokens/s, TFLOP/s, MFU and peak memory against
 #     plan's prediction;

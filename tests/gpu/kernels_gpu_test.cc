@@ -1004,11 +1004,11 @@ TEST_F(GpuTest, DeviceScalars) {
   ExpectBitwise(p2.Cpu(), ref.p, "device factor: CPU param vs adamw_update");
 }
 
-// The optimizer's one pass against the sequence it replaced, computed on the host: widen the
-// gradient to fp32, adamw_update, narrow the master to the stored dtype (RNE). For bf16 and fp32
-// gradients and storage (fp32: stored == master), the scale as a value and in device memory:
-// the GPU's master, m, v as ExpectAdamW, the CPU twin's bitwise, and each stored copy is its own
-// device's new master narrowed.
+// The optimizer's one pass against the three-call sequence it fuses, computed on the host:
+// widen the gradient to fp32, adamw_update, narrow the master to the stored dtype (RNE). For
+// bf16 and fp32 gradients and storage (fp32: stored == master), the scale as a value and in
+// device memory: the GPU's master, m, v as ExpectAdamW, the CPU twin's bitwise, and each stored
+// copy is its own device's new master narrowed.
 TEST_F(GpuTest, AdamWMixed) {
   const size_t n = 50021;
   AdamWConfig cfg;

@@ -1,4 +1,4 @@
-// Stage-3 communication overlaps compute on the GPU path (issue 19, part 5), checked from the
+// Stage-3 communication overlaps compute on the GPU path, checked from the
 // CUDA emulation's trace of stream operations (cuda_emu::TraceStart), under mpirun with 2 ranks
 // and the emulated NCCL (--comm nccl): a tiny model with 4 blocks, stage 3 in fp32 and bf16
 // (forward and backward), stages 1 and 2 (backward: their per-unit reduce-scatters), stage 0
@@ -223,7 +223,7 @@ struct UnitTrace {
 };
 
 // Host syncs that do not wait for the collective do not stop it overlapping, but they stall the
-// host (issue 19 part 4 removes them): said, not failed.
+// host: said, not failed.
 void Note(const std::string& syncs, const std::string& coll, const std::string& kernels) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

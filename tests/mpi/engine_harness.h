@@ -219,15 +219,15 @@ inline Trajectory RunEngine(const Harness& h, Communicator& comm, const EngineOp
 //    step is of size ~lr whatever its gradient's magnitude; rounding in the gradient moves the
 //    step by the gradient's own relative rounding error, which is large only for elements whose
 //    gradient is itself near rounding noise. An absolute bound on the parameters then depends
-//    on how many such elements a build happens to produce: 2e-5 held at -O3 but failed at
-//    2.2e-5 in an ASan build (3 ranks, A = 4).
-// So: (1) the whole update agrees in norm, |d_engine - d_ref| <= 1e-4 |d_ref| (measured: at
-// most 8.6e-6 with gcc -O3 -march=native and clang -O1 ASan, 1-4 ranks, every stage, A in {1, 4});
+//    on how many such elements a build happens to produce (an ASan build at 3 ranks, A = 4,
+//    reaches 2.2e-5 where -O3 stays under 2e-5).
+// So: (1) the whole update agrees in norm, |d_engine - d_ref| <= 1e-4 |d_ref| (at most
+// 8.6e-6 with gcc -O3 -march=native and clang -O1 ASan, 1-4 ranks, every stage, A in {1, 4});
 // a wrong shard, a missing reduction or a wrong clip factor changes it by O(1); (2) no single
-// element's update differs by more than 1% of one step's size lr (measured: at most 1.4e-5 =
-// 0.14% of lr).
-// (These figures were measured by engine_test.cc, AdamW at 1-4 ranks; hsdp_test.cc uses the same
-// bounds for AdamW with groups, muon_test.cc for Muon and gives its own figures.)
+// element's update differs by more than 1% of one step's size lr (at most 1.4e-5 = 0.14% of
+// lr).
+// (These figures are engine_test.cc's, AdamW at 1-4 ranks; hsdp_test.cc uses the same bounds
+// for AdamW with groups, muon_test.cc for Muon and gives its own figures.)
 inline void ExpectUpdateMatches(const Harness& h, const std::vector<float>& got, const std::vector<float>& ref,
                                 float lr) {
   const std::vector<float> init = InitialParams(h);

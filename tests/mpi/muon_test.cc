@@ -101,8 +101,8 @@ Trajectory RunEngine(Communicator& comm, EngineOptions eo, int A, float clip, st
 // Updates (final minus initial parameters) agree in norm within 1e-4 relative and per element
 // within 1% of lr (engine_harness.h's ExpectUpdateMatches): the runs differ only in the order fp32
 // gradient terms are summed; Muon's update is a smooth function of the momentum (Newton-Schulz of
-// a normalised matrix), so such rounding moves it by rounding-sized amounts (measured at 2-4
-// ranks, every stage, A in {1, 4}: norm differences <= 5.1e-6 relative, single elements <= 7.3e-4 lr).
+// a normalised matrix), so such rounding moves it by rounding-sized amounts (at 2-4 ranks,
+// every stage, A in {1, 4}: norm differences <= 5.1e-6 relative, single elements <= 7.3e-4 lr).
 void ExpectUpdateMatches(const std::vector<float>& got, const std::vector<float>& ref, float lr) {
   harness::ExpectUpdateMatches(kHarness, got, ref, lr);
 }

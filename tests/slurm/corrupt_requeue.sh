@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# A requeued job whose newest checkpoint is damaged (issue 24), on a real Slurm (the private
+# A requeued job whose newest checkpoint is damaged, on a real Slurm (the private
 # single-node cluster of tests/slurm/cluster.sh): a 2-task job of slurm/train_cpu.sbatch
 # (--ckpt-every 10 --keep-last 3) gets `scancel --signal=USR1` mid-run: checkpoint at step S,
 # exit 75, the template requeues it. While it waits for its restart (Slurm's requeue delay; the
 # test starts it only after the damage, so there is no race), one byte of step S's master data
 # is flipped. The restart (--resume auto) skips step S (one warning line, renamed
 # step_S.bad-checksum), resumes the newest good checkpoint P < S, and the job COMPLETES after
-# that one requeue (Restarts=1; before issue 24 every restart failed on the same file): every
+# that one requeue (Restarts=1: no restart fails again on the same file): every
 # step logged once, the rows P+1..S written again bitwise equal to the first run's, the
 # JSONL's resume record names both, and --keep-last never pruned the .bad directory.
 # Usage: tests/slurm/corrupt_requeue.sh BUILD/shardgpt [SOURCE_DIR]. Root only (exit 77

@@ -70,7 +70,7 @@ echo "2. 2 nodes x 1 rank: COMPLETED, losses bitwise equal to mpirun -np 2 on on
 # ---- 3. preempted on 2 nodes, requeued on 2, preempted again, resubmitted on 1 ----
 # Held at the boundaries after steps S1 and S2 until the signal has come (SHARDGPT_TEST_HOLD_AT_STEP:
 # the fresh run holds at S1, the run resumed from S1 at S2): where each stop lands does not depend
-# on how fast steps run against the signal's delivery (racing them failed this test both ways).
+# on how fast steps run against the signal's delivery (a race of the two can go either way).
 S1=$((N / 4)) S2=$((N / 2))
 holds() { cat "$T/pre.out" 2>/dev/null | grep -c "test hook: holding at the step boundary"; }
 wait_holds() {  # wait_holds K: the K-th hold printed (starting requeued runs meanwhile)

@@ -1,7 +1,6 @@
 // SharedGpuError (parallel/gpu_binding.h): NCCL's one-GPU-per-rank rule decided from every
-// rank's (host, PCI bus id), without a GPU. The case that used to be refused (Slurm's
-// --gpu-bind=per_task:1: every rank sees one GPU, its own) passes; two ranks on one GPU of a
-// host are named with the GPU.
+// rank's (host, PCI bus id), without a GPU. Slurm's --gpu-bind=per_task:1 (every rank sees
+// one GPU, its own) passes; two ranks on one GPU of a host are named with the GPU.
 #include "parallel/gpu_binding.h"
 
 #include <gtest/gtest.h>

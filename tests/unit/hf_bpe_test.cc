@@ -1,4 +1,4 @@
-// Issue 21 readers and writers: the byte-level BPE tokenizer (io/bpe_tokenizer.h) on a
+// The Hugging Face readers and writers: the byte-level BPE tokenizer (io/bpe_tokenizer.h) on a
 // hand-made tokenizer.json, safetensors (io/safetensors.h) and HF GPT-2 directories
 // (io/hf_gpt2.h). The comparison with Hugging Face's own libraries is in tests/e2e/hf_*.sh.
 #include <gtest/gtest.h>

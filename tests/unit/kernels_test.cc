@@ -777,7 +777,7 @@ TEST_F(KernelsDeterminism, ThreadCountChangesResultsOnlyByRounding) {
   ExpectClose(db2, db1, 1e-5, 1e-5, "db 2 vs 1 threads");
 }
 
-// The optimizer's one pass (adamw_mixed) is bitwise the sequence it replaced in ShardedAdamW:
+// The optimizer's one pass (adamw_mixed) is bitwise the three-call sequence it fuses:
 // widen the gradient to fp32 (convert), adamw_update, narrow the master to the stored dtype
 // (convert), for every gradient dtype and stored form, at several steps, scales and decays,
 // on lengths that leave vector tails.
@@ -800,7 +800,7 @@ TEST(KernelsAdamWMixed, BitwiseTheConvertAdamWConvertSequence) {
         std::vector<uint16_t> s16a(n), s16b(n);
         for (int t = 1; t <= 3; t++) {
           const float lr = 1e-3f * t, wd = t == 2 ? 0.0f : 0.1f, scale = t == 3 ? 0.37f : 1.0f;
-          // the old sequence
+          // the three-call sequence
           VecF gw(n);
           convert(grad, gd, gw.data(), DType::kF32, n);
           adamw_update(m1.data(), gw.data(), mm1.data(), v1.data(), n, lr, wd, cfg, t, scale);

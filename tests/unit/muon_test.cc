@@ -65,7 +65,7 @@ VecD NewtonSchulzDouble(const std::vector<float>& u, int rows, int cols, int ste
 }
 
 // Exact maths: the fp32 kernel equals the double computation to fp32 rounding (the quintic
-// amplifies rounding a little; measured differences ~1e-7 on entries of size ~0.3).
+// amplifies rounding a little: differences ~1e-7 on entries of size ~0.3).
 TEST(NewtonSchulz, EqualsDoublePrecisionOnSmallMatrices) {
   for (auto [rows, cols] : {std::pair{3, 5}, std::pair{5, 3}, std::pair{4, 4}, std::pair{16, 40}}) {
     std::vector<float> x = Gaussian(static_cast<size_t>(rows) * cols, 7 + rows);
@@ -101,7 +101,7 @@ std::pair<double, double> EigenRange(const VecD& S, int n) {
 }
 
 // Orthogonality: for a Gaussian 48x96 matrix (and its transpose) the 5-step quintic leaves every
-// singular value of X in [0.6, 1.25] (measured [0.682, 1.131]; the coefficients aim at ~[0.7, 1.2]),
+// singular value of X in [0.6, 1.25] (here [0.682, 1.131]; the coefficients aim at ~[0.7, 1.2]),
 // whereas U's own singular values span a factor ~6. Checked via the eigenvalues of X X^T in double.
 TEST(NewtonSchulz, SingularValuesNearOne) {
   for (auto shape : {std::pair{48, 96}, std::pair{96, 48}}) {
@@ -126,7 +126,7 @@ TEST(NewtonSchulz, SingularValuesNearOne) {
 // The whole Muon update, several steps, fp32 functions against a double reference of the same
 // algorithm on min 0.5|W - T|^2 (G = W - T): momentum, Nesterov, Newton-Schulz, Moonlight's
 // scale, decoupled weight decay. Bound: 1e-5 per element after 6 steps with lr 0.02
-// (one step moves an element by ~lr*0.2*sqrt(40)*|X| ~ 0.01; measured max diff 3.7e-7).
+// (one step moves an element by ~lr*0.2*sqrt(40)*|X| ~ 0.01; the largest difference is 3.7e-7).
 TEST(Muon, StepsMatchDoublePrecisionReference) {
   const int rows = 24, cols = 40, steps = 6;
   const size_t n = static_cast<size_t>(rows) * cols;
