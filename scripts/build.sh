@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# Installs missing dependencies, then configures and builds everything into BUILD (default build/).
+# Installs missing dependencies, then configures and builds everything (the trainer, the tests,
+# the benchmarks) into BUILD (default build/). Extra arguments are build targets (default: all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 scripts/install-deps.sh
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$BUILD" -j "$(nproc)"
+# The options explicitly: a build folder the demo configured has the tests and benchmarks off.
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSHARDGPT_TESTS=ON -DSHARDGPT_BENCH=ON >/dev/null
+if [ $# -gt 0 ]; then
+  cmake --build "$BUILD" -j "$(nproc)" --target "$@"
+else
+  cmake --build "$BUILD" -j "$(nproc)"
+fi

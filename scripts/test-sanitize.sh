@@ -36,7 +36,7 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:symbolize=1:fast_unwind_on_m
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp:print_suppressions=0
 start=$(date +%s)
-(cd "$BUILD" && ctest --output-on-failure --timeout 1800 "$@")
+(cd "$BUILD" && ctest --output-on-failure --timeout 1800 -j "${SHARDGPT_TEST_JOBS:-$(nproc)}" "$@")
 echo "sanitized test suite: $(( $(date +%s) - start )) s"
 
 start=$(date +%s)

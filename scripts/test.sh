@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# The README's test command (and what CI runs): install what is missing, build, run every
-# test (unit, multi-rank under mpirun, end to end) through CTest; then the CUDA backend's tests
-# under the CUDA emulation (scripts/test-emu.sh).
+# The README's test command (and what CI runs): install what is missing, build, run every test
+# (unit, multi-rank under mpirun, end to end, the real-Slurm scenarios) through CTest, several
+# at a time; then the CUDA backend's tests under the CUDA emulation (scripts/test-emu.sh).
+#   scripts/test.sh               the whole suite
+#   scripts/test.sh --quick       the inner loop: builds only what the tests labelled quick need
+#                                 (target quick: shardgpt and the unit tests) and runs them (the
+#                                 unit tests and a few end-to-end runs); no emulation build
+#   scripts/test.sh [--quick] ARGS  extra arguments go to ctest (e.g. -R resume, -L mpi, -LE slurm)
+# SHARDGPT_TEST_JOBS: how many tests run at once (default: the cores). Tests labelled serial
+# (RUN_SERIAL) run alone whatever it is. SHARDGPT_SKIP_EMU=1 leaves the emulation out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
+JOBS=${SHARDGPT_TEST_JOBS:-$(nproc)}
+if [ "${1:-}" = --quick ]; then
+  shift
+  scripts/build.sh quick
+  (cd "$BUILD" && ctest --output-on-failure --timeout 900 -j "$JOBS" -L quick "$@")
+  exit 0
+fi
 scripts/build.sh
-# Everything, the Slurm suite included (label slurm: it starts its own daemons as root and runs
-# alone; skipped when not root). Extra arguments go to ctest (e.g. -LE slurm, -L gpu).
-(cd "$BUILD" && ctest --output-on-failure --timeout 900 "$@")
-# The CUDA backend under the CPU emulation of CUDA (its own build, build-emu/): every test
-# labelled gpu-emu. SHARDGPT_SKIP_EMU=1 leaves it out.
+(cd "$BUILD" && ctest --output-on-failure --timeout 900 -j "$JOBS" "$@")
 if [ "${SHARDGPT_SKIP_EMU:-0}" != 1 ]; then scripts/test-emu.sh "$@"; fi

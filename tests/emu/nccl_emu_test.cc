@@ -14,7 +14,6 @@
 #include <nccl.h>
 
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -33,6 +32,22 @@ using shardgpt::FloatToBf16;
 using shardgpt::RoundToBf16;
 
 constexpr size_t kN = 37;  // elements per rank block: odd, not a multiple of anything
+
+// MPI_Allreduce seen through the MPI profiling interface: while g_watch_allreduce is set, the
+// first thread that enters MPI_Allreduce (an emulated ncclAllReduce's closure) sets
+// g_entered_allreduce before MPI runs it. A test waits for that event instead of sleeping.
+std::atomic<bool> g_watch_allreduce{false};
+std::atomic<bool> g_entered_allreduce{false};
+
+}  // namespace
+
+extern "C" int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
+                             MPI_Comm comm) {
+  if (g_watch_allreduce.load()) g_entered_allreduce.store(true);
+  return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+}
+
+namespace {
 
 int WorldRank() {
   int r = 0;
@@ -592,34 +607,44 @@ TEST_F(NcclEmuTest, AbortDropsQueuedWork) {
 
 // The watchdog's view: while a closure is blocked in MPI on another thread (rank 0 joins
 // late), ncclCommGetAsyncError and ncclCommAbort return at once; the runtime's event query
-// does not block either.
+// does not block either. Events, not delays: the other ranks check once their closure has
+// entered MPI_Allreduce (g_entered_allreduce), and rank 0 joins only after they are done
+// (a barrier on a communicator of the test's own).
 TEST_F(NcclEmuTest, PollAndAbortDoNotWaitForMpi) {
   if (world_ < 2) GTEST_SKIP() << "needs a late peer";
+  MPI_Comm checks_done = MPI_COMM_NULL;
+  ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &checks_done), MPI_SUCCESS);
   Buf buf(kN, false);
   buf.Put(Contribution(rank_, kN, world_, false));
   if (rank_ == 0) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the others wait in MPI meanwhile
+    MPI_Barrier(checks_done);  // the others wait in MPI meanwhile
+    MPI_Comm_free(&checks_done);
     ASSERT_EQ(ncclAllReduce(buf.get(), buf.get(), kN, ncclFloat32, ncclSum, comm_, stream_), ncclSuccess);
     Sync();
     ExpectSame(ExpectedAll(kN, world_, false, ncclSum), buf.Get(kN));
     return;
   }
+  g_entered_allreduce = false;
+  g_watch_allreduce = true;
   ASSERT_EQ(ncclAllReduce(buf.get(), buf.get(), kN, ncclFloat32, ncclSum, comm_, stream_), ncclSuccess);
   std::atomic<bool> done{false};
   std::thread runner([&] {
     cudaStreamSynchronize(stream_);  // runs the closure here: it blocks until rank 0 joins
     done = true;
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  while (!g_entered_allreduce.load()) std::this_thread::yield();
+  g_watch_allreduce = false;
   cudaEvent_t ev = nullptr;
-  ASSERT_EQ(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
-  ASSERT_EQ(cudaEventRecord(ev, stream_), cudaSuccess);
+  EXPECT_EQ(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+  EXPECT_EQ(cudaEventRecord(ev, stream_), cudaSuccess);
   EXPECT_EQ(cudaEventQuery(ev), cudaErrorNotReady);
   ncclResult_t async = ncclInternalError;
   EXPECT_EQ(ncclCommGetAsyncError(comm_, &async), ncclSuccess);
   EXPECT_EQ(async, ncclSuccess);
   EXPECT_EQ(ncclCommAbort(comm_), ncclSuccess);
   EXPECT_FALSE(done) << "the collective finished before rank 0 joined";
+  MPI_Barrier(checks_done);
+  MPI_Comm_free(&checks_done);
   runner.join();
   cudaEventDestroy(ev);
   ExpectSame(ExpectedAll(kN, world_, false, ncclSum), buf.Get(kN));  // it was already inside MPI

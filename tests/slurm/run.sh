@@ -92,7 +92,8 @@ expect_job "$id" FAILED 1:0
 [ "$(grep -c '^shardgpt: error:' "$T/bad.out")" = 1 ] && grep -q "^shardgpt: error: .*$T/nowhere/train_\*.bin" "$T/bad.out" \
   || { show "$T/bad.out"; fail "expected one error line naming the data path"; }
 [ "$(job_field "$id" Restarts)" = 0 ] || fail "a failed job was requeued"
-sleep 1
+# The job has ended: its ranks must be gone (waited for, up to 60 s, as they finish exiting).
+for _ in $(seq 1 600); do pgrep -f "shardgpt train.*$T/bad" >/dev/null || break; sleep 0.1; done
 pgrep -f "shardgpt train.*$T/bad" >/dev/null && { ps aux | grep "[s]hardgpt train"; fail "ranks left running"; }
 echo "4. wrong data path: FAILED 1:0 in $(job_field "$id" RunTime), '$(grep '^shardgpt: error:' "$T/bad.out")', no rank left, not requeued"
 
@@ -102,7 +103,9 @@ echo "4. wrong data path: FAILED 1:0 in $(job_field "$id" RunTime), '$(grep '^sh
 id=$(sbatch_cpu nolaunch --hold -- $A) || fail "sbatch"
 /usr/bin/python3 -c "import socket, sys, time; s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); time.sleep(120)" \
   "$C/spool-localhost/stepd.slurm.pmix.$id.0" & holder=$!
-sleep 0.5
+# released once the socket is bound (the holder's event), not after a delay
+while [ ! -S "$C/spool-localhost/stepd.slurm.pmix.$id.0" ] && kill -0 $holder 2>/dev/null; do sleep 0.05; done
+[ -S "$C/spool-localhost/stepd.slurm.pmix.$id.0" ] || fail "the PMIx socket path could not be held"
 scontrol release "$id"
 wait_job "$id" 60 || { show "$T/nolaunch.out"; fail "job $id did not end"; }
 kill $holder; wait $holder 2>/dev/null
@@ -113,22 +116,21 @@ echo "5. a step whose launch fails (srun exits 0): the template ends the job FAI
 # ---- 6. the time limit's --signal=USR1 ----
 # Slurm sends --signal's warning at its periodic time-limit check (every 30 s) once the time
 # left is at most the warning time + 30 s; with --time=1 and USR1@30, the first check after the
-# job starts. Submit half the run's duration (+2 s, at most 25) before a check (found in
-# slurmctld's debug2 log), so the signal comes mid-run rather than anywhere in the first 30 s.
-# The run is made long enough (about 10 s of steps, from the reference's speed; its own
-# reference) that half of it is a wide target on a machine twice as fast or as slow: at 150
-# steps a fast machine ran it in 1 s and the signal landed before the first step.
+# job starts. The job is submitted 25 s before such a check (found in slurmctld's debug2 log)
+# and held at step N/2 until a stop signal reaches it (SHARDGPT_TEST_HOLD_AT_STEP): it cannot
+# end before the signal, and 25 s leaves its tasks time to start and reach N/2 (about 5 s of
+# steps, from the reference's speed) on a machine several times slower; on an even slower one
+# the signal stops it earlier, still mid-run.
 N6=$((N * 10000 / (t_ref_ms > 100 ? t_ref_ms : 100))); [ $N6 -lt $N ] && N6=$N; [ $N6 -gt 3000 ] && N6=3000
 A6=${A/--steps $N /--steps $N6 }
 N=$N6
 reference "$A6" "$T/ref.jsonl"
 echo "  scenario 6 runs $N steps (reference: $t_ref_ms ms)"
-lead=$((t_ref_ms / 2000 + 2)); [ $lead -gt 25 ] && lead=25  # + 2: scheduling and start-up
+lead=25
 last_check() { date -d "$(grep 'Testing job time limits' "$C/log/slurmctld.log" | tail -1 | sed 's/^\[\([^]]*\)\].*/\1/')" +%s 2>/dev/null; }
-# The signal comes `lead` seconds after the submission. On a loaded machine that can be before the
-# tasks have installed their handlers (the job dies of SIGUSR1 itself, 138:0, before shardgpt
-# runs) or after the short run has ended (no stop). Both are Slurm's timing against a 3-s run,
-# not the trainer's behaviour: adjust the lead and try again (at most 4 tries).
+# The signal comes `lead` seconds after the submission. Should the tasks not yet have installed
+# their handlers then (the job dies of SIGUSR1 itself, 138:0, before shardgpt runs), that is
+# Slurm's timing, not the trainer's behaviour: try again with a longer lead (at most 4 tries).
 for attempt in 1 2 3 4; do
   for _ in $(seq 1 70); do lc=$(last_check) && [ -n "$lc" ] && break; sleep 0.5; done
   [ -n "${lc:-}" ] || fail "no time-limit check in slurmctld's log after 35 s"
