@@ -358,15 +358,15 @@ using Clock = std::chrono::steady_clock;
 // One AdamW step over n elements the engine's way (adamw_mixed: master, m, v and the gradient
 // read, master, m, v and the stored parameters written, one pass), timed alternately with a
 // plain copy on the same threads (each thread memcpy's its slice of 4n floats) and with the
-// sequence adamw_mixed replaced (convert gradient, adamw_update, convert master), in the same
-// iterations, so a loaded machine slows all three alike. Bytes, counted honestly:
+// three-call sequence adamw_mixed fuses (convert gradient, adamw_update, convert master), in
+// the same iterations, so a loaded machine slows all three alike. Bytes, counted honestly:
 //   adamw: n * (read 4+4+4+grad, write 4+4+4+stored)   (stored 0 when it is the fp32 master)
 //   copy : 2 * bytes copied (read + write)
 //   rmw  : 2 * bytes updated in place (x = x + 1 over 4n floats: read + write, like AdamW's
 //          master, m and v, which need no read-for-ownership of a fresh destination line as a
 //          copy's stores do unless memcpy streams them)
 // Counters: adamw_GB/s, copy_GB/s, of_copy = adamw_GB/s / copy_GB/s (the goal: >= 0.8),
-// rmw_GB/s and of_best = adamw_GB/s / max(copy, rmw), and old_GB/s, the replaced three-pass
+// rmw_GB/s and of_best = adamw_GB/s / max(copy, rmw), and old_GB/s, the unfused three-pass
 // sequence over the same useful bytes. The manual time is the adamw's. n = 16M: 288-320 MB of
 // state, far beyond any cache.
 void BM_OptimizerVsCopy(benchmark::State& st) {

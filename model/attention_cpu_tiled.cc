@@ -62,10 +62,11 @@ inline void ScoreTile(const float* a, int64_t lda, const float* bt, int64_t ldb,
 
 // Values: o[r][16j + l] (+)= alpha scale_r sum_{u < n} p[r][u] x[u][16j + l] for r < R, j < NV:
 // R rows of a probability (or dS) tile (row stride ldp) times n rows of x (row stride ldx).
-// row_scale: a factor per row (null: 1); accumulate: add to o instead of writing it.
-template <int R, int NV>
+// row_scale: a factor per row (null: 1); kAccumulate: add to o instead of writing it (a
+// template parameter: no run-time flag inside the vector code).
+template <int R, int NV, bool kAccumulate>
 inline void ValueTile(const float* p, int64_t ldp, int n, const float* x, int64_t ldx, float alpha,
-                      const float* row_scale, bool accumulate, float* o, int64_t ldo) {
+                      const float* row_scale, float* o, int64_t ldo) {
   V16 acc[R][NV];
 #pragma GCC unroll 8
   for (int r = 0; r < R; r++)
@@ -88,7 +89,8 @@ inline void ValueTile(const float* p, int64_t ldp, int n, const float* x, int64_
 #pragma GCC unroll 8
     for (int j = 0; j < NV; j++) {
       float* dst = o + r * ldo + kLanes * j;
-      Store(dst, accumulate ? Load(dst) + acc[r][j] * f : acc[r][j] * f);
+      if constexpr (kAccumulate) Store(dst, Load(dst) + acc[r][j] * f);
+      else Store(dst, acc[r][j] * f);
     }
   }
 }
@@ -125,9 +127,9 @@ inline void ValueTileT(const float* p, int64_t ldp, int t0, int t1, const float*
 
 // The value tiles over a head of hs columns (hs % 16 == 0) go in passes of kValueVectors(R)
 // vectors, R x that many accumulators (16 of AVX-512's 32 registers): R = 8 rows take 32 columns
-// a pass (per row of x 2 loads and 8 broadcasts for 16 FMAs; the forward measured 1.59 -> 1.48
-// ms at tiny against 4 rows x 64 columns), R = 4 columns take 64 (for dk/dv, 8 and 16 columns
-// measured slower). f(nv, c) runs the pass of nv vectors at column c.
+// a pass (per row of x 2 loads and 8 broadcasts for 16 FMAs: faster than 4 rows x 64 columns),
+// R = 4 columns take 64 (for dk/dv: faster than 8 or 16 columns). f(nv, c) runs the pass of nv
+// vectors at column c.
 constexpr int kValueVectors(int R) { return R >= 8 ? 2 : 4; }
 template <int R, typename F>
 void ForValuePasses(int hs, F f) {
@@ -141,11 +143,11 @@ void ForValuePasses(int hs, F f) {
     }
   }
 }
-template <int R>
+template <int R, bool kAccumulate>
 void ValueRows(const float* p, int64_t ldp, int n, const float* x, int64_t ldx, float alpha, const float* row_scale,
-               bool accumulate, float* o, int64_t ldo, int hs) {
+               float* o, int64_t ldo, int hs) {
   ForValuePasses<R>(hs, [&](auto nv, int c) {
-    ValueTile<R, decltype(nv)::value>(p, ldp, n, x + c, ldx, alpha, row_scale, accumulate, o + c, ldo);
+    ValueTile<R, decltype(nv)::value, kAccumulate>(p, ldp, n, x + c, ldx, alpha, row_scale, o + c, ldo);
   });
 }
 template <int R>
@@ -158,12 +160,13 @@ void ValueColumns(const float* p, int64_t ldp, int t0, int t1, const float* x, i
 
 // The value rows of a score tile's rows [t0, t0 + rows) (rows <= 8, t0 a multiple of 8): row t
 // sums over u <= t, and u up to the tile's last row reads zeros past each row's diagonal.
+template <bool kAccumulate>
 void ValueRowsOfTile(const float* p, int64_t ldp, int t0, int rows, const float* x, int64_t ldx, float alpha,
-                     const float* row_scale, bool accumulate, float* o, int64_t ldo, int hs) {
-  if (rows == 8) return ValueRows<8>(p, ldp, t0 + 8, x, ldx, alpha, row_scale, accumulate, o, ldo, hs);
+                     const float* row_scale, float* o, int64_t ldo, int hs) {
+  if (rows == 8) return ValueRows<8, kAccumulate>(p, ldp, t0 + 8, x, ldx, alpha, row_scale, o, ldo, hs);
   for (int r = 0; r < rows; r++)
-    ValueRows<1>(p + r * ldp, ldp, t0 + r + 1, x, ldx, alpha, row_scale ? row_scale + r : nullptr, accumulate,
-                 o + r * ldo, ldo, hs);
+    ValueRows<1, kAccumulate>(p + r * ldp, ldp, t0 + r + 1, x, ldx, alpha, row_scale ? row_scale + r : nullptr,
+                              o + r * ldo, ldo, hs);
 }
 
 // Rows [t0, t0 + rows) of the scores a bt^T * alpha, columns [0, 16 ceil((t0 + rows) / 16)):
@@ -218,7 +221,7 @@ void ForwardHead(const float* q, const float* k, const float* v, int64_t ldq, fl
       inv[r] = 1.0f / sum;
     }
     // o[t] = (sum_u exp(S_tu - mx) v[u]) / sum
-    ValueRowsOfTile(s, ld, t0, rows, v, ldq, 1.0f, inv, /*accumulate=*/false, o + t0 * ldo, ldo, hs);
+    ValueRowsOfTile</*kAccumulate=*/false>(s, ld, t0, rows, v, ldq, 1.0f, inv, o + t0 * ldo, ldo, hs);
   }
 }
 
@@ -240,7 +243,7 @@ void BackwardHead(const float* q, const float* k, const float* v, float* dq, flo
     for (int r = 0; r < rows; r++)
       CausalRowGradient(Pt + r * ld, dSt + r * ld, t0 + r, lse[t0 + r], o + (t0 + r) * ldo, dO + (t0 + r) * ldo, hs);
     // dq[t] += scale sum_u dS[t][u] k[u]
-    ValueRowsOfTile(dSt, ld, t0, rows, k, ldq, scale, nullptr, /*accumulate=*/true, dq + t0 * ldq, ldq, hs);
+    ValueRowsOfTile</*kAccumulate=*/true>(dSt, ld, t0, rows, k, ldq, scale, nullptr, dq + t0 * ldq, ldq, hs);
   }
   // dv[u] += sum_{t >= u} P[t][u] dO[t];  dk[u] += scale sum_{t >= u} dS[t][u] q[t]
   for (int c0 = 0; c0 < T; c0 += 4) {

@@ -5,10 +5,9 @@
 // auto-vectorised (-O3 -march=native).
 //
 // Threading: ONE pool, OpenMP's. OpenBLAS is kept single-threaded and each OpenMP thread calls
-// sgemm on its own slice of the output (rows of out/dinp, rows of dw). Measured on 2 cores:
-// alternating OpenBLAS's pthread pool with OpenMP's made both spin against each other (a 75 us
-// layernorm took ~1.8 ms right after an sgemm, and the sgemms ran at ~180 instead of ~380
-// GFLOP/s when OpenMP kernels ran between them); with a single pool neither happens.
+// sgemm on its own slice of the output (rows of out/dinp, rows of dw): two pools (OpenBLAS's
+// pthreads and OpenMP's) would spin against each other on a small machine, slowing both the
+// element-wise kernels and the sgemms.
 //
 // Determinism: for a fixed thread count every kernel is bitwise reproducible. All OpenMP loops
 // use static schedules, no atomics; cross-row reductions (layernorm dw/db) go through
@@ -75,7 +74,7 @@ void EncoderForward(A* out, const int32_t* tokens, const float* wte, const float
     const float* we = wte + (int64_t)tokens[n] * C;
     const float* pe = wpe + (int64_t)t * C;
 #pragma omp simd
-    for (int i = 0; i < C; i++) St(o, i, we[i] + pe[i]);
+    for (int i = 0; i < C; i++) St(o, i, we[i] + pe[i]);  // vec: encoder_forward
   }
 }
 
@@ -95,7 +94,7 @@ void EncoderBackward(float* dwte, float* dwpe, const A* dout, const int32_t* tok
         float* dw = dwte + (int64_t)tokens[n] * C;
         const A* d = dout + n * C;
 #pragma omp simd
-        for (int i = c0; i < c1; i++) dw[i] += Ld(d, i);
+        for (int i = c0; i < c1; i++) dw[i] += Ld(d, i);  // vec: encoder_backward_wte
       }
     }
 #pragma omp for schedule(static)
@@ -104,7 +103,7 @@ void EncoderBackward(float* dwte, float* dwpe, const A* dout, const int32_t* tok
       for (int b = 0; b < B; b++) {
         const A* d = dout + ((int64_t)b * T + t) * C;
 #pragma omp simd
-        for (int i = 0; i < C; i++) dp[i] += Ld(d, i);
+        for (int i = 0; i < C; i++) dp[i] += Ld(d, i);  // vec: encoder_backward_wpe
       }
     }
   }
@@ -135,14 +134,14 @@ inline void layernorm_row(A* y, float* mean, float* rstd, const A* x, const floa
   const float eps = 1e-5f;
   float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-  for (int i = 0; i < C; i++) s += Ld(x, i);
+  for (int i = 0; i < C; i++) s += Ld(x, i);  // vec: layernorm_mean
   const float m = s / C;
   float v = 0.0f;
 #pragma omp simd reduction(+ : v)
-  for (int i = 0; i < C; i++) v += (Ld(x, i) - m) * (Ld(x, i) - m);
+  for (int i = 0; i < C; i++) v += (Ld(x, i) - m) * (Ld(x, i) - m);  // vec: layernorm_variance
   const float r = 1.0f / std::sqrt(v / C + eps);
 #pragma omp simd
-  for (int i = 0; i < C; i++) St(y, i, (Ld(x, i) - m) * r * w[i] + b[i]);
+  for (int i = 0; i < C; i++) St(y, i, (Ld(x, i) - m) * r * w[i] + b[i]);  // vec: layernorm_normalise
   *mean = m;
   *rstd = r;
 }
@@ -164,7 +163,7 @@ void ResidualLayernormForward(A* res_out, A* ln_out, float* mean, float* rstd, c
     const int64_t o = (int64_t)n * C;
     A* x = res_out + o;
 #pragma omp simd
-    for (int i = 0; i < C; i++) St(x, i, Ld(a, o + i) + Ld(b, o + i));
+    for (int i = 0; i < C; i++) St(x, i, Ld(a, o + i) + Ld(b, o + i));  // vec: residual_layernorm_add
     layernorm_row(ln_out + o, mean + n, rstd + n, x, w, bias, C);
   }
 }
@@ -208,7 +207,7 @@ void LayernormBackward(A* dinp, float* dw, float* db, const A* dout, const A* in
       const float m = mean[n], r = rstd[n];
       float g_mean = 0.0f, gn_mean = 0.0f;
 #pragma omp simd reduction(+ : g_mean, gn_mean)
-      for (int i = 0; i < C; i++) {
+      for (int i = 0; i < C; i++) {  // vec: layernorm_backward_sums
         const float g = w[i] * Ld(d, i);
         g_mean += g;
         gn_mean += g * (Ld(x, i) - m) * r;
@@ -216,7 +215,7 @@ void LayernormBackward(A* dinp, float* dw, float* db, const A* dout, const A* in
       g_mean /= C;
       gn_mean /= C;
 #pragma omp simd
-      for (int i = 0; i < C; i++) {
+      for (int i = 0; i < C; i++) {  // vec: layernorm_backward_dx
         const float norm = (Ld(x, i) - m) * r, di = Ld(d, i);
         pdb[i] += di;
         pdw[i] += norm * di;
@@ -291,7 +290,7 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
         for (int n = 0; n < N; n++) {
           const float* d = dout + (int64_t)n * OC;
 #pragma omp simd
-          for (int o = o0; o < o1; o++) dbias[o] += d[o];
+          for (int o = o0; o < o1; o++) dbias[o] += d[o];  // vec: matmul_dbias
         }
     }
   }
@@ -396,33 +395,36 @@ constexpr float kGeluS = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr size_t kElemChunk = 16384;           // elementwise kernels: rows of this many floats
 inline int64_t elem_chunks(size_t n) { return (int64_t)((n + kElemChunk - 1) / kElemChunk); }
 
-// pre (where not null) = inp as out's type: the epilogue's copy of the GELU's input.
-template <typename I, typename O>
-void GeluForward(O* out, const I* inp, size_t n, O* pre = nullptr) {
+// The flags of these kernels are template parameters, never tested inside a vectorised loop:
+// a run-time select in a masked loop costs some CPUs (AMD Zen 4) an order of magnitude.
+// kKeepInput: pre = inp as out's type as well (the epilogue's copy of the GELU's input).
+template <bool kKeepInput, typename I, typename O>
+void GeluForward(O* out, const I* inp, size_t n, O* pre) {
 #pragma omp parallel for schedule(static) num_threads(nthreads())
   for (int64_t j = 0; j < elem_chunks(n); j++) {
     const size_t i0 = j * kElemChunk, i1 = std::min(n, i0 + kElemChunk);
 #pragma omp simd
-    for (size_t i = i0; i < i1; i++) {
+    for (size_t i = i0; i < i1; i++) {  // vec: gelu_forward
       const float x = Ld(inp, i);
-      if (pre) St(pre, i, x);
+      if constexpr (kKeepInput) St(pre, i, x);
       St(out, i, 0.5f * x * (1.0f + tanh_fast(kGeluS * (x + 0.044715f * x * x * x))));
     }
   }
 }
 
-// accumulate: dinp += dout * gelu'(inp); else dinp = dout * gelu'(inp) (the epilogue's).
-template <typename A, typename G>
-void GeluBackward(A* dinp, const A* inp, const G* dout, size_t n, bool accumulate = true) {
+// kAccumulate: dinp += dout * gelu'(inp); else dinp = dout * gelu'(inp) (the epilogue's).
+template <bool kAccumulate, typename A, typename G>
+void GeluBackward(A* dinp, const A* inp, const G* dout, size_t n) {
 #pragma omp parallel for schedule(static) num_threads(nthreads())
   for (int64_t j = 0; j < elem_chunks(n); j++) {
     const size_t i0 = j * kElemChunk, i1 = std::min(n, i0 + kElemChunk);
 #pragma omp simd
-    for (size_t i = i0; i < i1; i++) {
+    for (size_t i = i0; i < i1; i++) {  // vec: gelu_backward
       const float x = Ld(inp, i);
       const float th = tanh_fast(kGeluS * (x + 0.044715f * x * x * x));
       const float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * kGeluS * (1.0f + 3.0f * 0.044715f * x * x);
-      St(dinp, i, (accumulate ? Ld(dinp, i) : 0.0f) + grad * Ld(dout, i));
+      if constexpr (kAccumulate) St(dinp, i, Ld(dinp, i) + grad * Ld(dout, i));
+      else St(dinp, i, 0.0f + grad * Ld(dout, i));  // (0 +: a -0 product stores +0)
     }
   }
 }
@@ -433,24 +435,26 @@ void ResidualForward(A* out, const A* a, const A* b, size_t n) {
   for (int64_t j = 0; j < elem_chunks(n); j++) {
     const size_t i0 = j * kElemChunk, i1 = std::min(n, i0 + kElemChunk);
 #pragma omp simd
-    for (size_t i = i0; i < i1; i++) St(out, i, Ld(a, i) + Ld(b, i));
+    for (size_t i = i0; i < i1; i++) St(out, i, Ld(a, i) + Ld(b, i));  // vec: residual_forward
   }
 }
 }  // namespace
 
-void gelu_forward(float* out, const float* inp, size_t n) { GeluForward(out, inp, n); }
-void gelu_forward(bf16_t* out, const bf16_t* inp, size_t n) { GeluForward(out, inp, n); }
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) { GeluBackward(dinp, inp, dout, n); }
-void gelu_backward(bf16_t* dinp, const bf16_t* inp, const bf16_t* dout, size_t n) {
-  GeluBackward(dinp, inp, dout, n);
+void gelu_forward(float* out, const float* inp, size_t n) { GeluForward<false>(out, inp, n, out); }
+void gelu_forward(bf16_t* out, const bf16_t* inp, size_t n) { GeluForward<false>(out, inp, n, out); }
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+  GeluBackward</*kAccumulate=*/true>(dinp, inp, dout, n);
 }
-void gelu_epilogue_forward(float* out, float* pre, const float* x, size_t n) { GeluForward(out, x, n, pre); }
-void gelu_epilogue_forward(bf16_t* out, bf16_t* pre, const float* x, size_t n) { GeluForward(out, x, n, pre); }
+void gelu_backward(bf16_t* dinp, const bf16_t* inp, const bf16_t* dout, size_t n) {
+  GeluBackward</*kAccumulate=*/true>(dinp, inp, dout, n);
+}
+void gelu_epilogue_forward(float* out, float* pre, const float* x, size_t n) { GeluForward<true>(out, x, n, pre); }
+void gelu_epilogue_forward(bf16_t* out, bf16_t* pre, const float* x, size_t n) { GeluForward<true>(out, x, n, pre); }
 void gelu_epilogue_backward(float* dinp, const float* pre, const float* x, size_t n) {
-  GeluBackward(dinp, pre, x, n, /*accumulate=*/false);
+  GeluBackward</*kAccumulate=*/false>(dinp, pre, x, n);
 }
 void gelu_epilogue_backward(bf16_t* dinp, const bf16_t* pre, const float* x, size_t n) {
-  GeluBackward(dinp, pre, x, n, /*accumulate=*/false);
+  GeluBackward</*kAccumulate=*/false>(dinp, pre, x, n);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -464,7 +468,7 @@ void residual_backward(float* da, float* db, const float* dout, size_t n) {
   for (int64_t j = 0; j < elem_chunks(n); j++) {
     const size_t i0 = j * kElemChunk, i1 = std::min(n, i0 + kElemChunk);
 #pragma omp simd
-    for (size_t i = i0; i < i1; i++) {
+    for (size_t i = i0; i < i1; i++) {  // vec: residual_backward
       da[i] += dout[i];
       db[i] += dout[i];
     }
@@ -482,15 +486,15 @@ namespace {
 void CrossentropyRowBf16(bf16_t* x, float* loss, int tgt, int V, int Vp, float dloss_scale) {
   float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
-  for (int i = 0; i < V; i++) mx = mx > Ld(x, i) ? mx : Ld(x, i);
+  for (int i = 0; i < V; i++) mx = mx > Ld(x, i) ? mx : Ld(x, i);  // vec: crossentropy_bf16_max
   const float xt = Ld(x, tgt);
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-  for (int i = 0; i < V; i++) sum += exp_fast(Ld(x, i) - mx);
+  for (int i = 0; i < V; i++) sum += exp_fast(Ld(x, i) - mx);  // vec: crossentropy_bf16_sum
   if (dloss_scale != 0.0f) {
     const float mul = dloss_scale / sum;
 #pragma omp simd
-    for (int i = 0; i < V; i++) St(x, i, exp_fast(Ld(x, i) - mx) * mul);
+    for (int i = 0; i < V; i++) St(x, i, exp_fast(Ld(x, i) - mx) * mul);  // vec: crossentropy_bf16_gradient
     St(x, tgt, exp_fast(xt - mx) * mul - dloss_scale);
     for (int i = V; i < Vp; i++) x[i] = 0;
   }
@@ -515,23 +519,23 @@ double crossentropy_softmax(float* logits, float* losses, const int32_t* targets
     const int tgt = targets[n];
     float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
-    for (int i = 0; i < V; i++) mx = mx > x[i] ? mx : x[i];
+    for (int i = 0; i < V; i++) mx = mx > x[i] ? mx : x[i];  // vec: crossentropy_max
     float sum = 0.0f;
     const float xt = x[tgt];
     if (dloss_scale != 0.0f) {
 #pragma omp simd reduction(+ : sum)
-      for (int i = 0; i < V; i++) {
+      for (int i = 0; i < V; i++) {  // vec: crossentropy_exp
         x[i] = exp_fast(x[i] - mx);
         sum += x[i];
       }
       const float mul = dloss_scale / sum;
 #pragma omp simd
-      for (int i = 0; i < V; i++) x[i] *= mul;
+      for (int i = 0; i < V; i++) x[i] *= mul;  // vec: crossentropy_gradient
       x[tgt] -= dloss_scale;
       for (int i = V; i < Vp; i++) x[i] = 0.0f;
     } else {
 #pragma omp simd reduction(+ : sum)
-      for (int i = 0; i < V; i++) sum += exp_fast(x[i] - mx);
+      for (int i = 0; i < V; i++) sum += exp_fast(x[i] - mx);  // vec: crossentropy_sum
     }
     losses[n] = mx + std::log(sum) - xt;
   }
@@ -571,7 +575,7 @@ void AccumulateAs(void* dst, const void* src, size_t n) {
   D* d = static_cast<D*>(dst);
   const S* s = static_cast<const S*>(src);
   ForChunks(n, [&](size_t i0, size_t i1) {
-    for (size_t i = i0; i < i1; i++) AddInto(d + i, AsFloat(s[i]));
+    for (size_t i = i0; i < i1; i++) AddInto(d + i, AsFloat(s[i]));  // vec: accumulate
   });
 }
 }  // namespace
@@ -583,11 +587,11 @@ void convert(const void* src, DType from, void* dst, DType to, size_t n) {
     });
   } else if (from == DType::kF32) {
     ForChunks(n, [&](size_t i0, size_t i1) {
-      FloatToBf16(static_cast<const float*>(src) + i0, static_cast<uint16_t*>(dst) + i0, i1 - i0);
+      FloatToBf16(static_cast<const float*>(src) + i0, static_cast<uint16_t*>(dst) + i0, i1 - i0);  // vec: convert_to_bf16
     });
   } else {
     ForChunks(n, [&](size_t i0, size_t i1) {
-      Bf16ToFloat(static_cast<const uint16_t*>(src) + i0, static_cast<float*>(dst) + i0, i1 - i0);
+      Bf16ToFloat(static_cast<const uint16_t*>(src) + i0, static_cast<float*>(dst) + i0, i1 - i0);  // vec: convert_to_f32
     });
   }
 }
@@ -604,8 +608,8 @@ namespace {
 // Sum of squares over fixed blocks: each block of kSumSquaresBlock elements is summed with K
 // independent double accumulators (the loop vectorises; one chain of dependent adds runs at
 // one add per ~4 cycles, far below memory speed), the blocks' sums are added in index order.
-// K = 8 for fp32 and 16 for bf16 (measured, one thread: at 8 the bf16 loop, whose widening is
-// a shift, ran at half the fp32 loop's elements per second; at 16 at the same rate).
+// K = 8 for fp32 and 16 for bf16 (the bf16 loop's widening is a shift: it needs twice the
+// accumulators to run at the fp32 loop's elements per second).
 // The blocks do not depend on the thread count, so the result is the same bits on any number
 // of threads (an OpenMP reduction combines the threads' partials in no fixed order).
 constexpr size_t kSumSquaresBlock = 1 << 15;
@@ -667,7 +671,7 @@ void AdamWMixedLoop(float* master, void* stored, const G* grad, float* m, float*
   const float b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps;
   const float c1 = AdamWC1(cfg, t), c2 = AdamWC2(cfg, t);
 #pragma omp parallel for simd schedule(static) num_threads(nthreads())
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = 0; i < n; i++) {  // vec: adamw_mixed
     adamw_element(master + i, GradAt(grad, i), m + i, v + i, lr, wd, b1, b2, eps, c1, c2, grad_scale);
     if constexpr (S == StoreAs::kBf16) static_cast<uint16_t*>(stored)[i] = FloatToBf16(master[i]);
     if constexpr (S == StoreAs::kF32) static_cast<float*>(stored)[i] = master[i];

@@ -11,8 +11,8 @@
 //
 // Threading: one thread pool, OpenMP's. Element-wise kernels split rows across it; matmuls
 // split their output across it, each thread calling a single-threaded OpenBLAS cblas_sgemm on
-// its own slice (OpenBLAS's own pool is set to 1 thread). Two pools spinning against each
-// other on 2 cores made a layernorm after an sgemm 20x slower; one pool removes the fight.
+// its own slice (OpenBLAS's own pool is set to 1 thread): two pools would spin against each
+// other on a small machine.
 // SetComputeThreads() sizes the pool.
 #pragma once
 
@@ -57,7 +57,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 // How the fp32 attention runs its score/value products (same maths, other summation order):
 // kSgemm  row blocks of single-threaded OpenBLAS sgemm calls (model/kernels_cpu_internal.h);
 // kTiled  register tiles of our own (model/attention_cpu_tiled.h), for hs % 16 == 0 (else kSgemm);
-//         the backward past T = 512 runs kSgemm (kTiledAttentionBackwardMaxT: measured slower).
+//         the backward past T = 512 runs kSgemm (kTiledAttentionBackwardMaxT: OpenBLAS is faster there).
 // Default: kTiled where the build has AVX-512 (16-lane tiles fill its registers; on AVX2 they
 // would spill), else kSgemm. SetFp32Attention: tests and measurements (not while kernels run).
 enum class Fp32Attention { kSgemm, kTiled };

@@ -239,8 +239,8 @@ const char* Bf16GemmName(Bf16Gemm gemm) { return gemm == Bf16Gemm::kOnednn ? "on
 namespace {
 // AMX-BF16: oneDNN's brg:avx512_core_amx_bf16 reads a transposed source as fast as a dense
 // one (it packs the source into tiles either way), so the transposed copy is a pass saved.
-// AVX512-BF16 without AMX: brg:avx512_core_bf16 ran a transposed source ~2-3x slower than the
-// forward's dense one (issue 20), so dout^T is written out first. Measured: README "bf16 compute".
+// AVX512-BF16 without AMX: brg:avx512_core_bf16 runs a transposed source several times slower
+// than a dense one, so dout^T is written out first (docs/PERFORMANCE.md).
 std::atomic<int> g_dw_source{-1};  // -1: not chosen yet
 }  // namespace
 
@@ -291,7 +291,7 @@ T* ConvertAll(const float* src, size_t n, std::vector<T>& buf, F f) {
 #pragma omp parallel for schedule(static) num_threads(ComputeThreads())
   for (int64_t j = 0; j < chunks; j++) {
     const size_t i0 = j * kConvChunk, i1 = std::min(n, i0 + kConvChunk);
-    for (size_t i = i0; i < i1; i++) dst[i] = f(src[i]);
+    for (size_t i = i0; i < i1; i++) dst[i] = f(src[i]);  // vec: convert_all
   }
   return dst;
 }
@@ -327,9 +327,8 @@ inline void Transpose8x8(const uint16_t* a, int lda, uint16_t* t, int ldt) {
 // dst_t[cols,rows] = f(src)^T, and dst[rows,cols] = f(src) when dst is not null, in one pass
 // over src: 128x64 tiles over the compute threads, each converted into a row-major buffer,
 // transposed in 8x8 blocks into a second one, and written out as contiguous runs of a tile's
-// rows. (Writing the transposed elements one by one put each of a tile's columns on its own
-// line of dst_t, rows * 2 bytes apart: at rows = 2048 (4 KiB apart) they all fell into one L1
-// set: the tiny config's 3 MB dout took 2.6-6.5 ms to transpose, 4-10x its product's time.)
+// rows (writing transposed elements one by one would put each of a tile's columns on its own
+// line of dst_t, rows * 2 bytes apart: at rows = 2048, 4 KiB apart, all in one L1 set).
 template <typename S, typename F>
 void TransposeTiles(const S* src, int rows, int cols, uint16_t* dst, uint16_t* dst_t, F f) {
   constexpr int kRows = 128, kCols = 64;  // 16 KiB per buffer; 256-byte runs in dst_t
@@ -341,7 +340,7 @@ void TransposeTiles(const S* src, int rows, int cols, uint16_t* dst, uint16_t* d
     alignas(64) uint16_t in[kRows][kCols], out[kCols][kRows];  // in[r][c] = f(src[r0 + r, c0 + c]); out = in^T
     for (int r = 0; r < nr; r++) {
       const S* s = src + static_cast<int64_t>(r0 + r) * cols + c0;
-      for (int c = 0; c < nc; c++) in[r][c] = f(s[c]);
+      for (int c = 0; c < nc; c++) in[r][c] = f(s[c]);  // vec: transpose_tiles_convert
       for (int c = nc; c < kCols; c++) in[r][c] = 0;  // the tail: transposed, never written out
       if (dst) std::memcpy(dst + static_cast<int64_t>(r0 + r) * cols + c0, in[r], nc * sizeof(uint16_t));
     }
@@ -474,7 +473,7 @@ void BiasBackward(float* dbias, const A* dout, int N, int OC) {
     for (int n = 0; n < N; n++) {
       const A* d = dout + static_cast<int64_t>(n) * OC;
 #pragma omp simd
-      for (int o = o0; o < o1; o++) dbias[o] += cpu_internal::Ld(d, o);
+      for (int o = o0; o < o1; o++) dbias[o] += cpu_internal::Ld(d, o);  // vec: bias_backward
     }
   }
 }
@@ -779,10 +778,10 @@ struct Bf16GemmPolicy {
       const float* src = c + static_cast<int64_t>(i) * N;
       if (beta == 0.0f) {
 #pragma omp simd
-        for (int j = 0; j < N; j++) dst[j] = alpha * src[j];
+        for (int j = 0; j < N; j++) dst[j] = alpha * src[j];  // vec: tile_scale
       } else {
 #pragma omp simd
-        for (int j = 0; j < N; j++) dst[j] = alpha * src[j] + beta * dst[j];
+        for (int j = 0; j < N; j++) dst[j] = alpha * src[j] + beta * dst[j];  // vec: tile_scale_add
       }
     }
   }
@@ -927,16 +926,16 @@ void AttentionForwardBatched(OutT* out, float* lse, const uint16_t* qkv, int B, 
       uint16_t* prow = P + row * T;
       float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
-      for (int s = 0; s <= t; s++) mx = mx > srow[s] ? mx : srow[s];
+      for (int s = 0; s <= t; s++) mx = mx > srow[s] ? mx : srow[s];  // vec: batched_softmax_max
       float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-      for (int s = 0; s <= t; s++) {
+      for (int s = 0; s <= t; s++) {  // vec: batched_softmax_exp
         srow[s] = cpu_internal::exp_fast(srow[s] - mx);
         sum += srow[s];
       }
       const float inv = 1.0f / sum;
 #pragma omp simd
-      for (int s = 0; s <= t; s++) prow[s] = FloatToBf16(srow[s] * inv);
+      for (int s = 0; s <= t; s++) prow[s] = FloatToBf16(srow[s] * inv);  // vec: batched_softmax_store
       std::fill(prow + t + 1, prow + T, uint16_t{0});
       lse[static_cast<int64_t>(hv.bh0) * T + row] = mx + std::log(sum);
     }
@@ -952,7 +951,7 @@ void AttentionForwardBatched(OutT* out, float* lse, const uint16_t* qkv, int B, 
 template <typename GradT>
 inline void AddRow(GradT* __restrict d, const float* __restrict g, int n) {
 #pragma omp simd
-  for (int i = 0; i < n; i++) cpu_internal::St(d, i, cpu_internal::Ld(d, i) + g[i]);
+  for (int i = 0; i < n; i++) cpu_internal::St(d, i, cpu_internal::Ld(d, i) + g[i]);  // vec: add_row
 }
 
 // dqkv (fp32, or bf16 bits when GradT is uint16_t) += the gradients, from bf16 dout, qkv, out.
@@ -979,11 +978,11 @@ void AttentionBackwardBatched(GradT* dqkv, const uint16_t* dout, const uint16_t*
       if (out32) {
         const float *o = out32 + at, *g = dout32 + at;
 #pragma omp simd reduction(+ : acc)
-        for (int i = 0; i < a.hs; i++) acc += o[i] * g[i];
+        for (int i = 0; i < a.hs; i++) acc += o[i] * g[i];  // vec: batched_d_f32
       } else {
         const uint16_t *o = out + at, *g = dOd + row * a.hs;
 #pragma omp simd reduction(+ : acc)
-        for (int i = 0; i < a.hs; i++) acc += Bf16ToFloat(o[i]) * Bf16ToFloat(g[i]);
+        for (int i = 0; i < a.hs; i++) acc += Bf16ToFloat(o[i]) * Bf16ToFloat(g[i]);  // vec: batched_d_bf16
       }
       D[row] = acc;
     }
@@ -998,7 +997,7 @@ void AttentionBackwardBatched(GradT* dqkv, const uint16_t* dout, const uint16_t*
       uint16_t* dsrow = dS + row * T;
       const float lt = lse[static_cast<int64_t>(hv.bh0) * T + row], Dt = D[row];
 #pragma omp simd
-      for (int s = 0; s <= t; s++) {
+      for (int s = 0; s <= t; s++) {  // vec: batched_gradient
         const float p = cpu_internal::exp_fast(srow[s] - lt);
         prow[s] = FloatToBf16(p);
         dsrow[s] = FloatToBf16(p * (dprow[s] - Dt));

@@ -1,5 +1,6 @@
-// Private to the CPU kernels (kernels_cpu.cc, kernels_cpu_bf16.cc): helpers both use, and the
-// causal attention forward and backward written once over a GEMM policy, so that the fp32 kernels (OpenBLAS sgemm) and
+// Private to the CPU backend (kernels_cpu.cc, kernels_cpu_bf16.cc, attention_cpu_tiled.cc and
+// cpu_device.cc; nothing outside model/ includes it): the helpers they share, and the causal
+// attention forward and backward written once over a GEMM policy, so that the fp32 kernels (OpenBLAS sgemm) and
 // the bf16 kernels (oneDNN, inputs rounded to bf16, fp32 accumulation) share every line of the
 // blocking, the masking and the fp32 softmax; only the score/value products differ.
 //
@@ -45,13 +46,13 @@ inline float* Widen(const uint16_t* src, size_t n, std::vector<float>& buf) {
   if (buf.size() < n) buf.resize(n);
   float* dst = buf.data();
 #pragma omp parallel for simd schedule(static) num_threads(ComputeThreads())
-  for (size_t i = 0; i < n; i++) dst[i] = Bf16ToFloat(src[i]);
+  for (size_t i = 0; i < n; i++) dst[i] = Bf16ToFloat(src[i]);  // vec: widen
   return dst;
 }
 // dst = bf16(src), rounded to nearest even.
 inline void Narrow(const float* src, uint16_t* dst, size_t n) {
 #pragma omp parallel for simd schedule(static) num_threads(ComputeThreads())
-  for (size_t i = 0; i < n; i++) dst[i] = FloatToBf16(src[i]);
+  for (size_t i = 0; i < n; i++) dst[i] = FloatToBf16(src[i]);  // vec: narrow
 }
 
 // exp(x) for the softmaxes and tanh: Cephes range reduction + degree-6 polynomial (rel. error
@@ -97,14 +98,13 @@ T* scratch(std::vector<T>& buf, size_t n) {
   return buf.data();
 }
 
-// Row block: 32 for short sequences, 64 otherwise (measured at T=64 and T=256, hs=64; full-T
-// blocks that skip nothing are ~25% slower at T=256).
+// Row block: 32 for short sequences, 64 otherwise (full-T blocks, which skip nothing of the
+// masked triangle, are slower at T=256).
 inline int AttentionBlock(int T) { return T <= 128 ? 32 : 64; }
 
 // The softmax loops over a causal row t run in whole groups of kRowGroup lanes, up to
-// RowGroupEnd(t), the lanes past t masked: a loop over s <= t left the compiler a scalar
-// remainder of up to 15 exps per loop (bench_kernels BM_AttentionForward, B8 T256 C256 NH4 on
-// these sgemm row blocks: 2.35-2.43 ms before, 2.24-2.26 ms after). The score tiles' rows are
+// RowGroupEnd(t), the lanes past t masked, so that no loop has a scalar remainder of up to 15
+// exps (a loop over s <= t would). The score tiles' rows are
 // RowStride(T) floats apart, so that a row's last group stays inside it; lanes in
 // [r1, RowGroupEnd) hold no score (never read unmasked).
 constexpr int kRowGroup = 16;
@@ -117,7 +117,7 @@ inline float CausalRowMax(const float* row, int t) {
   for (int j = 0; j < kRowGroup; j++) lane[j] = -INFINITY;
   for (int s0 = 0; s0 <= t; s0 += kRowGroup) {
 #pragma omp simd
-    for (int j = 0; j < kRowGroup; j++) {
+    for (int j = 0; j < kRowGroup; j++) {  // vec: causal_row_max
       const float x = s0 + j <= t ? row[s0 + j] : -INFINITY;
       lane[j] = lane[j] > x ? lane[j] : x;  // (std::max does not vectorise)
     }
@@ -132,7 +132,7 @@ inline float CausalRowExp(float* row, int t, float shift) {
   float lane[kRowGroup] = {};
   for (int s0 = 0; s0 <= t; s0 += kRowGroup) {
 #pragma omp simd
-    for (int j = 0; j < kRowGroup; j++) {
+    for (int j = 0; j < kRowGroup; j++) {  // vec: causal_row_exp
       const float e = exp_fast(row[s0 + j] - shift);
       row[s0 + j] = s0 + j <= t ? e : 0.0f;
       lane[j] += row[s0 + j];
@@ -148,11 +148,11 @@ inline float CausalRowExp(float* row, int t, float shift) {
 inline void CausalRowGradient(float* p, float* ds, int t, float lse, const float* o, const float* dO, int hs) {
   float D = 0.0f;
 #pragma omp simd reduction(+ : D)
-  for (int i = 0; i < hs; i++) D += o[i] * dO[i];
+  for (int i = 0; i < hs; i++) D += o[i] * dO[i];  // vec: causal_row_gradient_d
   const int end = RowGroupEnd(t);
   for (int s0 = 0; s0 < end; s0 += kRowGroup) {
 #pragma omp simd
-    for (int j = 0; j < kRowGroup; j++) {
+    for (int j = 0; j < kRowGroup; j++) {  // vec: causal_row_gradient
       const bool in = s0 + j <= t;
       const float e = exp_fast(p[s0 + j] - lse);
       p[s0 + j] = in ? e : 0.0f;
@@ -192,7 +192,7 @@ void AttentionForward(const Gemm& gemm, int threads, float* out, float* lse, con
         const int end = RowGroupEnd(t);
         for (int s0 = 0; s0 < end; s0 += kRowGroup) {
 #pragma omp simd
-          for (int j = 0; j < kRowGroup; j++) row[s0 + j] *= inv;
+          for (int j = 0; j < kRowGroup; j++) row[s0 + j] *= inv;  // vec: attention_normalise
         }
         for (int s = end; s < r1; s++) row[s] = 0.0f;
         l[t] = mx + std::log(sum);

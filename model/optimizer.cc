@@ -9,7 +9,7 @@ void adamw_update(float* param, const float* grad, float* m, float* v, size_t n,
   const float b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps;
   const float c1 = AdamWC1(cfg, t), c2 = AdamWC2(cfg, t);
 #pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < n; i++)  // vec: adamw_update
     adamw_element(param + i, grad[i], m + i, v + i, lr, weight_decay, b1, b2, eps, c1, c2, grad_scale);
 }
 
