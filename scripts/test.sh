@@ -3,9 +3,10 @@
 # (unit, multi-rank under mpirun, end to end, the real-Slurm scenarios) through CTest, several
 # at a time; then the CUDA backend's tests under the CUDA emulation (scripts/test-emu.sh).
 #   scripts/test.sh               the whole suite
-#   scripts/test.sh --quick       the inner loop: builds only what the tests labelled quick need
+#   scripts/test.sh --quick       the inner loop: builds only what the quick suite needs
 #                                 (target quick: shardgpt and the unit tests) and runs them (the
-#                                 unit tests and a few end-to-end runs); no emulation build
+#                                 labels unit and quick: every unit test and a few end-to-end runs);
+#                                 no emulation build
 #   scripts/test.sh [--quick] ARGS  extra arguments go to ctest (e.g. -R resume, -L mpi, -LE slurm)
 # SHARDGPT_TEST_JOBS: how many tests run at once (default: the cores). Tests labelled serial
 # (RUN_SERIAL) run alone whatever it is. SHARDGPT_SKIP_EMU=1 leaves the emulation out.
@@ -16,7 +17,7 @@ JOBS=${SHARDGPT_TEST_JOBS:-$(nproc)}
 if [ "${1:-}" = --quick ]; then
   shift
   scripts/build.sh quick
-  (cd "$BUILD" && ctest --output-on-failure --timeout 900 -j "$JOBS" -L quick "$@")
+  (cd "$BUILD" && ctest --output-on-failure --timeout 900 -j "$JOBS" -L '^(unit|quick)$' "$@")
   exit 0
 fi
 scripts/build.sh
