@@ -1,9 +1,9 @@
 #include "app/ckpt_commands.h"
 
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 
+#include "base/clock.h"
 #include "ckpt/checkpoint.h"
 #include "io/hf_gpt2.h"
 #include "io/llmc_model.h"
@@ -13,9 +13,6 @@ namespace shardgpt {
 
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 std::string Shape(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -26,11 +23,11 @@ std::string Shape(const std::vector<int64_t>& shape) {
 }  // namespace
 
 Status RunCkptVerify(const std::string& path) {
-  const double t0 = Now();
+  const double t0 = MonotonicSeconds();
   CheckpointIndex idx;
   uint64_t bytes = 0;
   SHARDGPT_RETURN_IF_ERROR(VerifyCheckpoint(path, &idx, &bytes));
-  const double s = Now() - t0;
+  const double s = MonotonicSeconds() - t0;
   std::printf("ok: %s: step %lld, model %s, saved by %d rank(s) at stage %d; %zu shard file(s), %.3f GB of state "
               "read and checked (CRC-32C and Fletcher32 per chunk, CRC-32C per dataset) in %.2f s\n",
               idx.dir.c_str(), static_cast<long long>(idx.state.step), idx.config.ToString().c_str(), idx.ranks,

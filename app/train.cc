@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "app/report.h"
+#include "base/clock.h"
 #include "ckpt/checkpoint_manager.h"
 #include "io/data_loader.h"
 #include "io/llmc_model.h"
@@ -79,9 +80,6 @@ bool TestHoldInValidation() {
   return v != nullptr && std::string(v) == "1";
 }
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // Text from the trained model, on rank 0 (parameters gathered first: a collective).
 std::string Sample(const ParamLayout& layout, Engine& engine, const TrainOptions& o) {
@@ -646,7 +644,7 @@ class Trainer {
     const int B = o_.micro_batch, T = o_.seq_len, A = o_.grad_accum;
     x_.resize(static_cast<size_t>(B) * T), y_.resize(x_.size());
     const DeviceCounters c0 = device_.counters();
-    const double t0 = Now();
+    const double t0 = MonotonicSeconds();
     StepResult r;
     r.lr = o_.schedule.At(step);
     engine_->BeginStep();
@@ -681,7 +679,7 @@ class Trainer {
       device_.Synchronize();  // the step's time includes the device's queued work
       r.loss = static_cast<float>(comm_.AllReduceScalar(loss_sum / A, ReduceOp::kAvg));
     }
-    r.seconds = Now() - t0;
+    r.seconds = MonotonicSeconds() - t0;
     const DeviceCounters c1 = device_.counters();
     r.device = c1;
     r.device.allocations = c1.allocations - c0.allocations, r.device.frees = c1.frees - c0.frees;

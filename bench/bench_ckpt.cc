@@ -20,13 +20,13 @@
 
 #include <algorithm>
 #include <functional>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "base/clock.h"
 #include "ckpt/async_checkpoint.h"
 #include "ckpt/checkpoint.h"
 #include "model/gpt.h"
@@ -36,9 +36,6 @@
 namespace shardgpt {
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 double MaxOverRanks(double v) {
   double out = v;
   MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -52,7 +49,7 @@ double Median(std::vector<double> v) {
 // The baseline: this rank's slices, written sequentially with fwrite, then fsync.
 double PlainWrite(const std::string& path, Engine& engine, const ParamLayout& layout, int rank, int world) {
   MPI_Barrier(MPI_COMM_WORLD);
-  const double t0 = Now();
+  const double t0 = MonotonicSeconds();
   FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) {
     std::perror(path.c_str());
@@ -71,7 +68,7 @@ double PlainWrite(const std::string& path, Engine& engine, const ParamLayout& la
   std::fflush(f);
   fsync(fileno(f));
   std::fclose(f);
-  return MaxOverRanks(Now() - t0);
+  return MaxOverRanks(MonotonicSeconds() - t0);
 }
 
 int Main(int argc, char** argv) {
@@ -141,41 +138,41 @@ int Main(int argc, char** argv) {
     std::remove(plain.c_str());
     MPI_Barrier(MPI_COMM_WORLD);
     state.step = r;
-    const double t0 = Now();
+    const double t0 = MonotonicSeconds();
     Status st = SaveCheckpoint(dir, state, engine, layout, comm, 0, rank != 0 || r > 0);
-    save_s.push_back(MaxOverRanks(Now() - t0));
+    save_s.push_back(MaxOverRanks(MonotonicSeconds() - t0));
     if (!st.ok()) {
       std::fprintf(stderr, "%s\n", st.ToString().c_str());
       return 1;
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    const double t1 = Now();
+    const double t1 = MonotonicSeconds();
     auto ld = LoadCheckpoint("latest", dir, engine, layout, comm, r > 0);
-    load_s.push_back(MaxOverRanks(Now() - t1));
+    load_s.push_back(MaxOverRanks(MonotonicSeconds() - t1));
     if (!ld.ok()) {
       std::fprintf(stderr, "%s\n", ld.status().ToString().c_str());
       return 1;
     }
     // A training step alone, then the same state through the async writer with a step behind it.
     MPI_Barrier(MPI_COMM_WORLD);
-    const double t3 = Now();
+    const double t3 = MonotonicSeconds();
     train_step([] {});
-    step_s.push_back(MaxOverRanks(Now() - t3));
+    step_s.push_back(MaxOverRanks(MonotonicSeconds() - t3));
     MPI_Barrier(MPI_COMM_WORLD);
     state.step = 1000 + r;
-    const double t2 = Now();
+    const double t2 = MonotonicSeconds();
     st = async.Save(state, engine, layout);
-    double stall = Now() - t2;
+    double stall = MonotonicSeconds() - t2;
     if (st.ok())
       train_step([&] {
-        const double w = Now();
+        const double w = MonotonicSeconds();
         async.WaitStaged();
-        stall += Now() - w;
+        stall += MonotonicSeconds() - w;
       });
-    step_ckpt_s.push_back(MaxOverRanks(Now() - t2));
+    step_ckpt_s.push_back(MaxOverRanks(MonotonicSeconds() - t2));
     stall_s.push_back(MaxOverRanks(stall));
     if (st.ok()) st = async.Wait();
-    write_s.push_back(MaxOverRanks(Now() - t2));
+    write_s.push_back(MaxOverRanks(MonotonicSeconds() - t2));
     if (!st.ok()) {
       std::fprintf(stderr, "%s\n", st.ToString().c_str());
       return 1;

@@ -17,6 +17,7 @@
 #include <thread>
 #include <cstdlib>
 
+#include "base/clock.h"
 #include "ckpt/checkpoint_h5.h"
 #include "ckpt/checkpoint_shard.h"
 
@@ -49,9 +50,6 @@ void TestHoldWrite(int64_t step) {
   while (!fs::exists(release, ec)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 std::string Errno() { return std::strerror(errno); }
 
@@ -433,7 +431,7 @@ Status SaveCheckpoint(const std::string& dir, const TrainState& state, Engine& e
 Status SaveCheckpointFrom(const std::string& dir, const TrainState& state, const ParamLayout& layout,
                           const SaveRole& role, const ShardFill& fill, Communicator& comm, int keep_last, bool quiet) {
   h5::InitH5();
-  const double t_start = Now();
+  const double t_start = MonotonicSeconds();
   const int rank = comm.rank(), ranks = comm.world_size(), world = role.files;
   const std::string name = StepDirName(state.step);
   const std::string tmp = dir + "/.tmp." + name, final_dir = dir + "/" + name;
@@ -504,7 +502,7 @@ Status SaveCheckpointFrom(const std::string& dir, const TrainState& state, const
   }
   SHARDGPT_RETURN_IF_ERROR(AgreeAll(comm, st));
   if (rank == 0 && !quiet) {
-    const double wall = Now() - t_start;
+    const double wall = MonotonicSeconds() - t_start;
     double total = 0;
     std::string per_rank;
     for (int r = 0; r < world; r++) {
@@ -536,7 +534,7 @@ StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& 
 StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& ckpt_dir, Engine& engine,
                                     const ParamLayout& layout, Communicator& comm, bool quiet, LoadProblem* problem) {
   h5::InitH5();
-  const double t_start = Now();
+  const double t_start = MonotonicSeconds();
   *problem = LoadProblem::kNone;
   // this rank's problem kind, agreed with the message (the lowest failing rank's, on every rank)
   LoadProblem mine = LoadProblem::kNone;
@@ -597,7 +595,7 @@ StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& 
   SHARDGPT_RETURN_IF_ERROR(agree(st));
 
   // 3. Hyperslab reads straight into the engine's buffers (through host memory for a GPU).
-  const double t_read = Now();
+  const double t_read = MonotonicSeconds();
   uint64_t bytes = 0;
   Device& device = engine.device();
   std::vector<float> host;
@@ -617,7 +615,7 @@ StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& 
     readers.erase(f);  // close each file when done: bounded chunk caches
     if (!st.ok()) break;
   }
-  const double read_s = Now() - t_read;
+  const double read_s = MonotonicSeconds() - t_read;
   mine = st.ok() ? LoadProblem::kNone : LoadProblem::kChecksum;
   SHARDGPT_RETURN_IF_ERROR(agree(st));
   // commit: only now, with every rank's data read and checked, the step and working parameters
@@ -628,7 +626,7 @@ StatusOr<TrainState> LoadCheckpoint(const std::string& path, const std::string& 
   std::memcpy(&secs_bits, &read_s, sizeof(double));
   const std::vector<uint64_t> all = AllGatherU64(comm, {bytes, secs_bits});
   if (comm.rank() == 0 && !quiet) {
-    const double wall = Now() - t_start;
+    const double wall = MonotonicSeconds() - t_start;
     double total = 0;
     std::string per_rank;
     for (int r = 0; r < comm.world_size(); r++) {

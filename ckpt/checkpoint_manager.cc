@@ -1,8 +1,8 @@
 #include "ckpt/checkpoint_manager.h"
 
-#include <chrono>
 #include <cstdio>
 
+#include "base/clock.h"
 #include "ckpt/async_checkpoint.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/ckpt_dir_lock.h"
@@ -14,9 +14,6 @@ namespace {
 // What an explicit --resume choice (latest, PATH) that is damaged says after its error.
 constexpr const char* kAutoHint = " (--resume auto falls back to the newest checkpoint that loads)";
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // Rank 0's list of --resume auto candidates, on every rank (ranks on several nodes list the
 // shared directory at slightly different moments; one listing keeps them on the same one).
@@ -199,25 +196,25 @@ bool CheckpointManager::DuePeriodic(int64_t step, int64_t last_step) const {
 
 Status CheckpointManager::Save(const TrainState& state, Engine& engine, const ParamLayout& layout, bool background) {
   if (!enabled()) return Status::OK();
-  const double t0 = Now();
+  const double t0 = MonotonicSeconds();
   saved_ = true;
   if (!async_) {
     Status st = Agree(comm_, SaveCheckpoint(o_.dir, state, engine, layout, comm_, o_.keep_last, o_.quiet));
-    stall_ms_ += (Now() - t0) * 1e3;
-    write_ms_ = (Now() - t0) * 1e3;
+    stall_ms_ += (MonotonicSeconds() - t0) * 1e3;
+    write_ms_ = (MonotonicSeconds() - t0) * 1e3;
     return st;
   }
   Status st = async_->Save(state, engine, layout);  // an earlier save's error: agreed by the writer
   if (st.ok() && !background) st = async_->Wait();
-  stall_ms_ += (Now() - t0) * 1e3;
+  stall_ms_ += (MonotonicSeconds() - t0) * 1e3;
   return Agree(comm_, st);
 }
 
 void CheckpointManager::WaitStaged() {
   if (!async_) return;
-  const double t0 = Now();
+  const double t0 = MonotonicSeconds();
   async_->WaitStaged();
-  stall_ms_ += (Now() - t0) * 1e3;
+  stall_ms_ += (MonotonicSeconds() - t0) * 1e3;
 }
 
 CheckpointManager::Cost CheckpointManager::TakeCost() {

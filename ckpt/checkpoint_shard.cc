@@ -7,12 +7,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <vector>
 
+#include "base/clock.h"
 #include "ckpt/checkpoint_h5.h"
 #include "ckpt/checkpoint_plan.h"
 
@@ -27,9 +27,6 @@ namespace {
 constexpr const char* kShardFormat = "shardgpt-checkpoint-shard";
 constexpr const char* kShardMagic = "shardgpt checkpoint shard\n";
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // The header in the user block: lines of text, zero-padded to kShardHeaderBytes.
 std::string ShardHeader(uint64_t checkpoint_id, int64_t rank, int64_t world, int64_t step) {
@@ -68,7 +65,7 @@ std::string Printable(const std::string& header) {
 Status WriteShardFile(const std::string& path, int rank, int world, uint64_t checkpoint_id, int64_t step,
                       uint64_t n, const ShardFill& fill, ShardWriteResult* out) {
   h5::InitH5();
-  const double t0 = Now();
+  const double t0 = MonotonicSeconds();
   Id fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
   if (!fcpl.valid() || H5Pset_userblock(fcpl.get(), kShardHeaderBytes) < 0)
     return Status::Internal(path + ": cannot set up the shard header: " + h5::LastError());
@@ -149,7 +146,7 @@ Status WriteShardFile(const std::string& path, int rank, int world, uint64_t che
   if (stat(path.c_str(), &sb) != 0) return Status::IOError(path + ": stat failed: " + std::strerror(errno));
   out->elements = n;
   out->bytes = static_cast<uint64_t>(sb.st_size);
-  out->seconds = Now() - t0;
+  out->seconds = MonotonicSeconds() - t0;
   return Status::OK();
 }
 

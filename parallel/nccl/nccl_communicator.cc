@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "base/clock.h"
 #include "model/cuda/cuda_device.h"
 #include "parallel/gpu_binding.h"
 #include "parallel/mpi_communicator.h"
@@ -23,9 +24,6 @@ namespace shardgpt {
 
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 std::string NcclText(ncclResult_t r) { return std::string(ncclGetErrorString(r)) + " (" + std::to_string(r) + ")"; }
 
@@ -207,9 +205,9 @@ class NcclCommunicator final : public Communicator {
     config.blocking = 0;  // as the parent: a stuck split is timed out and aborted
     ncclComm_t part = nullptr;
     ncclResult_t r = ncclCommSplit(nccl_, color, key, &part, &config);
-    const double t0 = Now();
+    const double t0 = MonotonicSeconds();
     while (r == ncclInProgress && part != nullptr) {
-      if (Now() - t0 > timeout_s_) {
+      if (MonotonicSeconds() - t0 > timeout_s_) {
         ncclCommAbort(part);
         part = nullptr;
         r = ncclSystemError;
@@ -221,7 +219,7 @@ class NcclCommunicator final : public Communicator {
     Status st = r == ncclSuccess && part != nullptr
                     ? Status::OK()
                     : Status::Internal("NCCL: ncclCommSplit failed on rank " + std::to_string(rank_) + ": " +
-                                       NcclText(r) + (Now() - t0 > timeout_s_ ? " (timed out after --comm-timeout)" : ""));
+                                       NcclText(r) + (MonotonicSeconds() - t0 > timeout_s_ ? " (timed out after --comm-timeout)" : ""));
     if (!control->AllTrue(st.ok())) {
       if (part) ncclCommAbort(part);
       return st.ok() ? Status::Internal("") : st;
@@ -255,9 +253,9 @@ class NcclCommunicator final : public Communicator {
     cudaEventRecord(started, stream_);
     ncclResult_t r = issue();
     // non-blocking communicator: the call may still be in progress; wait for it to be enqueued
-    const double t0 = Now();
+    const double t0 = MonotonicSeconds();
     while (r == ncclInProgress) {
-      if (Now() - t0 > timeout_s_) Abort(std::string(name) + " was not enqueued within the timeout");
+      if (MonotonicSeconds() - t0 > timeout_s_) Abort(std::string(name) + " was not enqueued within the timeout");
       ncclCommGetAsyncError(nccl_, &r);
     }
     if (r != ncclSuccess) Abort(std::string(name) + " failed: " + NcclText(r) + ": " + ncclGetLastError(nccl_));
@@ -275,8 +273,8 @@ class NcclCommunicator final : public Communicator {
   // warning line) when it fails or does not finish.
   void Finalize() {
     ncclResult_t r = ncclCommFinalize(nccl_);
-    const double t0 = Now();
-    while (r == ncclInProgress && Now() - t0 <= timeout_s_) {
+    const double t0 = MonotonicSeconds();
+    while (r == ncclInProgress && MonotonicSeconds() - t0 <= timeout_s_) {
       usleep(1000);
       ncclCommGetAsyncError(nccl_, &r);
     }
@@ -323,10 +321,10 @@ class NcclCommunicator final : public Communicator {
       InFlight& f = inflight_.front();
       if (f.started_at < 0) {
         const cudaError_t q = cudaEventQuery(f.started);
-        if (q == cudaSuccess) f.started_at = Now();
+        if (q == cudaSuccess) f.started_at = MonotonicSeconds();
         else if (q != cudaErrorNotReady) Abort(std::string(f.name) + ": CUDA error: " + cudaGetErrorString(q));
       }
-      if (f.started_at >= 0 && Now() - f.started_at > timeout_s_) {
+      if (f.started_at >= 0 && MonotonicSeconds() - f.started_at > timeout_s_) {
         char buf[160];
         std::snprintf(buf, sizeof(buf), "%s did not complete within --comm-timeout %.0f s of starting", f.name,
                       timeout_s_);
@@ -395,9 +393,9 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(MPI_Comm comm, De
   config.blocking = 0;  // so that a stuck initialisation can be timed out and aborted
   ncclComm_t nccl = nullptr;
   r = ncclCommInitRankConfig(&nccl, world, id, rank, &config);
-  const double t0 = Now();
+  const double t0 = MonotonicSeconds();
   while (r == ncclInProgress) {
-    if (Now() - t0 > options.timeout_s) {
+    if (MonotonicSeconds() - t0 > options.timeout_s) {
       ncclCommAbort(nccl);
       r = ncclSystemError;
       break;
@@ -408,7 +406,7 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(MPI_Comm comm, De
   if (r != ncclSuccess) {
     st = Status::Internal("NCCL: initialisation failed on rank " + std::to_string(rank) + ": " + NcclText(r) + ": " +
                           (nccl ? ncclGetLastError(nccl) : "") +
-                          (Now() - t0 > options.timeout_s ? " (timed out after --comm-timeout)" : ""));
+                          (MonotonicSeconds() - t0 > options.timeout_s ? " (timed out after --comm-timeout)" : ""));
   }
   if (!control->AllTrue(st.ok())) {
     if (nccl) ncclCommAbort(nccl);
