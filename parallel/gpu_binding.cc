@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <utility>
 
@@ -12,7 +13,16 @@ namespace shardgpt {
 
 namespace {
 
-constexpr size_t kHostBytes = 256, kBusBytes = 64;  // one record: host, then bus id, NUL-padded
+// one record: host, bus id, machine id, each NUL-padded
+constexpr size_t kHostBytes = 256, kBusBytes = 64, kMachineBytes = 64;
+
+// The first line of a file, without its newline; "" if it cannot be read.
+std::string FirstLine(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
 
 // "0 and 3", "0, 1 and 3".
 std::string RankList(const std::vector<int>& ranks) {
@@ -27,12 +37,12 @@ std::string RankList(const std::vector<int>& ranks) {
 }  // namespace
 
 std::string SharedGpuError(const std::vector<RankGpu>& ranks) {
-  // (host, bus id) -> ranks, kept in order of each GPU's lowest rank
+  // (machine, bus id) -> ranks, kept in order of each GPU's lowest rank
   std::map<std::pair<std::string, std::string>, size_t> index;
   std::vector<std::vector<int>> users;
   for (size_t r = 0; r < ranks.size(); r++) {
     if (ranks[r].bus_id.empty()) continue;  // unknown: nothing to compare
-    auto key = std::make_pair(ranks[r].host, ranks[r].bus_id);
+    auto key = std::make_pair(ranks[r].machine.empty() ? "host " + ranks[r].host : ranks[r].machine, ranks[r].bus_id);
     auto it = index.find(key);
     if (it == index.end()) it = index.emplace(key, users.size()).first, users.emplace_back();
     users[it->second].push_back(static_cast<int>(r));
@@ -59,17 +69,25 @@ std::string ThisHostName() {
   return host;
 }
 
+std::string ThisMachineId() {
+  std::string id = FirstLine("/proc/sys/kernel/random/boot_id");
+  if (id.empty()) id = FirstLine("/etc/machine-id");
+  return id;
+}
+
 StatusOr<std::vector<RankGpu>> GatherRankGpus(Communicator& comm, const RankGpu& mine) {
-  const size_t record = kHostBytes + kBusBytes;
+  const size_t record = kHostBytes + kBusBytes + kMachineBytes;
   std::vector<char> send(record, 0), recv(record * comm.world_size(), 0);
   std::memcpy(send.data(), mine.host.data(), std::min(mine.host.size(), kHostBytes - 1));
   std::memcpy(send.data() + kHostBytes, mine.bus_id.data(), std::min(mine.bus_id.size(), kBusBytes - 1));
+  std::memcpy(send.data() + kHostBytes + kBusBytes, mine.machine.data(), std::min(mine.machine.size(), kMachineBytes - 1));
   SHARDGPT_RETURN_IF_ERROR(comm.ControlAllGather(send.data(), recv.data(), record));
   std::vector<RankGpu> all(comm.world_size());
   for (size_t r = 0; r < all.size(); r++) {
     const char* p = recv.data() + r * record;
     all[r].host.assign(p, strnlen(p, kHostBytes));
     all[r].bus_id.assign(p + kHostBytes, strnlen(p + kHostBytes, kBusBytes));
+    all[r].machine.assign(p + kHostBytes + kBusBytes, strnlen(p + kHostBytes + kBusBytes, kMachineBytes));
   }
   return all;
 }

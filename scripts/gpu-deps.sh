@@ -41,6 +41,33 @@ GPU_DEPS_PACKAGES=(
   pkgconf pkgconf-bin libpkgconf3 pkg-config
 )
 
+# gpu_deps_cudnn_frontend DIR: the cuDNN frontend's headers (header-only C++) from PyPI's
+# nvidia-cudnn-frontend wheel (downloaded, not installed) into DIR/include, the wheel's name into
+# DIR/version. The frontend's headers include each other as ../include/NAME: the folder must be
+# called include. Non-zero, with pip's message on stderr, where pip cannot fetch it.
+gpu_deps_cudnn_frontend() {
+  local dir=$1 wheel
+  rm -rf "$dir" && mkdir -p "$dir/wheel" || return 1
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d "$dir/wheel" nvidia-cudnn-frontend >&2 || { rm -rf "$dir"; return 1; }
+  wheel=$(ls "$dir"/wheel/*.whl | head -1)
+  python3 - "$wheel" "$dir/include" <<'PY' || { rm -rf "$dir"; return 1; }
+import os, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+names = [n for n in z.namelist() if not n.endswith("/")]
+root = next(os.path.dirname(n) for n in names if os.path.basename(n) == "cudnn_frontend.h")
+for n in names:
+    if n.startswith(root + "/"):
+        out = os.path.join(sys.argv[2], n[len(root) + 1:])
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out, "wb") as f:
+            f.write(z.read(n))
+PY
+  basename "$wheel" .whl >"$dir/version"
+  rm -rf "$dir/wheel"
+}
+
 gpu_deps_pack() {
   local dir=${1:-.gpu-deps}
   mkdir -p "$dir" || return 1
@@ -49,22 +76,14 @@ gpu_deps_pack() {
   (cd "$dir" && rm -f ./*.deb && apt-get download "${GPU_DEPS_PACKAGES[@]}" >"$dir/download.log" 2>&1) ||
     { tail -5 "$dir/download.log"; echo "gpu-deps: apt-get download failed (see $dir/download.log)" >&2; return 1; }
   # the cuDNN frontend (header-only C++): --attention cudnn is built only where CMake finds it
-  rm -rf "$dir/cudnn-frontend" "$dir/wheel"
-  if python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-       --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-       --platform manylinux2014_x86_64 -d "$dir/wheel" nvidia-cudnn-frontend >"$dir/pip.log" 2>&1; then
-    mkdir -p "$dir/cudnn-frontend" &&
-      python3 -c "import sys, zipfile
-z = zipfile.ZipFile(sys.argv[1])
-for n in z.namelist():
-    if '/include/' in n or n.startswith('include/'):
-        z.extract(n, sys.argv[2])" "$(ls "$dir"/wheel/*.whl | head -1)" "$dir/cudnn-frontend"
-    local h; h=$(find "$dir/cudnn-frontend" -name cudnn_frontend.h | head -1)
-    [ -n "$h" ] && tar -C "$(dirname "$h")" -czf "$dir/cudnn-frontend-include.tar.gz" . && echo "gpu-deps: cuDNN frontend headers from $(basename "$(ls "$dir"/wheel/*.whl)")"
-    rm -rf "$dir/cudnn-frontend" "$dir/wheel"
+  rm -rf "$dir/cudnn-frontend"
+  if gpu_deps_cudnn_frontend "$dir/cudnn-frontend" 2>"$dir/pip.log"; then
+    tar -C "$dir/cudnn-frontend/include" -czf "$dir/cudnn-frontend-include.tar.gz" . &&
+      echo "gpu-deps: cuDNN frontend headers from $(cat "$dir/cudnn-frontend/version")"
   else
     echo "gpu-deps: no nvidia-cudnn-frontend wheel (pip: $(tail -1 "$dir/pip.log")): --attention cudnn will not be built there"
   fi
+  rm -rf "$dir/cudnn-frontend"
   echo "gpu-deps: $(ls "$dir"/*.deb | wc -l) packages, $(du -sh "$dir" | cut -f1) in $dir"
 }
 

@@ -374,9 +374,9 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(MPI_Comm comm, De
   const int ordinal = CudaDeviceOrdinal(device);
   Status st = ordinal < 0 ? Status::InvalidArgument("--comm nccl needs --device cuda") : Status::OK();
   if (!control->AllTrue(st.ok())) return st.ok() ? Status::Internal("") : st;
-  // One GPU per rank: every rank's (host, PCI bus id), decided alike on every rank from the
+  // One GPU per rank: every rank's (machine, PCI bus id), decided alike on every rank from the
   // same gathered list, so all ranks return the same error together (parallel/gpu_binding.h).
-  auto gpus = GatherRankGpus(*control, RankGpu{ThisHostName(), CudaPciBusId(device)});
+  auto gpus = GatherRankGpus(*control, RankGpu{ThisHostName(), CudaPciBusId(device), ThisMachineId()});
   if (!gpus.ok()) return gpus.status();
   const std::string shared = SharedGpuError(gpus.value());
   if (!shared.empty()) return Status::InvalidArgument(shared);

@@ -14,9 +14,11 @@
 # communicator's and its watchdog's included); on a GPU they are CudaDevice's own
 # cudaMalloc/cudaFree calls and host_syncs is not counted (printed as "?", not checked).
 # SHARDGPT_CUDA_EMU_TRACE_SYNCS=1 makes the emulator print each sync's call stack.
-# Exits 77 (skipped) where `--device cuda` has no GPU or the rows carry no device counters.
+# Rows without the counters fail the test. Where fewer GPUs than ranks are visible, the 2-rank
+# runs use --comm mpi (ranks sharing the GPU). Exits 77 (skipped) where `--device cuda` has no GPU.
 set -euo pipefail
 BIN=$1
+source "$(dirname "$0")/lib/gpu_count.sh"  # gpu_comm: --comm mpi where ranks share a GPU
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 for i in $(seq 1 200); do echo "In the beginning God created the heaven and the earth. And the earth was without form."; done > "$T/text.txt"
@@ -27,7 +29,7 @@ if ! probe=$("$BIN" train $MODEL --micro-batch 2 --steps 1 --device cuda --log "
   echo "$probe"; exit 1
 fi
 if ! grep -q '"device_allocations"' "$T/probe.jsonl"; then
-  echo "SKIP: no device counters in the JSONL rows"; exit 77
+  echo "FAIL: the JSONL rows of --device cuda carry no device counters (device_allocations)"; cat "$T/probe.jsonl"; exit 1
 fi
 
 train() {  # train NP LOG [flags]
@@ -46,7 +48,7 @@ for np in 1 2; do
     for stage in 0 1 2 3; do
       tag="${dtype}_np${np}_stage${stage}"
       train "$np" "$T/$tag.jsonl" --micro-batch 2 --grad-accum 2 --zero-stage "$stage" --dtype "$dtype" \
-        --device cuda --comm nccl
+        --device cuda --comm "$(gpu_comm "$np")"
       check "$T/$tag.jsonl" "$dtype np=$np stage=$stage" || status=1
     done
   done

@@ -9,9 +9,12 @@
 #   a checkpoint written by a CUDA run resumes on the CPU and one written on the CPU resumes on
 #   CUDA: the resumed steps' losses within 1e-4 of the uninterrupted CPU run's;
 #   a token id outside the vocabulary in the data file is refused before it reaches the device.
+# Where fewer GPUs than ranks are visible (one GPU), the multi-rank cases run over --comm mpi
+# (ranks sharing the GPU) instead of nccl, and say so.
 # Exits 77 (skipped) where `--device cuda` has no GPU.
 set -euo pipefail
 BIN=$1
+source "$(dirname "$0")/lib/gpu_count.sh"  # GPU_COUNT, gpu_comm: --comm mpi where ranks share a GPU
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 for i in $(seq 1 200); do echo "In the beginning God created the heaven and the earth. And the earth was without form."; done > "$T/text.txt"
@@ -51,11 +54,14 @@ run_case() {  # run_case DTYPE NP STAGE COMM...
   local F="--micro-batch 2 --grad-accum 2 --zero-stage $stage --dtype $dtype $GELU"
   local tag="${dtype}_${np}_${stage// /_}${GELU:+_fused}"
   train "$np" "$T/cpu_$tag.jsonl" $F --device cpu
-  for comm in "$@"; do
+  local comms=() c
+  for c in "$@"; do [ "$c" = nccl ] && c=$(gpu_comm "$np"); [[ " ${comms[*]} " == *" $c "* ]] || comms+=("$c"); done
+  for comm in "${comms[@]}"; do
     train "$np" "$T/cuda_${tag}_$comm.jsonl" $F --device cuda --comm "$comm"
     compare "$T/cuda_${tag}_$comm.jsonl" "$T/cpu_$tag.jsonl" $tol "$dtype np=$np stage=$stage --comm $comm $GELU"
   done
 }
+[ "$GPU_COUNT" -ge 4 ] || echo "$GPU_COUNT GPU(s) visible: the cases of more ranks than GPUs run over --comm mpi"
 for stage in 0 1 2 3; do run_case fp32 1 $stage nccl; done
 for stage in 0 3; do run_case fp32 2 $stage nccl mpi; done
 for stage in 1 2; do run_case fp32 2 $stage nccl; done
@@ -71,11 +77,11 @@ for stage in 2 3; do run_case fp32 4 "$stage --shard-group-size 2" nccl; done
 # Checkpoints across devices: CUDA saves at step 2, the CPU resumes (and the reverse).
 F="--micro-batch 2 --grad-accum 2 --zero-stage 1"
 train 2 "$T/ref.jsonl" $F --device cpu
-train 2 "$T/g1.jsonl" $F --device cuda --comm nccl --ckpt-dir "$T/ck_gpu" --stop-at-step 2
+train 2 "$T/g1.jsonl" $F --device cuda --comm "$(gpu_comm 2)" --ckpt-dir "$T/ck_gpu" --stop-at-step 2
 train 2 "$T/g2.jsonl" $F --device cpu --ckpt-dir "$T/ck_gpu" --resume latest
 compare "$T/g2.jsonl" "$T/ref.jsonl" 1e-4 "CUDA checkpoint resumed on the CPU" 3
 train 2 "$T/c1.jsonl" $F --device cpu --ckpt-dir "$T/ck_cpu" --stop-at-step 2
-train 2 "$T/c2.jsonl" $F --device cuda --comm nccl --ckpt-dir "$T/ck_cpu" --resume latest
+train 2 "$T/c2.jsonl" $F --device cuda --comm "$(gpu_comm 2)" --ckpt-dir "$T/ck_cpu" --resume latest
 compare "$T/c2.jsonl" "$T/ref.jsonl" 1e-4 "CPU checkpoint resumed on CUDA" 3
 
 # A token id the model's vocabulary does not have never reaches the device: the data loader

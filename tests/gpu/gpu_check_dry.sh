@@ -2,7 +2,8 @@
 # scripts/gpu-check.sh --dry under the CUDA emulation (ctest gpu_check_dry, label gpu-emu), so
 # that the script, which runs for real only on a machine with a GPU, cannot rot: it must exit 0
 # and write a report with
-#   - the test section passed (rc=0);
+#   - the machine section first, then the test sections layouts, kernels, nccl, training in that
+#     order, each with its jobs passed and none failed or skipped;
 #   - a summary line per ZeRO stage 0-3 with tokens/s, TFLOP/s, MFU and peak memory against
 #     plan's prediction;
 #   - a per-kernel table (CUDA events) naming every kernel a training step calls, with
@@ -30,7 +31,13 @@ fail = []
 def need(cond, what):
     if not cond: fail.append(what)
 need("DRY RUN" in lines[0], "the first line says it is a dry run")
-need("== gpu tests: rc=0," in rep, "the gpu tests section passed")
+need(lines[1] == "== machine" and any(l.startswith("cores: ") or "cores: " in l for l in lines[2:12]),
+     "the machine section first, with the cores")
+# the test sections in the order that tells the most first, each passed with no failure
+order = [m.group(1) for m in (re.match(r"^== tests: (\w+): ([0-9]+) passed, 0 failed, 0 skipped, [0-9]+ s$", l) for l in lines) if m and int(m.group(2)) > 0]
+need(order == ["layouts", "kernels", "nccl", "training"], "the test sections layouts, kernels, nccl, training passed in that order (got %s)" % order)
+need(lines.index(next(l for l in lines if l.startswith("== tests: layouts"))) < lines.index(next(l for l in lines if l.startswith("== benchmark"))),
+     "the tests before the benchmarks")
 num = r"[0-9]+(?:\.[0-9]+)?"
 for s in range(4):
     pat = r"^stage %d: %s tokens/s \| %s TFLOP/s \| MFU %s%% \| peak memory %s GiB tracked \(plan predicts %s GiB\)$" % (
@@ -82,6 +89,15 @@ if fail:
     sys.exit(1)
 print("gpu-check --dry report: tests, 4 stages, %d kernels per table, FLOPs sum %d, attention section: ok" % (len(prof[1]) - 1, want))
 PY
+# The budget: with less than the 5 s every step needs (--budget 4), nothing runs; every test job
+# is reported "not run (out of the time budget)", the summary is written, and the exit is 3.
+rc=0
+bash "$SRC/scripts/gpu-check.sh" --dry --build "$BUILD" --report "$T/budget.txt" --steps 3 --budget 4 >"$T/budget.out" 2>&1 || rc=$?
+jobs_not_run=$(grep -c '^  [a-z_0-9]*: not run (out of the time budget)' "$T/budget.txt" || true)
+jobs_run=$(grep -cE '^  [a-z_0-9]*: (passed|FAILED|skipped)' "$T/budget.txt" || true)
+[ $rc -eq 3 ] && [ "$jobs_not_run" -ge 4 ] && [ "$jobs_run" -eq 0 ] && grep -q '^== summary' "$T/budget.txt" ||
+  { cat "$T/budget.txt"; echo "FAIL: --budget 4: exit $rc (want 3), $jobs_not_run jobs not run, $jobs_run run (want 0)"; exit 1; }
+echo "gpu-check --dry --budget 4: exit 3, $jobs_not_run test jobs reported not run, none run: ok"
 # --sanitize under the emulation: the section says it did not run (no GPU code runs here), and
 # does nothing else (no tests, no benchmarks)
 rc=0

@@ -767,12 +767,14 @@ TEST(GpuBinding, GatherGivesEveryRankTheSameList) {
     return std::string(b);
   };
   const std::string long_host(300, 'h');  // cut at 255 bytes
-  auto all = GatherRankGpus(*comm, RankGpu{r == 0 ? long_host : "node" + std::to_string(r / 2), bus(r % 2)});
+  auto all = GatherRankGpus(*comm, RankGpu{r == 0 ? long_host : "node" + std::to_string(r / 2), bus(r % 2),
+                                           "boot-" + std::to_string(r / 2)});
   ASSERT_TRUE(all.ok()) << all.status().message();
   ASSERT_EQ(all.value().size(), static_cast<size_t>(n));
   for (int j = 0; j < n; j++) {
     EXPECT_EQ(all.value()[j].host, j == 0 ? long_host.substr(0, 255) : "node" + std::to_string(j / 2)) << j;
     EXPECT_EQ(all.value()[j].bus_id, bus(j % 2)) << j;
+    EXPECT_EQ(all.value()[j].machine, "boot-" + std::to_string(j / 2)) << j;
   }
   EXPECT_EQ(SharedGpuError(all.value()), "");  // two GPUs per host, one rank on each
   // every rank on GPU 0 of one host (a lost binding): refused on every rank alike

@@ -50,6 +50,21 @@ TEST(SharedGpuError, ThreeRanksAndMoreSharedGpus) {
                                          "0000:19:00.0 (and 1 more GPU shared likewise)" + kAdvice);
 }
 
+// The machine (boot id), where known, decides which ranks share a GPU, not the host name:
+// containers on two nodes may both be called "trainer"; two containers on one node are one machine.
+TEST(SharedGpuError, TheMachineIdNotTheHostNameDecides) {
+  EXPECT_EQ(SharedGpuError({{"trainer", "0000:19:00.0", "boot-a"}, {"trainer", "0000:19:00.0", "boot-b"}}), "");
+  EXPECT_EQ(SharedGpuError({{"c1", "0000:19:00.0", "boot-a"}, {"c2", "0000:3b:00.0", "boot-a"},
+                            {"c3", "0000:19:00.0", "boot-a"}}),
+            "--comm nccl: ranks 0 and 2 on host c1 share GPU 0000:19:00.0" + kAdvice);
+}
+
+TEST(SharedGpuError, ThisMachineIdIsKnownAndStable) {
+  const std::string id = ThisMachineId();
+  EXPECT_FALSE(id.empty()) << "neither /proc/sys/kernel/random/boot_id nor /etc/machine-id could be read";
+  EXPECT_EQ(id, ThisMachineId());
+}
+
 TEST(SharedGpuError, UnknownBusIdsAreNotCompared) {
   EXPECT_EQ(SharedGpuError({{"n0", ""}, {"n0", ""}, {"n0", "0000:19:00.0"}}), "");
 }
