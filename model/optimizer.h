@@ -39,14 +39,19 @@ inline float AdamWC2(const AdamWConfig& cfg, int64_t t) {
 // adamw_update's per-element step on one element (g already widened to fp32, not yet scaled).
 // Every CPU AdamW loop calls this one expression, so they agree bit for bit (adamw_mixed in
 // model/kernels_cpu.h; the CUDA twin in model/cuda/kernels_cuda.cu repeats it).
+// Each multiply-add is an explicit fma and no other add has a product operand, so no compiler
+// can contract the expression differently (GCC here, nvcc on a GPU, in a vector or a scalar
+// loop): the bits are the same on every backend and path.
+//   m = fma(b1, m, (1-b1) g);  v = fma(b2, v, ((1-b2) g) g)
+//   p = fma(-lr, fma(wd, p, (m c1) / (sqrt(v c2) + eps)), p)
 inline void adamw_element(float* p, float grad, float* m, float* v, float lr, float wd, float b1, float b2, float eps,
                           float c1, float c2, float grad_scale) {
   const float g = grad * grad_scale;
-  const float mi = b1 * *m + (1.0f - b1) * g;
-  const float vi = b2 * *v + (1.0f - b2) * g * g;
+  const float mi = std::fma(b1, *m, (1.0f - b1) * g);
+  const float vi = std::fma(b2, *v, ((1.0f - b2) * g) * g);
   *m = mi;
   *v = vi;
-  *p -= lr * (wd * *p + (mi * c1) / (std::sqrt(vi * c2) + eps));
+  *p = std::fma(-lr, std::fma(wd, *p, (mi * c1) / (std::sqrt(vi * c2) + eps)), *p);
 }
 
 // Learning rate per step: linear warmup over warmup_steps to max_lr, then

@@ -184,7 +184,9 @@ gpu_deps_use() {
   # cblas.h: Debian puts it on the compiler's path through an alternative (include/x86_64-linux-gnu)
   export CPATH="$usr/include/x86_64-linux-gnu/openblas-pthread${CPATH:+:$CPATH}"
   # OpenMPI finds its components, help texts and wrapper data under OPAL_PREFIX; PMIx likewise
-  export OPAL_PREFIX="$usr" PMIX_PREFIX="$lib/pmix2" PMIX_MCA_mca_base_component_path="$lib/pmix2/lib/pmix"
+  export OPAL_PREFIX="$usr"
+  # PMIx: ours where it was unpacked (left out where the machine has its own library)
+  if [ -d "$lib/pmix2/lib/pmix" ]; then export PMIX_PREFIX="$lib/pmix2" PMIX_MCA_mca_base_component_path="$lib/pmix2/lib/pmix"; fi
   export OMPI_MCA_plm_rsh_agent=  # no ssh here: one node only
   GPU_DEPS_CMAKE_ARGS="-DMPI_CXX_COMPILER=$prefix/bin/mpicxx -DMPI_C_COMPILER=$prefix/bin/mpicc -DMPIEXEC_EXECUTABLE=$prefix/bin/mpirun"
   GPU_DEPS_CMAKE_ARGS+=" -DBLA_VENDOR=OpenBLAS -DCMAKE_LIBRARY_PATH=$lib/openblas-pthread;$lib -DCMAKE_INCLUDE_PATH=$usr/include"

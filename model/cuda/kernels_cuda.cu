@@ -454,16 +454,18 @@ __global__ void sum_squares_kernel(double* partial, const T* x, size_t n) {
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-// AdamW, the float operations of adamw_update in the same order (c1, c2 from the host, computed
-// there with the same expression):
-//   g = grad * grad_scale;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
-//   p -= lr * (wd * p + (m * c1) / (sqrt(v * c2) + eps)),  c1 = 1/(1-b1^t), c2 = 1/(1-b2^t)
+// AdamW, the float operations of adamw_element (model/optimizer.h) in the same order, its
+// multiply-adds explicit fmas (c1, c2 from the host, computed there with the same expression):
+//   g = grad * grad_scale;  m = fma(b1, m, (1-b1) g);  v = fma(b2, v, ((1-b2) g) g)
+//   p = fma(-lr, fma(wd, p, (m c1) / (sqrt(v c2) + eps)), p),  c1 = 1/(1-b1^t), c2 = 1/(1-b2^t)
+// No other add has a product operand, so nvcc cannot contract the vector and the scalar paths
+// differently: the bits do not depend on the alignment, and equal the CPU twin's.
 __device__ __forceinline__ void adamw_value(float& p, float grad, float& m, float& v, float lr, float wd, float b1,
                                             float b2, float eps, float c1, float c2, float grad_scale) {
   const float g = grad * grad_scale;
-  m = b1 * m + (1.0f - b1) * g;
-  v = b2 * v + (1.0f - b2) * g * g;
-  p -= lr * (wd * p + (m * c1) / (sqrtf(v * c2) + eps));
+  m = fmaf(b1, m, (1.0f - b1) * g);
+  v = fmaf(b2, v, ((1.0f - b2) * g) * g);
+  p = fmaf(-lr, fmaf(wd, p, (m * c1) / (sqrtf(v * c2) + eps)), p);
 }
 
 // The scalars of one adamw_mixed call.

@@ -25,6 +25,7 @@ namespace shardgpt {
 namespace {
 
 constexpr int kGlobalBatch = 16, kT = 32;
+constexpr float kLr = 3e-3f;
 const GPTConfig kConfig{2, 4, 64, 64, 300};  // Vp = 384: exercises the padded vocabulary
 
 using harness::Trajectory;
@@ -51,7 +52,7 @@ void Batch(int step, std::vector<int32_t>* x, std::vector<int32_t>* y) {
 // steps steps of the engine (harness::TrainSteps, lr 3e-3, clip 1), starting at global step
 // `first`.
 void Train(Engine& engine, GPT& model, Communicator& comm, int A, int first, int steps, Trajectory* tr) {
-  harness::TrainSteps(engine, model, comm, A, kT, 3e-3f, 1.0f, Batch, first, first + steps, tr, nullptr);
+  harness::TrainSteps(engine, model, comm, A, kT, kLr, 1.0f, Batch, first, first + steps, tr, nullptr);
 }
 
 struct GpuRun {
@@ -131,7 +132,10 @@ TEST(GpuTrain, EveryStageAndAccumulationMatchesCpu) {
       const Trajectory dev = RunOn(*gpu, Options(stage, DType::kF32), A, 3);
       for (size_t s = 0; s < cpu.losses.size(); s++)
         EXPECT_NEAR(dev.losses[s], cpu.losses[s], 1e-4) << "stage " << stage << " A " << A << " step " << s;
-      EXPECT_LT(MaxAbsDiff(dev.params, cpu.params), 1e-4) << "stage " << stage << " A " << A;
+      // Parameters within a tenth of the learning rate: AdamW's first steps move each weight by
+      // about lr m / sqrt(v), which for a gradient near zero turns the fp32 rounding differences of
+      // two backends (cuBLAS's summation order, contraction) into a visible fraction of lr.
+      EXPECT_LT(MaxAbsDiff(dev.params, cpu.params), 0.1f * kLr) << "stage " << stage << " A " << A;
     }
 }
 
