@@ -121,7 +121,7 @@ limited() {
   return $rc
 }
 
-echo "== shardgpt gpu-check $(date -u +%FT%TZ) on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$([ $DRY -eq 1 ] && echo ', DRY RUN under the CUDA emulation: no figure here is a GPU figure')"
+echo "== shardgpt gpu-check $(date -u +%FT%TZ) on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(n=$(git status --porcelain --untracked-files=no 2>/dev/null | wc -l); [ "$n" -eq 0 ] || echo " with $n tracked files changed")$([ $DRY -eq 1 ] && echo ', DRY RUN under the CUDA emulation: no figure here is a GPU figure')"
 # -- 0. the machine, before anything is spent on it
 echo "== machine"
 have() { command -v "$1" >/dev/null 2>&1; }
