@@ -125,7 +125,7 @@ Status KeepLogRowsUpTo(const std::string& path, int64_t last_step) {
     else dropped++;
   }
   out.close();
-  if (!has_last && kept + dropped > 0) {  // rows of another run: never mixed into this one's
+  if (!has_last && last_step > 0 && kept + dropped > 0) {  // rows of another run: never mixed into this one's
     std::remove(tmp.c_str());
     return Status::InvalidArgument("--log " + path + " has no row of step " + std::to_string(last_step) +
                                    ", the step resumed from: it is not the log of the run that wrote that checkpoint "
@@ -405,7 +405,10 @@ class Trainer {
         {{"--log", o_.log_file}, {"--save-model", o_.save_model}, {"--ckpt-dir", ckpt_out}}, files, dirs));
     if (o_.log_file.empty()) return Status::OK();
     struct stat st {};
-    if (::stat(o_.log_file.c_str(), &st) == 0 && st.st_size > 0 && !ckpt_.plans_resume() && !o_.log_overwrite)
+    // --resume auto is the requeue idiom: its log is the job's own, even before its first
+    // checkpoint (OpenLog then keeps the rows up to step 0, i.e. none)
+    const bool continues = ckpt_.plans_resume() || o_.checkpoint.resume == "auto";
+    if (::stat(o_.log_file.c_str(), &st) == 0 && st.st_size > 0 && !continues && !o_.log_overwrite)
       return Status::InvalidArgument("--log " + o_.log_file + " exists (" + std::to_string(st.st_size) +
                                      " bytes) and this run does not resume: refusing to overwrite another run's log "
                                      "(give another path, resume the run that wrote it, or --log-overwrite)");
@@ -549,7 +552,7 @@ class Trainer {
   Status OpenLog() {
     Status st;
     if (lead_ && !o_.log_file.empty()) {
-      const bool append = ckpt_.resuming() && !o_.log_overwrite;
+      const bool append = (ckpt_.resuming() || o_.checkpoint.resume == "auto") && !o_.log_overwrite;
       if (append) st = KeepLogRowsUpTo(o_.log_file, state_.step);
       if (st.ok()) st = log_.Open(o_.log_file, append);
     }

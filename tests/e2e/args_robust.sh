@@ -74,6 +74,10 @@ check "fresh run onto an existing log" "--log $T/old.jsonl exists" 2 -- train $D
 [ ! -e "$T/old.jsonl.lock" ] || { echo "FAIL: the log's lock is left after the run"; fails=$((fails+1)); }
 echo '{"step": 7}' > "$T/other.jsonl"
 check "resume onto another run's log" "has no row of step 2" 2 -- train $D --steps 4 --ckpt-dir "$T/ck" --resume latest --log "$T/other.jsonl"
+# --resume auto (the requeue idiom) before any checkpoint: the log is the job's own, started again
+echo '{"step": 1}' > "$T/req.jsonl"
+"$BIN" train $D --ckpt-dir "$T/ck_req" --resume auto --log "$T/req.jsonl" --quiet >/dev/null \
+  && [ "$(wc -l < "$T/req.jsonl")" -eq 2 ] || { echo "FAIL: --resume auto with no checkpoint did not start its log again"; fails=$((fails+1)); }
 sleep 600 & holder=$!
 echo "$(hostname) $holder -" > "$T/held.jsonl.lock"
 check "log held by a running job"    "--log $T/held.jsonl is in use by another job" 2 -- train $D --log "$T/held.jsonl"
