@@ -97,9 +97,9 @@ Status RunExport(const std::string& path, const ExportOptions& o) {
         {"--hf", o.out_hf.empty() ? "" : o.out_hf + "/config.json"},
         {"--hf", o.out_hf.empty() ? "" : o.out_hf + "/model.safetensors"}};
     if (model_file) {
-      const bool dir = std::filesystem::is_directory(path, ec);
-      SHARDGPT_RETURN_IF_ERROR(CheckOutputsAgainstInputs(outputs, dir ? std::vector<NamedPath>{} : std::vector<NamedPath>{{"model", path}},
-                                                         dir ? std::vector<NamedPath>{{"model", path}} : std::vector<NamedPath>{}));
+      std::vector<NamedPath> files, dirs;
+      AddModelInput("model", path, &files, &dirs);
+      SHARDGPT_RETURN_IF_ERROR(CheckOutputsAgainstInputs(outputs, files, dirs));
     } else {
       auto dir = ResolveCheckpoint(path, "");
       if (!dir.ok()) return dir.status();

@@ -1,12 +1,16 @@
 #include "app/cli.h"
 
 #include <CLI/CLI.hpp>
+#include <mpi.h>
 #include <cstdio>
+#include <new>
+#include <stdexcept>
 
 #include "app/cli_numbers.h"
 #include "app/command_flags.h"
 #include "app/launcher.h"
 #include "app/train_flags.h"
+#include "model/device.h"
 
 namespace shardgpt {
 
@@ -49,16 +53,34 @@ int Main(int argc, char** argv) {
   int rc = 0;
   Status st;
   if (!*train.command) RestoreDefaultStopSignalHandlers();
-  if (*train.command) st = train.Run(launcher, &rc);
-  else if (*prepare.command) st = prepare.Run(launcher);
-  else if (*ckpt.command) st = ckpt.Run(launcher);
-  else if (*exporter.command) st = exporter.Run(launcher);
-  else if (*sample.command) st = sample.Run(launcher);
-  else if (*eval.command) st = eval.Run(launcher);
-  else if (*plan.command) st = plan.Run(launcher);
+  // Out of memory that a command does not turn into its own line (train and eval do, naming
+  // the flags to change) is one line here, never an abort trace; on several ranks the others
+  // may wait in a collective, so they are ended.
+  try {
+    if (*train.command) st = train.Run(launcher, &rc);
+    else if (*prepare.command) st = prepare.Run(launcher);
+    else if (*ckpt.command) st = ckpt.Run(launcher);
+    else if (*exporter.command) st = exporter.Run(launcher);
+    else if (*sample.command) st = sample.Run(launcher);
+    else if (*eval.command) st = eval.Run(launcher);
+    else if (*plan.command) st = plan.Run(launcher);
+  } catch (const std::exception& e) {  // DeviceOutOfMemory, std::bad_alloc
+    const bool oom = dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
+                     dynamic_cast<const DeviceOutOfMemory*>(&e) != nullptr;
+    if (!oom) throw;
+    std::string what = e.what();
+    if (what.rfind("out of host memory", 0) != 0) what = "out of host memory (" + what + ")";
+    std::fprintf(stderr, "shardgpt: error: rank %d: %s: %s; the model or its inputs do not fit in this process's "
+                 "memory (a smaller model, --micro-batch, --seq-len, or more memory)\n",
+                 launcher.rank(), app.get_subcommands().empty() ? "" : app.get_subcommands()[0]->get_name().c_str(),
+                 what.substr(0, what.find(';')).c_str());
+    std::fflush(stderr);
+    if (launcher.world_size() > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
   if (!st.ok()) {
     if (!st.message().empty()) std::fprintf(stderr, "shardgpt: error: %s\n", st.message().c_str());
-    rc = 1;
+    if (rc == 0) rc = 1;  // a command may have set its own (75: requeue after failed checkpoints)
   }
   std::fflush(stdout);
   return rc;

@@ -75,11 +75,12 @@ void PlanFlags::Register(CLI::App& app) {
   command = app.add_subcommand("plan", "print per-rank memory and per-step traffic for a configuration, without training");
   model.Add(command);
   engine.Add(command);
-  command->add_option("--ranks", p.ranks, "data-parallel ranks")->capture_default_str();
-  command->add_option("-b,--micro-batch", p.micro_batch, "sequences per rank per micro-batch")->capture_default_str();
-  command->add_option("-t,--seq-len", p.seq_len, "tokens per sequence")->capture_default_str();
-  command->add_option("--grad-accum", p.grad_accum, "micro-batches per step")->capture_default_str();
-  command->add_option("--mem-gib", p.mem_gib, "memory per rank in GiB: mark which stages fit");
+  command->add_option("--ranks", p.ranks, "data-parallel ranks")->check(Finite(0, false))->capture_default_str();
+  command->add_option("-b,--micro-batch", p.micro_batch, "sequences per rank per micro-batch")
+      ->check(Finite(0, false, 1000000))->capture_default_str();
+  command->add_option("-t,--seq-len", p.seq_len, "tokens per sequence")->check(Finite(0, false))->capture_default_str();
+  command->add_option("--grad-accum", p.grad_accum, "micro-batches per step")->check(Finite(0, false))->capture_default_str();
+  command->add_option("--mem-gib", p.mem_gib, "memory per rank in GiB: mark which stages fit")->check(Finite(0, false));
   command->add_option("--act-dtype", act_dtype,
                       "dtype of the activations counted: auto (bf16 with --dtype bf16, as on a GPU), fp32 or bf16")
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}));

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "app/auto_micro_batch.h"
 #include "io/bpe_tokenizer.h"
 #include "ckpt/checkpoint.h"
 #include "io/llmc_model.h"
@@ -156,6 +157,12 @@ void PrintWhatFits(const PlanOptions& o, const ParamLayout& layout, const ShardP
   }
   std::printf("(peak: per rank, parallel/memory_model.h; traffic: bytes sent per rank per step, ring model; "
               "recompute cost: the re-computed forward FLOPs as a share of the step's 3x forward, model/gpt.h)\n");
+  std::printf("(train --micro-batch auto --memory takes the same micro-batch, or fewer where a bound below wins, and "
+              "says which: at most the data's windows per rank, and on the CPU at most %d tokens per micro-batch "
+              "(the throughput cap); without --memory the budget is the tightest of the device's free memory, "
+              "MemAvailable, the cgroup limit and ulimit -v, less %.0f%% headroom and %.0f MiB of overheads, "
+              "app/auto_micro_batch.h)\n",
+              kCpuAutoTokens, 100 * kAutoHeadroomFrac, kAutoOverheadBytes / 1048576.0);
 }
 
 }  // namespace

@@ -28,7 +28,42 @@ CLI::Validator Finite(double lo, bool lo_inclusive, double hi) {
       lo_inclusive ? ">= " + std::to_string(lo) : "> " + std::to_string(lo));
 }
 
-void ModelFlags::Add(CLI::App* app) {
+CLI::Validator IntOrAuto(long long lo, long long hi, const std::string& what) {
+  const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  return CLI::Validator(
+      [lo, hi, what, range](std::string& v) -> std::string {
+        if (v == "auto") return "";
+        std::string why = StrictNumber("INT", &v);
+        if (!why.empty()) return "expected " + what + " in " + range + " or auto, got " + v;
+        const long long n = std::stoll(v);
+        return n < lo || n > hi ? "expected " + what + " in " + range + " or auto, got " + v : "";
+      },
+      "INT|auto");
+}
+
+std::vector<ModelFlags::Given> ModelFlags::GivenShape() const {
+  std::vector<Given> out;
+  const std::pair<const char*, std::pair<int, int GPTConfig::*>> flags[] = {
+      {"--n-layer", {n_layer, &GPTConfig::n_layer}},
+      {"--n-head", {n_head, &GPTConfig::n_head}},
+      {"--n-embd", {n_embd, &GPTConfig::n_embd}},
+      {"--max-seq-len", {max_seq_len, &GPTConfig::max_seq_len}},
+      {"--vocab-size", {vocab_size, &GPTConfig::vocab_size}}};
+  if (app != nullptr && app->count("--model") > 0) {  // a preset given: each of its fields not overridden
+    auto c = PresetConfig(preset);
+    if (c.ok())
+      for (const auto& f : flags)
+        if (f.second.first == 0)
+          out.push_back({std::string("--model ") + preset + " (" + (f.first + 2) + ")", c.value().*f.second.second,
+                         f.second.second});
+  }
+  for (const auto& f : flags)
+    if (f.second.first != 0) out.push_back({f.first, f.second.first, f.second.second});
+  return out;
+}
+
+void ModelFlags::Add(CLI::App* app_in) {
+  app = app_in;
   app->add_option("--model", preset, "preset: tiny, d6, d12 (GPT-2 124M), d24, d36, d48")->capture_default_str();
   app->add_option("--n-layer", n_layer, "override the preset's number of layers")->check(Finite(0, false));
   app->add_option("--n-head", n_head, "override the preset's number of heads")->check(Finite(0, false));
@@ -78,14 +113,7 @@ void EngineFlags::Add(CLI::App* app) {
                   "HSDP (stages 1-3): shard within groups of G consecutive ranks (one node) and replicate "
                   "across the N/G groups: a number dividing the ranks, or auto (the ranks of a node); "
                   "default: all ranks (plain ZeRO)")
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            if (v == "auto") return "";
-            std::string why = StrictNumber("INT", &v);
-            if (why.empty() && std::stol(v) < 1) why = "expected a rank count >= 1 or auto, got " + v;
-            return why;
-          },
-          "G|auto"));
+      ->check(IntOrAuto(1, 1 << 20, "a rank count"));
   app->add_option("--shard-layout", shard_layout,
                   "how stages >= 1 cut a unit into N shards: flat (the unit's flat buffer in N equal ranges, "
                   "FSDP1) or per-param (every parameter along dim 0, FSDP2)")

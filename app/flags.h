@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "model/config.h"
@@ -23,11 +24,25 @@ constexpr int kAutoShardGroup = -1;
 // are refused too, which CLI11's Range/PositiveNumber let through for floating point.
 CLI::Validator Finite(double lo, bool lo_inclusive, double hi = HUGE_VAL);
 
+// An integer in [lo, hi] (plain decimal, as AddStrictNumberChecks accepts) or the word auto:
+// "expected <what> in [lo, hi] or auto, got <v>" otherwise. For --micro-batch and
+// --shard-group-size, whose option text the caller resolves after parsing.
+CLI::Validator IntOrAuto(long long lo, long long hi, const std::string& what);
+
 // Flags that describe the model: a preset, then explicit overrides.
 struct ModelFlags {
   std::string preset = "tiny";
   int n_layer = 0, n_head = 0, n_embd = 0, max_seq_len = 0, vocab_size = 0;
+  CLI::App* app = nullptr;  // set by Add
   void Add(CLI::App* app);
+  // The shape flags given on the command line (--model and the overrides), e.g. "--n-layer 3",
+  // with the value each sets in `cfg`; for refusing those that disagree with an imported model.
+  struct Given {
+    std::string flag;
+    int value;
+    int GPTConfig::*field;
+  };
+  std::vector<Given> GivenShape() const;
   // The preset with the overrides applied, validated. A --seq-len above the model's maximum
   // is the caller's error to report, never a silent raise.
   StatusOr<GPTConfig> Resolve() const;

@@ -6,12 +6,15 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
+#include <stdexcept>
 
 #include "io/bpe_tokenizer.h"
 #include "ckpt/checkpoint.h"
 #include "io/data_loader.h"
 #include "io/hf_gpt2.h"
 #include "io/llmc_model.h"
+#include "io/path_guard.h"
 #include "io/prepare.h"
 #include "model/gpt.h"
 #include "model/kernels_cpu.h"
@@ -20,6 +23,12 @@ namespace shardgpt {
 
 Status RunPrepareTokenizer(const std::string& tokenizer_json, const std::vector<std::string>& inputs,
                            const std::string& out_dir, double val_fraction, int threads) {
+  {  // the shards it writes may not replace a text or the tokenizer it reads
+    std::vector<NamedPath> in{{"--tokenizer", tokenizer_json}};
+    for (const std::string& f : inputs) in.push_back({"--input", f});
+    SHARDGPT_RETURN_IF_ERROR(CheckOutputsAgainstInputs(
+        {{"--output", out_dir + "/train.bin"}, {"--output", out_dir + "/val.bin"}}, in, {}));
+  }
   auto tok = BpeTokenizer::Load(tokenizer_json);
   if (!tok.ok()) return tok.status();
   if (tok.value()->vocab_size() > 65535)
@@ -73,6 +82,14 @@ Status RunEval(const EvalOptions& o) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   SetComputeThreads(o.threads);
+  if (!o.logits_out.empty()) {  // --logits-out may not replace the model or a data file read
+    std::vector<NamedPath> files, dirs;
+    AddModelInput("model", o.model, &files, &dirs);
+    std::vector<std::string> data;
+    if (ExpandShardPattern(o.data, &data).ok())  // no match: the loader says so below
+      for (const std::string& f : data) files.push_back({"--data", f});
+    SHARDGPT_RETURN_IF_ERROR(AgreeWorld(CheckOutputsAgainstInputs({{"--logits-out", o.logits_out}}, files, dirs)));
+  }
   auto model = LoadAnyModel(o.model);
   SHARDGPT_RETURN_IF_ERROR(AgreeWorld(model.status()));
   const GPTConfig cfg = model->config;
@@ -96,17 +113,37 @@ Status RunEval(const EvalOptions& o) {
   const uint64_t windows = o.batches > 0 ? std::min<uint64_t>(S, static_cast<uint64_t>(o.batches) * B) : S;
   const uint64_t nbatches = (windows + B - 1) / B;
 
+  // The model copy and the activations of one micro-batch (the logits alone are B x T x vocab
+  // floats): out of memory on any rank is one agreed line naming what to lower.
   ParamLayout layout(cfg);
-  LocalParams local(layout);
-  std::copy(model->params.begin(), model->params.end(), local.params());
-  std::vector<float>().swap(model->params);  // the copy in `local` is the one used
-  GPT gpt(cfg, o.micro_batch, T);
-  std::vector<int32_t> inputs(B * T), targets(B * T);
+  std::unique_ptr<LocalParams> local;
+  std::unique_ptr<GPT> gpt_owner;
+  std::vector<int32_t> inputs, targets;
+  try {
+    local = std::make_unique<LocalParams>(layout);
+    std::copy(model->params.begin(), model->params.end(), local->params());
+    std::vector<float>().swap(model->params);  // the copy in `local` is the one used
+    gpt_owner = std::make_unique<GPT>(cfg, o.micro_batch, T);
+    inputs.resize(B * T), targets.resize(B * T);
+  } catch (const std::exception& e) {  // DeviceOutOfMemory, std::bad_alloc
+    std::string what = e.what();
+    what = what.substr(0, what.find(';'));
+    if (what.rfind("out of host memory", 0) != 0) what = "out of host memory (" + what + ")";
+    char buf[512];
+    std::snprintf(buf, sizeof(buf),
+                  "eval: %s for --micro-batch %d x --seq-len %d (the logits alone are %.3f GiB: B x T x vocab %d x 4 "
+                  "bytes); give a smaller --micro-batch or --seq-len",
+                  what.c_str(), o.micro_batch, T, static_cast<double>(B) * T * cfg.vocab_size * 4 / 1073741824.0,
+                  cfg.vocab_size);
+    st = Status::Internal(buf);
+  }
+  SHARDGPT_RETURN_IF_ERROR(AgreeWorld(st));
+  GPT& gpt = *gpt_owner;
   double sums[2] = {0, 0};  // sum of per-token losses, tokens
   for (uint64_t b = static_cast<uint64_t>(rank); b < nbatches; b += static_cast<uint64_t>(world)) {
     const uint64_t first = b * B, n = std::min(B, windows - first);
     for (uint64_t i = 0; i < n; i++) loader->SampleTokens(first + i, &inputs[i * T], &targets[i * T]);
-    const float mean = gpt.Forward(local, inputs.data(), targets.data(), static_cast<int>(n), T, 0.0f);
+    const float mean = gpt.Forward(*local, inputs.data(), targets.data(), static_cast<int>(n), T, 0.0f);
     sums[0] += static_cast<double>(mean) * static_cast<double>(n * T);
     sums[1] += static_cast<double>(n * T);
     if (b == 0 && !o.logits_out.empty()) {

@@ -1,6 +1,7 @@
 #include "app/train.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -21,12 +22,15 @@
 #include <thread>
 #include <vector>
 
+#include "app/auto_micro_batch.h"
 #include "app/report.h"
 #include "base/clock.h"
 #include "ckpt/checkpoint_manager.h"
+#include "ckpt/ckpt_dir_lock.h"
 #include "io/data_loader.h"
 #include "io/llmc_model.h"
 #include "io/path_guard.h"
+#include "io/token_shard.h"
 #include "io/tokenizer.h"
 #include "model/compute_precision.h"
 #include "model/gpt.h"
@@ -112,14 +116,21 @@ Status KeepLogRowsUpTo(const std::string& path, int64_t last_step) {
   std::ofstream out(tmp, std::ios::trunc);
   if (!out) return Status::IOError(tmp + ": cannot write next to the --log file: " + std::strerror(errno));
   int64_t kept = 0, dropped = 0;
+  bool has_last = false;  // the row of the checkpoint's step: this log is the resumed run's
   for (std::string line; std::getline(in, line);) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     const bool keep = j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
                       j["step"].get<int64_t>() <= last_step;
-    if (keep) out << line << "\n", kept++;
+    if (keep) out << line << "\n", kept++, has_last = has_last || j["step"].get<int64_t>() == last_step;
     else dropped++;
   }
   out.close();
+  if (!has_last && last_step > 0 && kept + dropped > 0) {  // rows of another run: never mixed into this one's
+    std::remove(tmp.c_str());
+    return Status::InvalidArgument("--log " + path + " has no row of step " + std::to_string(last_step) +
+                                   ", the step resumed from: it is not the log of the run that wrote that checkpoint "
+                                   "(give another --log path, or --log-overwrite to replace it)");
+  }
   if (!out || std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     std::remove(tmp.c_str());  // a full disk: no half-written copy left beside the log
@@ -130,37 +141,6 @@ Status KeepLogRowsUpTo(const std::string& path, int64_t last_step) {
   return Status::OK();
 }
 
-// Bytes this process may still allocate on the CPU: MemAvailable of /proc/meminfo, bounded by
-// the cgroup's limit less its usage where one is set (v2 memory.max, v1 memory.limit_in_bytes);
-// 0 when none can be read. *where says which bound it is.
-double CpuAvailableBytes(std::string* where) {
-  double best = 0;
-  std::ifstream mi("/proc/meminfo");
-  for (std::string key; mi >> key;) {
-    double kib = 0;
-    mi >> kib;
-    if (key == "MemAvailable:") best = kib * 1024, *where = "MemAvailable in /proc/meminfo";
-    mi.ignore(256, '\n');
-  }
-  auto read = [](const char* path, double* v) {
-    std::ifstream f(path);
-    std::string t;
-    if (!(f >> t) || t == "max") return false;
-    char* end = nullptr;
-    *v = std::strtod(t.c_str(), &end);
-    return end != t.c_str() && *end == '\0';
-  };
-  const char* pairs[][2] = {{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
-                            {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
-  for (const auto& pc : pairs) {
-    double limit = 0, used = 0;
-    if (!read(pc[0], &limit) || limit >= 1e18) continue;  // v1 writes "no limit" as ~2^63
-    if (!read(pc[1], &used)) used = 0;
-    const double left = std::max(0.0, limit - used);
-    if (best <= 0 || left < best) best = left, *where = std::string("the cgroup limit ") + pc[0] + " less its usage";
-  }
-  return best;
-}
 // The JSONL --log file (rank 0): one write(2) per row, every result checked. A row that cannot
 // be written in full (a full disk) is cut off again, so the file keeps whole rows only, and the
 // error, with the path and strerror, stops the run on every rank before that step's checkpoint.
@@ -258,7 +238,13 @@ Status ResolveModel(TrainOptions& o, Communicator& comm, std::unique_ptr<LlmcMod
     auto m = LlmcModelReader::Open(o.init_file);
     SHARDGPT_RETURN_IF_ERROR(Agree(comm, m.status()));
     *init = std::move(m.value());
-    o.model = (*init)->config();
+    const GPTConfig& imported = (*init)->config();
+    for (const ShapeFlag& f : o.shape_flags)  // every rank read the same header: the same answer
+      if (imported.*f.field != f.value)
+        return Status::InvalidArgument(f.flag + " " + std::to_string(f.value) + " disagrees with --init " + o.init_file +
+                                       ", whose model has " + std::to_string(imported.*f.field) +
+                                       " (the imported model sets the shape: drop the flag or give the same value)");
+    o.model = imported;
   }
   return o.model.Validate();
 }
@@ -363,6 +349,7 @@ class Trainer {
     std::unique_ptr<LlmcModelReader> init;
     SHARDGPT_RETURN_IF_ERROR(ResolveModel(o_, comm_, &init));
     SHARDGPT_RETURN_IF_ERROR(ckpt_.PlanResume(o_.model));
+    SHARDGPT_RETURN_IF_ERROR(Agree(comm_, lead_ ? GuardPaths() : Status::OK()));
     // bf16 runs round matmul inputs to bf16 where the device has fast bf16 matmuls (tensor cores,
     // AVX512-BF16/AMX), or where --compute-dtype asks for it; the activations follow (before
     // --micro-batch auto: the plan counts them in their dtype)
@@ -394,53 +381,116 @@ class Trainer {
     return Status::OK();
   }
 
+  // Rank 0, before any work: no output may be an input (the data, the validation data, --init
+  // and the files of a Hugging Face directory, the checkpoint resumed from); the validation
+  // shards may not be training shards; an existing --log file is replaced only by
+  // --log-overwrite, appended to only by a resume (OpenLog); CheckOutputs takes its lock.
+  Status GuardPaths() {
+    std::vector<NamedPath> files, dirs, train_files, val_files;
+    AddModelInput("--init", o_.init_file, &files, &dirs);
+    std::vector<std::string> names;
+    if (ExpandShardPattern(o_.data, &names).ok())  // no match: OpenData says so
+      for (const std::string& f : names) train_files.push_back({"--data", f});
+    names.clear();
+    if (!o_.val_data.empty() && ExpandShardPattern(o_.val_data, &names).ok())
+      for (const std::string& f : names) val_files.push_back({"--val-data", f});
+    SHARDGPT_RETURN_IF_ERROR(CheckDisjointInputs(
+        train_files, val_files,
+        "the validation loss would be measured on training data; give validation shards the --data pattern does not match"));
+    files.insert(files.end(), train_files.begin(), train_files.end());
+    files.insert(files.end(), val_files.begin(), val_files.end());
+    dirs.push_back({"--resume", ckpt_.resume_path()});
+    const std::string ckpt_out = o_.checkpoint.dir.empty() ? "" : o_.checkpoint.dir + "/latest";
+    SHARDGPT_RETURN_IF_ERROR(CheckOutputsAgainstInputs(
+        {{"--log", o_.log_file}, {"--save-model", o_.save_model}, {"--ckpt-dir", ckpt_out}}, files, dirs));
+    if (o_.log_file.empty()) return Status::OK();
+    struct stat st {};
+    // --resume auto is the requeue idiom: its log is the job's own, even before its first
+    // checkpoint (OpenLog then keeps the rows up to step 0, i.e. none)
+    const bool continues = ckpt_.plans_resume() || o_.checkpoint.resume == "auto";
+    if (::stat(o_.log_file.c_str(), &st) == 0 && st.st_size > 0 && !continues && !o_.log_overwrite)
+      return Status::InvalidArgument("--log " + o_.log_file + " exists (" + std::to_string(st.st_size) +
+                                     " bytes) and this run does not resume: refusing to overwrite another run's log "
+                                     "(give another path, resume the run that wrote it, or --log-overwrite)");
+    return Status::OK();
+  }
+
   // --micro-batch auto: the largest B whose predicted peak (parallel/memory_model.h, what `plan
-  // --memory` prints) fits in --memory or the device's free memory, the smallest over ranks.
-  // With --batch-tokens the accumulation is not known yet: the peak of A >= 2 (the larger) is used.
-  // Collective (every rank computes, then all agree on the minimum).
+  // --memory` prints) fits in --memory or in what the device has free (on the CPU the tightest
+  // of MemAvailable, the cgroup limit and ulimit -v, shared by the node's ranks, less headroom),
+  // at most the data's windows per rank and, on the CPU, the throughput cap
+  // (app/auto_micro_batch.h); the smallest over ranks. With --batch-tokens the accumulation is
+  // not known yet: the peak of A >= 2 (the larger) is used. Collective.
   Status ResolveAutoMicroBatch() {
     if (o_.seq_len < 1 || o_.seq_len > o_.model.max_seq_len) return Status::OK();  // ValidateLoopOptions says why
-    std::string where = "--memory";
-    double budget = o_.memory_bytes;
-    if (budget <= 0 && device_.is_cuda()) budget = static_cast<double>(device_.free_bytes()), where = "the GPU's free memory";
-    if (budget <= 0 && !device_.is_cuda()) {
-      budget = CpuAvailableBytes(&where) / std::max(1, o_.ranks_per_node);
-      if (o_.ranks_per_node > 1) where += " / " + std::to_string(o_.ranks_per_node) + " ranks on the node";
+    AutoBatchLimits limits;
+    if (o_.memory_bytes > 0) {
+      limits.memory.push_back({o_.memory_bytes, "--memory"});
+      limits.measured = false;
+    } else if (device_.is_cuda()) {
+      limits.memory.push_back({static_cast<double>(device_.free_bytes()), "the GPU's free memory"});
+    } else {
+      for (MemoryBound m : CpuMemoryBounds()) {
+        m.bytes /= std::max(1, o_.ranks_per_node);
+        if (o_.ranks_per_node > 1) m.source += " / " + std::to_string(o_.ranks_per_node) + " ranks on the node";
+        limits.memory.push_back(m);
+      }
+    }
+    if (!device_.is_cuda()) {
+      limits.cap = std::max(1, kCpuAutoTokens / o_.seq_len);
+      limits.cap_reason = std::to_string(kCpuAutoTokens) + " tokens per micro-batch on the CPU (B x T; past it tokens/s "
+                          "stops rising)";
+    }
+    {  // the data's windows per rank, from the shard headers (OpenData reads the shards later)
+      std::vector<std::string> files;
+      uint64_t windows = 0;
+      bool known = ExpandShardPattern(o_.data, &files).ok();
+      for (const std::string& f : files) {
+        auto info = ReadTokenShardInfo(f);
+        if (!info.ok()) { known = false; break; }
+        windows += info->num_tokens == 0 ? 0 : (info->num_tokens - 1) / static_cast<uint64_t>(o_.seq_len);
+      }
+      if (known) limits.max_by_data = std::max<uint64_t>(1, windows / static_cast<uint64_t>(comm_.world_size()));
     }
     Status st;
+    const double budget = limits.memory.empty() ? 0 : std::min_element(limits.memory.begin(), limits.memory.end(),
+                              [](const MemoryBound& x, const MemoryBound& y) { return x.bytes < y.bytes; })->bytes;
     if (budget <= 0) st = Status::InvalidArgument("--micro-batch auto: cannot tell this device's free memory; give --memory SIZE");
     const ParamLayout layout(o_.model);
     auto G = o_.engine.ShardGroupSize(comm_.world_size());
     if (st.ok() && !G.ok()) st = G.status();
-    int B = 0;
+    AutoBatchChoice choice;
     const int accum = o_.batch_tokens > 0 ? 2 : std::max(1, o_.grad_accum);
     if (st.ok()) {
       const ShardPlan plan(layout, G.value(), o_.engine.shard_layout);
-      B = LargestFittingMicroBatch(layout, plan, o_.engine, o_.seq_len, accum, o_.recompute, budget);
-      if (B == 0) {
+      choice = ChooseAutoMicroBatch(limits, [&](int b) {
+        return PredictPeakMemory(layout, plan, o_.engine, b, o_.seq_len, accum, o_.recompute).peak();
+      });
+      if (choice.micro_batch == 0) {
         const double need = PredictPeakMemory(layout, plan, o_.engine, 1, o_.seq_len, accum, o_.recompute).peak();
-        char buf[400];
+        char buf[600];
         std::snprintf(buf, sizeof(buf),
                       "--micro-batch auto: not even one sequence of %d tokens fits in %.3f GiB (%s) on rank %d: B=1 "
                       "needs a peak of %.3f GiB at zero stage %d with --recompute %s (try --recompute block, a higher "
                       "--zero-stage or a shorter --seq-len)",
-                      o_.seq_len, budget / 1073741824.0, where.c_str(), comm_.rank(), need / 1073741824.0,
-                      o_.engine.zero_stage, RecomputeName(o_.recompute));
+                      o_.seq_len, std::max(0.0, choice.usable_bytes) / 1073741824.0, choice.line.c_str(), comm_.rank(),
+                      need / 1073741824.0, o_.engine.zero_stage, RecomputeName(o_.recompute));
         st = Status::InvalidArgument(buf);
       }
     }
     SHARDGPT_RETURN_IF_ERROR(Agree(comm_, st));
-    const std::vector<uint64_t> all = GatherPerRank(comm_, static_cast<uint64_t>(B));
+    const std::vector<uint64_t> all = GatherPerRank(comm_, static_cast<uint64_t>(choice.micro_batch));
     o_.micro_batch = static_cast<int>(*std::min_element(all.begin(), all.end()));
     if (lead_) {
       const ShardPlan plan(layout, G.value(), o_.engine.shard_layout);
       const double peak = PredictPeakMemory(layout, plan, o_.engine, o_.micro_batch, o_.seq_len, accum, o_.recompute).peak();
-      std::printf("--micro-batch auto: B=%d (predicted peak %.3f GiB of %.3f GiB per rank from %s; B=%d would need "
-                  "%.3f GiB), zero stage %d, --recompute %s\n",
-                  o_.micro_batch, peak / 1073741824.0, budget / 1073741824.0, where.c_str(), o_.micro_batch + 1,
+      std::printf("--micro-batch auto: B=%d (predicted peak %.3f GiB of %.3f GiB usable per rank; B=%d would need "
+                  "%.3f GiB), zero stage %d, --recompute %s; %s%s\n",
+                  o_.micro_batch, peak / 1073741824.0, choice.usable_bytes / 1073741824.0, o_.micro_batch + 1,
                   PredictPeakMemory(layout, plan, o_.engine, o_.micro_batch + 1, o_.seq_len, accum, o_.recompute).peak() /
                       1073741824.0,
-                  o_.engine.zero_stage, RecomputeName(o_.recompute));
+                  o_.engine.zero_stage, RecomputeName(o_.recompute), choice.line.c_str(),
+                  o_.micro_batch < choice.micro_batch ? " (another rank's bound is smaller)" : "");
       std::fflush(stdout);
     }
     return Status::OK();
@@ -476,24 +526,25 @@ class Trainer {
 
   // Outputs that could fail only after training are checked now (the log is opened by Resume).
   Status CheckOutputs() {
-    {  // no output may be an input: the data, --init, or inside the checkpoint resumed from
-      std::vector<NamedPath> inputs{{"--init", o_.init_file}};
-      for (const std::string& f : train_->files()) inputs.push_back({"--data", f});
-      if (val_)
-        for (const std::string& f : val_->files()) inputs.push_back({"--val-data", f});
-      SHARDGPT_RETURN_IF_ERROR(Agree(comm_, CheckOutputsAgainstInputs({{"--log", o_.log_file}, {"--save-model", o_.save_model}},
-                                                                       inputs, {{"--resume", ckpt_.resume_path()}})));
-    }
     if (!o_.save_model.empty()) {
       const std::string& f = o_.save_model;
       const std::string dir = f.find('/') == std::string::npos ? "." : f.substr(0, f.rfind('/') + 1);
       if (access(dir.c_str(), W_OK) != 0)
         return Status::InvalidArgument("--save-model " + f + ": directory " + dir + " is not writable or does not exist");
     }
-    return ckpt_.Open(device_);
+    SHARDGPT_RETURN_IF_ERROR(ckpt_.Open(device_));  // creates --ckpt-dir, where the log may live
+    Status st;
+    if (lead_ && !o_.log_file.empty()) {  // one job per log, until this run ends
+      auto lock = PidLockFile::Acquire(o_.log_file + ".lock", "--log " + o_.log_file,
+                                       "give another --log path, or delete the lock if that job is gone");
+      if (lock.ok()) log_lock_ = std::move(lock.value());
+      else st = lock.status();
+    }
+    return Agree(comm_, st);
   }
 
-  // The JSONL log (rank 0). A fresh run truncates it. A resumed run keeps the rows of steps up
+  // The JSONL log (rank 0). A fresh run (GuardPaths refused an existing log without
+  // --log-overwrite) or --log-overwrite truncates it. A resumed run keeps the rows of steps up
   // to the checkpoint's step and appends after them: rows written after that checkpoint (by a
   // run killed or stopped later) are dropped because this run writes those steps again, so a
   // log that survives any number of requeues has every step exactly once. A row is written
@@ -501,8 +552,9 @@ class Trainer {
   Status OpenLog() {
     Status st;
     if (lead_ && !o_.log_file.empty()) {
-      if (ckpt_.resuming()) st = KeepLogRowsUpTo(o_.log_file, state_.step);
-      if (st.ok()) st = log_.Open(o_.log_file, /*append=*/ckpt_.resuming());
+      const bool append = (ckpt_.resuming() || o_.checkpoint.resume == "auto") && !o_.log_overwrite;
+      if (append) st = KeepLogRowsUpTo(o_.log_file, state_.step);
+      if (st.ok()) st = log_.Open(o_.log_file, append);
     }
     return Agree(comm_, st);
   }
@@ -599,8 +651,13 @@ class Trainer {
       if (!o_.log_file.empty()) SHARDGPT_RETURN_IF_ERROR(Agree(comm_, logged));
       if (eval_now && !evaluated) return StopOnSignal(step + 1, " (during validation)", exit_code);
       // after the row: a checkpoint at step s always has the log rows 1..s behind it
-      if (ckpt_.DuePeriodic(state_.step, o_.steps))
-        SHARDGPT_RETURN_IF_ERROR(Save(/*background=*/true));
+      if (ckpt_.DuePeriodic(state_.step, o_.steps)) {
+        const size_t failed_before = ckpt_failures_;
+        const Status saved = Save(/*background=*/true, /*periodic=*/true);
+        if (!saved.ok() && ckpt_.fail_limit_reached()) *exit_code = kExitSignalled;  // a requeue may find room
+        SHARDGPT_RETURN_IF_ERROR(saved);
+        if (ckpt_failures_ > failed_before) HoldWhileTestFileExists();
+      }
     }
     return Status::OK();
   }
@@ -747,11 +804,27 @@ class Trainer {
   // A checkpoint of the current state (no-op without --ckpt-dir). background: a periodic one,
   // which --async-ckpt writes while training continues; the others (stop, end) are complete
   // when this returns. Collective.
-  Status Save(bool background = false) {
+  Status Save(bool background = false, bool periodic = false) {
     if (!ckpt_.enabled()) return Status::OK();
     state_ = RunRecord();
     state_.loader_position = train_->state().position;
-    return ckpt_.Save(state_, *engine_, *layout_, background);
+    const Status st = ckpt_.Save(state_, *engine_, *layout_, background, periodic);
+    const CheckpointManager::Cost peek = ckpt_.TakeCost();  // failures counted here, reported by Log
+    pending_cost_.saved = pending_cost_.saved || peek.saved;
+    pending_cost_.stall_ms += peek.stall_ms;
+    if (peek.write_ms >= 0) pending_cost_.write_ms = peek.write_ms;
+    for (const auto& f : peek.failures) pending_cost_.failures.push_back(f), ckpt_failures_++;
+    return st;
+  }
+
+  // Test hook (SHARDGPT_TEST_HOLD_WHILE_EXISTS=FILE): after a periodic save that failed, every
+  // rank waits while FILE exists (rank 0 looks), so that a test can free the disk at a known
+  // point, whatever the machine's speed. Collective.
+  void HoldWhileTestFileExists() {
+    const char* f = std::getenv("SHARDGPT_TEST_HOLD_WHILE_EXISTS");
+    if (f == nullptr || *f == '\0') return;
+    if (lead_) std::printf("test hook: holding after a failed checkpoint while %s exists\n", f), std::fflush(stdout);
+    while (!comm_.AllTrue(!lead_ || access(f, F_OK) != 0)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 
   // The step line on stdout and the JSONL record (rank 0; the per-rank figures are collective).
@@ -813,9 +886,16 @@ class Trainer {
     if (eval_now) j["val_loss"] = last_val_;
     if (!resume_record_.is_null()) j["resume"] = std::move(resume_record_), resume_record_ = nullptr;  // first row only
     // what checkpointing cost since the previous row (the save of a step comes after its row)
-    const CheckpointManager::Cost cost = ckpt_.TakeCost();
+    CheckpointManager::Cost cost = ckpt_.TakeCost();
+    cost.saved = cost.saved || pending_cost_.saved;
+    cost.stall_ms += pending_cost_.stall_ms;
+    if (cost.write_ms < 0) cost.write_ms = pending_cost_.write_ms;
+    cost.failures.insert(cost.failures.begin(), pending_cost_.failures.begin(), pending_cost_.failures.end());
+    pending_cost_ = CheckpointManager::Cost();
     if (cost.saved) j["ckpt_stall_ms"] = cost.stall_ms;
     if (cost.write_ms >= 0) j["ckpt_write_ms"] = cost.write_ms;
+    for (const auto& f : cost.failures)  // each save that failed since the previous row
+      j["ckpt_failed"].push_back({{"step", f.first}, {"error", f.second}});
     return log_.Append(j.dump(), step + 1);
   }
 
@@ -871,7 +951,10 @@ class Trainer {
   // kept on the device through the step and read back once (TrainStep).
   DeviceBuffer step_scalars_;
   std::unique_ptr<DataLoader> train_, val_;
+  std::unique_ptr<PidLockFile> log_lock_;  // rank 0: LOG.lock, held from CheckOutputs to the end
   JsonlLog log_;
+  CheckpointManager::Cost pending_cost_;  // what the saves since the last row cost, for its JSONL
+  size_t ckpt_failures_ = 0;  // periodic saves that failed, all told
   CheckpointManager ckpt_;  // declared after the engine: destroyed first (waits for a background save)
   TrainState state_;
   std::vector<int32_t> x_, y_;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "ckpt/checkpoint_manager.h"
@@ -15,10 +16,19 @@
 
 namespace shardgpt {
 
+// A model-shape flag as the command line gave it ("--n-layer" 3, or a field of a --model
+// preset): with --init, the imported model must agree with each.
+struct ShapeFlag {
+  std::string flag;
+  int value;
+  int GPTConfig::*field;
+};
+
 struct TrainOptions {
   // model
   GPTConfig model;
   std::string init_file;  // llm.c .bin to start from (its config replaces `model`)
+  std::vector<ShapeFlag> shape_flags;  // the shape flags given: refused when they disagree with --init's model
   // data
   std::string data = "data/train.bin";
   std::string val_data;
@@ -37,6 +47,7 @@ struct TrainOptions {
   int eval_every = 0;
   int val_batches = 8;
   std::string log_file;
+  bool log_overwrite = false;  // --log-overwrite: a fresh run may replace an existing --log file
   std::string save_model;
   int sample_tokens = 0;
   std::string sample_prompt = "\n";

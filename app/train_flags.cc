@@ -39,15 +39,7 @@ void TrainFlags::Register(CLI::App& app) {
   command->add_option("-b,--micro-batch", micro_batch,
                     "sequences per rank per micro-batch, or auto: the largest whose predicted peak fits in --memory "
                     "(default: the device's free memory)")
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            if (v == "auto") return "";
-            std::string why = StrictNumber("INT", &v);
-            if (why.empty() && (std::stoll(v) < 1 || std::stoll(v) > 1000000))
-              why = "expected a micro-batch in [1, 1000000] or auto, got " + v;
-            return why;
-          },
-          "B|auto"))
+      ->check(IntOrAuto(1, 1000000, "a micro-batch"))
       ->capture_default_str();
   command->add_option("-t,--seq-len", options.seq_len, "tokens per sequence")->capture_default_str();
   command->add_option("--grad-accum", options.grad_accum, "micro-batches per step")->capture_default_str();
@@ -59,10 +51,13 @@ void TrainFlags::Register(CLI::App& app) {
   command->add_option("--warmup-steps", options.schedule.warmup_steps, "linear warmup steps")->check(Finite(0, true))->capture_default_str();
   command->add_option("--lr-schedule", schedule, "cosine, linear, constant or wsd")
       ->check(CLI::IsMember({"cosine", "linear", "constant", "wsd"}))->capture_default_str();
-  command->add_option("--wsd-decay-frac", options.schedule.decay_frac, "wsd: fraction of steps spent decaying")->capture_default_str();
-  command->add_option("--weight-decay", options.engine.adamw.weight_decay, "AdamW weight decay (2-D weights, embeddings)")->capture_default_str();
+  command->add_option("--wsd-decay-frac", options.schedule.decay_frac, "wsd: fraction of steps spent decaying")
+      ->check(Finite(0, false, 1))->capture_default_str();
+  command->add_option("--weight-decay", options.engine.adamw.weight_decay, "AdamW weight decay (2-D weights, embeddings)")
+      ->check(Finite(0, true))->capture_default_str();
   command->add_option("--grad-clip", options.grad_clip, "global gradient-norm clip (0 disables)")->check(Finite(0, true))->capture_default_str();
-  command->add_option("--eval-every", options.eval_every, "validation every N steps (0: only at the end)")->capture_default_str();
+  command->add_option("--eval-every", options.eval_every, "validation every N steps (0: only at the end)")
+      ->check(Finite(0, true))->capture_default_str();
   command->add_option("--val-batches", options.val_batches, "micro-batches per validation")->check(Finite(0, false))->capture_default_str();
   command->add_option("--seed", options.seed, "seed of initialisation and data order")->capture_default_str();
   command->add_flag("--no-shuffle", no_shuffle, "visit the training windows in file order");
@@ -89,6 +84,10 @@ void TrainFlags::Register(CLI::App& app) {
                                          "(latest if there is one, else start fresh: for requeued jobs) or a checkpoint directory");
   command->add_option("--stop-at-step", options.stop_at_step, "checkpoint and stop once this many steps are done, as if preempted (the schedule still follows --steps)")
       ->check(Finite(0, true));
+  command->add_option("--ckpt-fail-limit", options.checkpoint.fail_limit,
+                      "periodic checkpoints that may fail in a row (a full disk, a quota, an I/O error) before the "
+                      "run ends with status 75 (each failure is a warning; training goes on)")
+      ->check(Finite(0, false))->capture_default_str();
   command->add_flag("--async-ckpt", options.checkpoint.async,
                   "write the --ckpt-every checkpoints in the background while training continues (the final and "
                   "stop checkpoints are waited for)");
@@ -116,8 +115,12 @@ void TrainFlags::Register(CLI::App& app) {
                     "LayerNorm statistics, softmax, loss fp32); auto: bf16 where the matmuls are bf16")
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
   command->add_option("--log", options.log_file, "write one JSON line per step to this file");
+  command->add_flag("--log-overwrite", options.log_overwrite,
+                    "let a run that does not resume replace an existing --log file (by default only the run "
+                    "that wrote it, resuming, appends to it)");
   command->add_option("--save-model", options.save_model, "write the final model as an llm.c .bin (version 3)");
-  command->add_option("--sample-tokens", options.sample_tokens, "print a sample of N tokens after training")->capture_default_str();
+  command->add_option("--sample-tokens", options.sample_tokens, "print a sample of N tokens after training")
+      ->check(Finite(0, true))->capture_default_str();
   command->add_option("--sample-prompt", options.sample_prompt, "prompt of that sample");
   recompute.Add(command, "per-rank memory for --micro-batch auto, e.g. 80GiB (default: the device's free memory; "
                              "on the CPU the memory available to the process, shared by the node's ranks)");
@@ -143,6 +146,19 @@ StatusOr<TrainOptions> TrainFlags::Resolve(const Launcher& launcher) const {
   t.ranks_per_node = launcher.local_size();
   if (t.memory_bytes > 0 && !t.micro_batch_auto)
     return Status::InvalidArgument("--memory is the budget of --micro-batch auto: give --micro-batch auto too");
+  for (const ModelFlags::Given& g : model.GivenShape()) t.shape_flags.push_back({g.flag, g.value, g.field});
+  // flags that mean nothing in this combination: refused before any work
+  if (t.batch_tokens > 0 && command->count("--grad-accum") > 0)
+    return Status::InvalidArgument("--grad-accum " + std::to_string(t.grad_accum) + " with --batch-tokens " +
+                                   std::to_string(t.batch_tokens) +
+                                   ": --batch-tokens derives the accumulation; give one of the two");
+  if (t.eval_every > 0 && t.val_data.empty())
+    return Status::InvalidArgument("--eval-every " + std::to_string(t.eval_every) +
+                                   " needs --val-data (the validation shards to evaluate)");
+  if (t.stop_at_step > t.steps)
+    return Status::InvalidArgument("--stop-at-step " + std::to_string(t.stop_at_step) + " is beyond --steps " +
+                                   std::to_string(t.steps) + ": expected a step in [1, " + std::to_string(t.steps) + "]");
+  SHARDGPT_RETURN_IF_ERROR(CheckpointManager::ValidateOptions(t.checkpoint));
   t.shuffle = !no_shuffle;
   t.schedule.kind = LrSchedule::ParseKind(schedule).value();
   if (t.threads <= 0) t.threads = launcher.default_threads();

@@ -122,11 +122,26 @@ Status CheckLayout(const CheckpointIndex& idx, const ParamLayout& layout, const 
 // Replaces `name` inside `dir` with a small text file atomically (temp file, fsync, rename).
 Status WriteSmallFileAtomic(const std::string& dir, const std::string& name, const std::string& text) {
   const std::string tmp = dir + "/." + name + ".tmp", path = dir + "/" + name;
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    out.close();
-    if (!out) return Status::IOError(tmp + ": cannot write");
+  {  // write(2) and close(2) checked one by one, so the error names the errno (ENOSPC, EDQUOT, EIO)
+    const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return Status::IOError(tmp + ": cannot create: " + Errno());
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = write(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const std::string err = n < 0 ? Errno() : std::strerror(ENOSPC);
+        close(fd);
+        std::remove(tmp.c_str());
+        return Status::IOError(tmp + ": cannot write: " + err);
+      }
+      done += static_cast<size_t>(n);
+    }
+    if (close(fd) != 0) {
+      const std::string err = Errno();
+      std::remove(tmp.c_str());
+      return Status::IOError(tmp + ": cannot write: " + err);
+    }
   }
   SHARDGPT_RETURN_IF_ERROR(FsyncPath(tmp, false));
   if (std::rename(tmp.c_str(), path.c_str()) != 0) return Status::IOError(path + ": rename failed: " + Errno());

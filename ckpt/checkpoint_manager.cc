@@ -1,10 +1,12 @@
 #include "ckpt/checkpoint_manager.h"
 
 #include <cstdio>
+#include <filesystem>
 
 #include "base/clock.h"
 #include "ckpt/async_checkpoint.h"
 #include "ckpt/checkpoint.h"
+#include "ckpt/checkpoint_plan.h"
 #include "ckpt/ckpt_dir_lock.h"
 
 namespace shardgpt {
@@ -52,6 +54,12 @@ Status CheckpointManager::ValidateOptions(const CheckpointOptions& o) {
   if (o.async && o.dir.empty()) return Status::InvalidArgument("--async-ckpt needs --ckpt-dir (where to write checkpoints)");
   if (o.every > 0 && o.dir.empty())
     return Status::InvalidArgument("--ckpt-every needs --ckpt-dir (where to write checkpoints)");
+  if (o.fail_limit < 1)
+    return Status::InvalidArgument("--ckpt-fail-limit " + std::to_string(o.fail_limit) +
+                                   ": expected >= 1 failed saves in a row before the run ends");
+  if (o.keep_last > 0 && o.dir.empty())
+    return Status::InvalidArgument("--keep-last " + std::to_string(o.keep_last) +
+                                   " needs --ckpt-dir (the checkpoints it keeps)");
   return Status::OK();
 }
 
@@ -194,18 +202,61 @@ bool CheckpointManager::DuePeriodic(int64_t step, int64_t last_step) const {
   return o_.every > 0 && step % o_.every == 0 && step < last_step;
 }
 
-Status CheckpointManager::Save(const TrainState& state, Engine& engine, const ParamLayout& layout, bool background) {
+Status CheckpointManager::Tolerate(int64_t step, const Status& st) {
+  failed_in_a_row_++;
+  const std::string why = st.message().empty() ? "the error is on rank 0's line" : st.message();
+  failures_.push_back({step, why});
+  if (lead_) {  // what a crashed save would leave: the next PrepareSave would remove it too
+    std::error_code ec;
+    std::filesystem::remove_all(o_.dir + "/.tmp." + StepDirName(step), ec);
+  }
+  if (failed_in_a_row_ >= o_.fail_limit) {
+    fail_limit_reached_ = true;
+    if (!lead_) return Status::IOError("");  // the line is rank 0's
+    return Status::IOError("checkpoint saves failed " + std::to_string(failed_in_a_row_) + " time(s) in a row (" +
+                           "--ckpt-fail-limit " + std::to_string(o_.fail_limit) + "; the last, of step " +
+                           std::to_string(step) + ": " + why + "): ending the run with status 75 for a requeue; " +
+                           o_.dir + "/latest is unchanged");
+  }
+  std::fprintf(stderr,
+               "shardgpt: warning: rank %d: checkpoint of step %lld not saved (%s); %s/latest is unchanged, training "
+               "goes on and the next save tries again (%d of --ckpt-fail-limit %d in a row)\n",
+               comm_.rank(), static_cast<long long>(step), why.c_str(), o_.dir.c_str(), failed_in_a_row_, o_.fail_limit);
+  std::fflush(stderr);
+  return Status::OK();
+}
+
+Status CheckpointManager::Save(const TrainState& state, Engine& engine, const ParamLayout& layout, bool background,
+                               bool periodic) {
   if (!enabled()) return Status::OK();
   const double t0 = MonotonicSeconds();
   saved_ = true;
+  auto tolerable = [](const Status& st) { return st.code() == Status::Code::kIOError; };
   if (!async_) {
-    Status st = Agree(comm_, SaveCheckpoint(o_.dir, state, engine, layout, comm_, o_.keep_last, o_.quiet));
+    // SaveCheckpoint's error is the same on every rank (code and message): each decides alike
+    Status st = SaveCheckpoint(o_.dir, state, engine, layout, comm_, o_.keep_last, o_.quiet);
     stall_ms_ += (MonotonicSeconds() - t0) * 1e3;
     write_ms_ = (MonotonicSeconds() - t0) * 1e3;
-    return st;
+    if (st.ok()) failed_in_a_row_ = 0;
+    else if (periodic && tolerable(st)) st = Tolerate(state.step, st);
+    return Agree(comm_, st);
   }
-  Status st = async_->Save(state, engine, layout);  // an earlier save's error: agreed by the writer
-  if (st.ok() && !background) st = async_->Wait();
+  // the background save before this one: its result first (agreed by the writer)
+  Status previous = async_->Wait();
+  if (pending_step_ >= 0) {
+    if (previous.ok()) failed_in_a_row_ = 0;
+    else if (pending_periodic_ && tolerable(previous)) previous = Tolerate(pending_step_, previous);
+    pending_step_ = -1;
+  }
+  Status st = previous;
+  if (st.ok()) st = async_->Save(state, engine, layout);
+  if (st.ok()) pending_step_ = state.step, pending_periodic_ = periodic && background;
+  if (st.ok() && !background) {
+    st = async_->Wait();
+    pending_step_ = -1;
+    if (st.ok()) failed_in_a_row_ = 0;
+    else if (periodic && tolerable(st)) st = Tolerate(state.step, st);
+  }
   stall_ms_ += (MonotonicSeconds() - t0) * 1e3;
   return Agree(comm_, st);
 }
@@ -222,8 +273,8 @@ CheckpointManager::Cost CheckpointManager::TakeCost() {
     const double w = async_->TakeWriteMs();
     if (w >= 0) write_ms_ = w;
   }
-  const Cost c{saved_, stall_ms_, write_ms_};
-  stall_ms_ = 0, write_ms_ = -1, saved_ = false;
+  Cost c{saved_, stall_ms_, write_ms_, std::move(failures_)};
+  stall_ms_ = 0, write_ms_ = -1, saved_ = false, failures_.clear();
   return c;
 }
 

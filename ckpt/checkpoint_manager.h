@@ -27,6 +27,7 @@ struct CheckpointOptions {
   bool async = false;   // --async-ckpt: periodic checkpoints written in the background
   std::string resume;   // --resume: "" (fresh), "latest", "auto" or a checkpoint directory
   bool quiet = false;   // --quiet: no throughput lines
+  int fail_limit = 3;   // --ckpt-fail-limit: periodic saves that may fail in a row before the run ends
 };
 
 // Owns everything about DIR: the lock (one job per directory), the cadence, keep-last, the
@@ -75,6 +76,9 @@ class CheckpointManager {
   // (empty for a fresh start and for --resume auto), after Load the one loaded.
   const std::string& resume_path() const { return resume_path_; }
   bool resuming() const { return !resume_path_.empty(); }
+  // After PlanResume: whether Load will load a checkpoint (or fail): an explicit --resume, or
+  // --resume auto with at least one candidate.
+  bool plans_resume() const { return !resume_path_.empty() || !candidates_.empty(); }
   // After Load: the resume as the first JSONL row records it ("from", "skipped" and, when
   // `latest` could not be used, "latest_problem"); null for a fresh run.
   const nlohmann::json& resume_record() const { return resume_record_; }
@@ -91,10 +95,17 @@ class CheckpointManager {
 
   // Writes DIR/step_XXXXXXXX for state.step, publishes it as `latest` and applies
   // --keep-last. background (with --async-ckpt): returns once this rank's state is staged and
-  // writes while training continues; an error of that write is returned by the next Save.
+  // writes while training continues; the result of that write is taken by the next Save.
   // Otherwise returns when the checkpoint is complete (after any background save in flight).
-  // Collective.
-  Status Save(const TrainState& state, Engine& engine, const ParamLayout& layout, bool background);
+  // A periodic save (periodic = true) that fails with an I/O error (a full disk, a quota, EIO)
+  // does not end the run: one warning line on every rank, the partial DIR/.tmp.step_* removed,
+  // `latest` unchanged, OK returned and the next save tries again; after fail_limit such
+  // failures in a row it returns the error, and fail_limit_reached() says why. Any other
+  // failure, and the failure of a stop or final save, is returned. Collective.
+  Status Save(const TrainState& state, Engine& engine, const ParamLayout& layout, bool background,
+              bool periodic = false);
+  // Whether the last Save's error is the end of --ckpt-fail-limit failed saves in a row.
+  bool fail_limit_reached() const { return fail_limit_reached_; }
 
   // Returns once a background save's copy of the owned state is complete: call it before
   // anything writes that state (the optimizer step). Local.
@@ -105,6 +116,7 @@ class CheckpointManager {
   struct Cost {
     bool saved = false;
     double stall_ms = 0, write_ms = -1;
+    std::vector<std::pair<int64_t, std::string>> failures;  // the saves that failed: step, error
   };
   Cost TakeCost();
 
@@ -114,6 +126,9 @@ class CheckpointManager {
     std::string dir, reason, error, renamed_to;
   };
   Status LoadAuto(Engine& engine, const ParamLayout& layout, TrainState* state);
+  // A periodic save of `step` failed with `st` (agreed): the warning, the partial save removed,
+  // the count; OK while under --ckpt-fail-limit. Collective.
+  Status Tolerate(int64_t step, const Status& st);
 
   const CheckpointOptions o_;
   Communicator& comm_;
@@ -125,6 +140,11 @@ class CheckpointManager {
   nlohmann::json resume_record_;
   double stall_ms_ = 0, write_ms_ = -1;  // since the last TakeCost
   bool saved_ = false;
+  std::vector<std::pair<int64_t, std::string>> failures_;  // since the last TakeCost
+  int failed_in_a_row_ = 0;
+  bool fail_limit_reached_ = false;
+  int64_t pending_step_ = -1;  // --async-ckpt: the step of the background save in flight
+  bool pending_periodic_ = false;
   std::unique_ptr<CheckpointDirLock> lock_;     // rank 0, from Open on
   std::unique_ptr<AsyncCheckpointer> async_;    // --async-ckpt; destroyed first (waits for its save)
 };

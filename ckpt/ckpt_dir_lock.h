@@ -9,6 +9,9 @@
 //
 // Rank contract: only rank 0 acquires it (the directory is shared storage); the caller agrees
 // on the result over ranks. Not copyable.
+//
+// PidLockFile is the lock itself, for any file a job must hold alone (DIR/.lock of a
+// --ckpt-dir, LOG.lock beside a --log file): the same O_EXCL file, contents and staleness rule.
 #pragma once
 
 #include <memory>
@@ -18,17 +21,32 @@
 
 namespace shardgpt {
 
+class PidLockFile {
+ public:
+  // Creates `lock_path` holding "host pid slurm-job-id", taking over a stale one (see above).
+  // `what` names the thing locked in the messages ("--ckpt-dir D", "--log F"); a live holder
+  // is "<what> is in use by another job (<lock_path>: host H, pid P); <hint>".
+  static StatusOr<std::unique_ptr<PidLockFile>> Acquire(const std::string& lock_path, const std::string& what,
+                                                       const std::string& hint);
+  ~PidLockFile();  // removes the lock file
+  PidLockFile(const PidLockFile&) = delete;
+  PidLockFile& operator=(const PidLockFile&) = delete;
+
+ private:
+  explicit PidLockFile(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
+
 class CheckpointDirLock {
  public:
   // Creates dir if missing, checks it is writable, takes the lock.
   static StatusOr<std::unique_ptr<CheckpointDirLock>> Acquire(const std::string& dir);
-  ~CheckpointDirLock();
   CheckpointDirLock(const CheckpointDirLock&) = delete;
   CheckpointDirLock& operator=(const CheckpointDirLock&) = delete;
 
  private:
-  explicit CheckpointDirLock(std::string path) : path_(std::move(path)) {}
-  std::string path_;
+  explicit CheckpointDirLock(std::unique_ptr<PidLockFile> lock) : lock_(std::move(lock)) {}
+  std::unique_ptr<PidLockFile> lock_;
 };
 
 }  // namespace shardgpt

@@ -27,9 +27,9 @@ class SplitMix64 {
   uint64_t state_;
 };
 
-// Expands the pattern with glob(3), then sorts bytewise so the order does not depend on
-// the locale (glob sorts with strcoll).
-Status ExpandPattern(const std::string& pattern, std::vector<std::string>* files) {
+}  // namespace
+
+Status ExpandShardPattern(const std::string& pattern, std::vector<std::string>* files) {
   glob_t g;
   const int rc = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
   if (rc == GLOB_NOMATCH) {
@@ -47,7 +47,6 @@ Status ExpandPattern(const std::string& pattern, std::vector<std::string>* files
   return Status::OK();
 }
 
-}  // namespace
 
 std::vector<uint64_t> EpochPermutation(uint64_t num_samples, uint64_t seed, uint64_t epoch, bool shuffle) {
   std::vector<uint64_t> perm(num_samples);
@@ -81,7 +80,7 @@ StatusOr<DataLoader> DataLoader::Open(const DataLoaderOptions& options) {
 
   DataLoader loader;
   loader.options_ = options;
-  SHARDGPT_RETURN_IF_ERROR(ExpandPattern(pat, &loader.files_));
+  SHARDGPT_RETURN_IF_ERROR(ExpandShardPattern(pat, &loader.files_));
 
   const uint64_t T = static_cast<uint64_t>(options.T);
   uint64_t total_tokens = 0;

@@ -27,6 +27,10 @@ struct DataLoaderOptions {
   int vocab_size = 0;    // every token must be < vocab_size (checked on open)
 };
 
+// The files a --data pattern names: glob(3), then sorted bytewise so the order does not depend
+// on the locale (glob sorts with strcoll). NotFound when nothing matches. Thread-safe.
+Status ExpandShardPattern(const std::string& pattern, std::vector<std::string>* files);
+
 // Everything needed to resume: the number of samples consumed by all ranks together.
 struct LoaderState {
   uint64_t position = 0;

@@ -76,12 +76,36 @@ Status CheckOutputsAgainstInputs(const std::vector<NamedPath>& outputs, const st
     for (const NamedPath& dir : input_dirs)
       if (!dir.path.empty() && (Inside(out.path, dir.path) || HardLinkInto(out.path, dir.path)))
         return Status::InvalidArgument("output " + Describe(out) + " is inside the input " + Describe(dir) + " (" +
-                                       Canonical(dir.path) + "): refusing to overwrite the checkpoint; write elsewhere");
+                                       Canonical(dir.path) + "): refusing to overwrite it; write elsewhere");
     for (size_t j = 0; j < i; j++)
       if (!outputs[j].path.empty() && SameFile(out.path, outputs[j].path))
         return Status::InvalidArgument("outputs " + Describe(outputs[j]) + " and " + Describe(out) +
                                        " are the same file: give two different paths");
   }
+  return Status::OK();
+}
+
+void AddModelInput(const std::string& flag, const std::string& path, std::vector<NamedPath>* files,
+                   std::vector<NamedPath>* dirs) {
+  if (path.empty()) return;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    dirs->push_back({flag, path});
+    return;
+  }
+  files->push_back({flag, path});
+  const std::string ext = ".safetensors";
+  if (path.size() >= ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0) {
+    const size_t slash = path.rfind('/');
+    files->push_back({flag + " (its config.json)", (slash == std::string::npos ? "" : path.substr(0, slash + 1)) + "config.json"});
+  }
+}
+
+Status CheckDisjointInputs(const std::vector<NamedPath>& a, const std::vector<NamedPath>& b, const std::string& why) {
+  for (const NamedPath& y : b)
+    for (const NamedPath& x : a)
+      if (!x.path.empty() && !y.path.empty() && SameFile(x.path, y.path))
+        return Status::InvalidArgument(Describe(y) + " is also a " + x.flag + " file (" + x.path + "): " + why);
   return Status::OK();
 }
 

@@ -24,5 +24,5 @@ mpirun -np 2 --oversubscribe "$BUILD"/shardgpt train \
   --data data/kjv/train.bin --val-data data/kjv/val.bin \
   --model tiny --n-layer 4 --n-head 4 --n-embd 128 --max-seq-len 128 --seq-len 128 \
   --micro-batch 8 --grad-accum 1 --steps 600 --lr 3e-3 --warmup-steps 30 \
-  --zero-stage 1 --eval-every 200 --log runs/demo.jsonl --save-model runs/demo.bin \
+  --zero-stage 1 --eval-every 200 --log runs/demo.jsonl --log-overwrite --save-model runs/demo.bin \
   --sample-tokens 300 --sample-prompt "And God said" "$@"

@@ -51,6 +51,40 @@ check "export --out via ckpt-dir"  "inside the input checkpoint" 1 -- export "$T
 check "export --out hardlink"      "inside the input checkpoint" 1 -- export "$CK" --out "$T/index-hard.h5"
 check "export --out = --llmc"      "same file"                   1 -- export "$CK" --out "$T/y.bin" --llmc "$T/y.bin"
 check "prepare over its input"     "is the input --input"        1 -- prepare --input "$T/data/train.bin" --output "$T/data"
+# a Hugging Face directory and the files in it, eval --logits-out, prepare --tokenizer
+"$BIN" export "$CK" --hf "$T/hf" >/dev/null || { echo "FAIL: export --hf"; fails=$((fails+1)); }
+echo '{"model": {"type": "BPE", "vocab": {}, "merges": []}}' > "$T/tok.json"
+hf_before=$(cat "$T/hf"/* "$T/tok.json" | md5sum)
+check "train --save-model into HF dir" "inside the input --init"  2 -- train $D --init "$T/hf" --save-model "$T/hf/model.safetensors"
+check "train --log HF config.json"    "inside the input --init"   2 -- train $D --init "$T/hf" --log "$T/hf/config.json"
+check "train --log HF file's config"  "is the input --init"        2 -- train $D --init "$T/hf/model.safetensors" --log "$T/hf/config.json"
+check "train --save-model = --init"   "is the input --init"        2 -- train $D --init "$T/model.bin" --save-model "$T/model.bin"
+check "eval --logits-out onto model"  "inside the input model"     2 -- eval "$T/hf" --data "$T/data/val.bin" --seq-len 16 --logits-out "$T/hf/model.safetensors"
+check "eval --logits-out onto data"   "is the input --data"        2 -- eval "$T/model.bin" --data "$T/data/val.bin" --seq-len 16 --logits-out "$T/data/val.bin"
+check "eval --logits-out onto .bin"   "is the input model"         2 -- eval "$T/model.bin" --data "$T/data/val.bin" --seq-len 16 --logits-out "$T/model.bin"
+check "prepare over its tokenizer"    "is the input --tokenizer"   1 -- prepare --input "$T/text.txt" --tokenizer "$T/data/train.bin" --output "$T/data"
+# the validation shards matched by --data's glob too
+check "val-data inside the data glob" "--val-data $T/data/val.bin is also a --data file" 2 -- train $D --data "$T/data/*.bin" --val-data "$T/data/val.bin"
+# an existing --log: refused for a fresh run; --log-overwrite replaces it; a running job's log is locked
+echo '{"step": 1}' > "$T/old.jsonl"
+check "fresh run onto an existing log" "--log $T/old.jsonl exists" 2 -- train $D --log "$T/old.jsonl"
+[ "$(cat "$T/old.jsonl")" = '{"step": 1}' ] || { echo "FAIL: the existing log was changed"; fails=$((fails+1)); }
+"$BIN" train $D --log "$T/old.jsonl" --log-overwrite --quiet >/dev/null && [ "$(wc -l < "$T/old.jsonl")" -eq 2 ] \
+  || { echo "FAIL: --log-overwrite did not replace the log"; fails=$((fails+1)); }
+[ ! -e "$T/old.jsonl.lock" ] || { echo "FAIL: the log's lock is left after the run"; fails=$((fails+1)); }
+echo '{"step": 7}' > "$T/other.jsonl"
+check "resume onto another run's log" "has no row of step 2" 2 -- train $D --steps 4 --ckpt-dir "$T/ck" --resume latest --log "$T/other.jsonl"
+# --resume auto (the requeue idiom) before any checkpoint: the log is the job's own, started again
+echo '{"step": 1}' > "$T/req.jsonl"
+"$BIN" train $D --ckpt-dir "$T/ck_req" --resume auto --log "$T/req.jsonl" --quiet >/dev/null \
+  && [ "$(wc -l < "$T/req.jsonl")" -eq 2 ] || { echo "FAIL: --resume auto with no checkpoint did not start its log again"; fails=$((fails+1)); }
+sleep 600 & holder=$!
+echo "$(hostname) $holder -" > "$T/held.jsonl.lock"
+check "log held by a running job"    "--log $T/held.jsonl is in use by another job" 2 -- train $D --log "$T/held.jsonl"
+kill $holder; wait $holder 2>/dev/null
+[ ! -e "$T/held.jsonl" ] || { echo "FAIL: the held log was opened"; fails=$((fails+1)); }
+"$BIN" train $D --log "$T/held.jsonl" --quiet >/dev/null || { echo "FAIL: a dead holder's log lock was not taken over"; fails=$((fails+1)); }
+[ "$(cat "$T/hf"/* "$T/tok.json" | md5sum)" = "$hf_before" ] || { echo "FAIL: the HF directory or tokenizer changed"; fails=$((fails+1)); }
 sum_after=$(cat "$T/data/train.bin" "$T/data/val.bin" "$CK"/* | md5sum)
 [ "$sum_before" = "$sum_after" ] || { echo "FAIL: an input changed"; fails=$((fails+1)); }
 "$BIN" ckpt verify "$CK" >/dev/null || { echo "FAIL: the checkpoint no longer verifies"; fails=$((fails+1)); }

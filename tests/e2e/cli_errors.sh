@@ -69,6 +69,24 @@ check too-few-tokens    "need at least"      -- train $D --micro-batch 100000
 check vocab-too-small   "vocab"              -- train $D --vocab-size 100
 check preset            "preset"             -- train $D --model d7
 check log-unwritable    "/nonexistent/dir"   -- train $D --log /nonexistent/dir/log.jsonl
+# flags that mean nothing alone or in this combination: refused before any work, naming the flag
+check wsd-decay-zero    "--wsd-decay-frac"   -- train $D --lr-schedule wsd --wsd-decay-frac 0
+check wsd-decay-neg     "--wsd-decay-frac"   -- train $D --lr-schedule wsd --wsd-decay-frac -0.5
+check wsd-decay-big     "--wsd-decay-frac"   -- train $D --lr-schedule wsd --wsd-decay-frac 1.5
+check weight-decay-neg  "--weight-decay"     -- train $D --weight-decay -0.1
+check eval-every-neg    "--eval-every"       -- train $D --eval-every -1
+check sample-tokens-neg "--sample-tokens"    -- train $D --sample-tokens -5
+check keep-last-no-dir  "--keep-last 2 needs --ckpt-dir" -- train $D --keep-last 2
+check eval-every-no-val "--eval-every 5 needs --val-data" -- train $D --eval-every 5
+check accum-and-tokens  "--grad-accum 2 with --batch-tokens" -- train $D --grad-accum 2 --batch-tokens 64
+check stop-past-steps   "--stop-at-step 5 is beyond --steps 2" -- train $D --stop-at-step 5
+check fail-limit-zero   "--ckpt-fail-limit"  -- train $D --ckpt-dir "$T/ckf" --ckpt-fail-limit 0
+check micro-batch-word  "expected a micro-batch in \[1, 1000000\] or auto" -- train $D --micro-batch lots
+check micro-batch-zero  "expected a micro-batch in \[1, 1000000\] or auto" -- train $D --micro-batch 0
+check group-size-zero   "expected a rank count in \[1, 1048576\] or auto" -- train $D --zero-stage 1 --shard-group-size 0
+check plan-mb-zero      "--micro-batch"      -- plan --micro-batch 0
+check plan-accum-zero   "--grad-accum"       -- plan --grad-accum 0
+check plan-mem-neg      "--mem-gib"          -- plan --mem-gib -5
 check prepare-missing   "$T/missing.txt"     -- prepare --input "$T/missing.txt" --output "$T/out"
 check sample-missing    "$T/none.bin"        -- sample --model-file "$T/none.bin"
 # checkpoints: a good one, then broken copies
@@ -98,5 +116,9 @@ check verify-flipped    "rank_00000.h5"      -- ckpt verify "$T/flip"
 check resume-index-flip "index.h5: checksum mismatch" -- train $D --resume "$T/iflip"
 check inspect-index-flip "index.h5: checksum mismatch" -- ckpt inspect "$T/iflip"
 check save-model-dir    "/nonexistent/dir"   -- train $D --save-model /nonexistent/dir/m.bin
+# --init with a shape flag that disagrees with the imported model: refused, naming both
+"$BIN" train $D --save-model "$T/init.bin" --quiet >/dev/null 2>&1 || { echo "FAIL: could not save a model"; exit 1; }
+check init-shape        "--n-layer 7 disagrees with --init $T/init.bin, whose model has" -- train $D --init "$T/init.bin" --n-layer 7
+check init-preset       "--model d12 (n-layer) 12 disagrees with --init" -- train $D --init "$T/init.bin" --model d12
 [ -s "$good/index.h5" ] && "$BIN" ckpt verify "$good" >/dev/null || { echo "FAIL: the good checkpoint was damaged"; fails=$((fails+1)); }
 [ $fails -eq 0 ] && echo "all CLI error cases ok" || { echo "$fails case(s) failed"; exit 1; }

@@ -3,9 +3,14 @@
 #  - the JSONL --log fills up: every rank exits non-zero with one error line naming the path
 #    and strerror; the log keeps whole rows only; the checkpoint state is untouched (the
 #    previous checkpoint still verifies). 1 and 2 ranks.
-#  - a checkpoint save fills the disk (sync and --async-ckpt, 2 ranks): one "no space left on
-#    device writing ..." line, no crash at exit (HDF5's shutdown included), the
-#    previous `latest` still verifies, no partial shard file left.
+#  - a checkpoint save fills the disk (sync and --async-ckpt, 2 ranks): the periodic saves fail
+#    --ckpt-fail-limit (3) times in a row, then one error line naming "no space left on device
+#    writing ...", status 75, no crash at exit (HDF5's shutdown included), the previous
+#    `latest` still verifies, no partial shard file left.
+#  - a periodic save on a full disk is a warning on every rank and training goes on: the disk
+#    freed after the first failure (the run holds until the test has freed it:
+#    SHARDGPT_TEST_HOLD_WHILE_EXISTS), the next save succeeds, the JSONL records the failure;
+#    a disk that stays full ends the run after --ckpt-fail-limit 2 failures with status 75.
 #  - export --out onto a full disk: the same line, no crash, no e.h5.tmp left.
 # Skipped (status 77, reason printed) where mounting is not permitted.
 set -u
@@ -87,5 +92,54 @@ else
   [ ! -e "$MNT/e.h5.tmp" ] && [ ! -e "$MNT/e.h5" ] || fail "export full: a partial file is left: $(ls "$MNT")"
   [ $fails -eq $before ] && echo "ok   export full: rc $rc: $(grep '^shardgpt: error:' <<<"$out"); nothing left in $MNT"
 fi
+# ---- 3: a periodic checkpoint fails on a full disk: a warning, training goes on ----
+# fill MNT but 64 KiB (room for the directory's lock, not for a checkpoint)
+fill() { local avail; avail=$(df --output=avail -B1 "$MNT" | tail -1); head -c $((avail - 65536)) /dev/zero > "$MNT/filler"; }
+# 3a: the disk is freed after the first failure (the run holds there until the filler is gone:
+# an event, not a delay); the next save succeeds, the run ends normally
+remount 8m; mkdir -p "$MNT/ck"; fill
+rm -f "$T/r.jsonl"; : > "$T/r.out"
+SHARDGPT_TEST_HOLD_WHILE_EXISTS="$MNT/filler" timeout 300 mpirun -np 2 --oversubscribe "$BIN" train $M --n-embd 64 \
+  --n-layer 2 --steps 6 --ckpt-dir "$MNT/ck" --ckpt-every 2 --log "$T/r.jsonl" --quiet >"$T/r.out" 2>&1 & run=$!
+for _ in $(seq 1 3000); do grep -q 'test hook: holding after a failed checkpoint' "$T/r.out" && break; kill -0 $run 2>/dev/null || break; sleep 0.1; done
+rm -f "$MNT/filler"
+wait $run; rc=$?
+out=$(cat "$T/r.out")
+before=$fails
+[ $rc -eq 0 ] || fail "ckpt fails then room: exit status $rc (expected 0)"
+[ "$(grep -c '^shardgpt: warning: rank [01]: checkpoint of step 2 not saved' <<<"$out")" -eq 2 ] \
+  || { fail "ckpt fails then room: not one warning per rank"; echo "$out" | head -5; }
+! grep -q '^shardgpt: error:' <<<"$out" || fail "ckpt fails then room: an error line"
+[ "$(cat "$MNT/ck/latest" 2>/dev/null)" = step_00000006 ] || fail "ckpt fails then room: latest is not step 6"
+[ -d "$MNT/ck/step_00000004" ] || fail "ckpt fails then room: the next periodic save (step 4) is missing"
+[ ! -e "$MNT/ck/step_00000002" ] || fail "ckpt fails then room: the failed step 2 was published"
+! ls -a "$MNT/ck" | grep -q '^\.tmp\.' || fail "ckpt fails then room: a partial save is left: $(ls -a "$MNT/ck")"
+"$BIN" ckpt verify "$MNT/ck" >/dev/null || fail "ckpt fails then room: latest does not verify"
+/usr/bin/python3 - "$T/r.jsonl" <<'PY' || fail "ckpt fails then room: the log does not record the failure"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["step"] for r in rows] == list(range(1, 7)), [r["step"] for r in rows]
+failed = [(r["step"], f["step"]) for r in rows for f in r.get("ckpt_failed", [])]
+assert failed == [(3, 2)], failed
+assert "space" in rows[2]["ckpt_failed"][0]["error"], rows[2]["ckpt_failed"]
+PY
+[ $fails -eq $before ] && echo "ok   ckpt fails then room: $(grep -m1 '^shardgpt: warning:' <<<"$out" | cut -c1-160)...; latest step 6 verifies"
+# 3b: the disk stays full: --ckpt-fail-limit 2 failures in a row end the run with status 75
+remount 8m; mkdir -p "$MNT/ck"; fill
+rm -f "$T/r.jsonl"
+out=$(timeout 300 mpirun -np 2 --oversubscribe "$BIN" train $M --n-embd 64 --n-layer 2 --steps 20 --ckpt-dir "$MNT/ck" \
+      --ckpt-every 2 --ckpt-fail-limit 2 --log "$T/r.jsonl" --quiet 2>&1); rc=$?
+before=$fails
+[ $rc -eq 75 ] || fail "ckpt fail limit: exit status $rc (expected 75)"
+one_error "$out" || { fail "ckpt fail limit: not one error line"; echo "$out" | head; }
+grep -q '^shardgpt: error: checkpoint saves failed 2 time(s) in a row (--ckpt-fail-limit 2' <<<"$out" \
+  || { fail "ckpt fail limit: the line"; echo "$out" | grep error; }
+[ ! -e "$MNT/ck/latest" ] || fail "ckpt fail limit: a latest appeared"
+/usr/bin/python3 - "$T/r.jsonl" <<'PY' || fail "ckpt fail limit: the log does not record the first failure"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [f["step"] for r in rows for f in r.get("ckpt_failed", [])] == [2], rows
+PY
+[ $fails -eq $before ] && echo "ok   ckpt fail limit: rc 75: $(grep '^shardgpt: error:' <<<"$out")"
 [ $fails -eq 0 ] || { echo "$fails case(s) failed"; exit 1; }
 echo "disk_full ok"

@@ -59,4 +59,21 @@ check_error 'give --micro-batch auto too' train --data "$T/data/train.bin" --mem
 check_error 'micro-batch' train --data "$T/data/train.bin" --micro-batch 0 --steps 1
 check_error 'not even one sequence' train --data "$T/data/train.bin" --micro-batch auto --memory 1KiB --steps 1
 check_error 'memory' plan --memory -5GiB
-echo "recompute e2e: OK (plan and train agree on B=$row at $BUDGET)"
+# --micro-batch auto without --memory on data of few windows: B is the windows per rank (never
+# a B the data cannot feed), the line says the data stopped it, and the run trains
+printf 'And God said, Let there be light. %.0s' $(seq 1 12) > "$T/small.txt"
+"$BIN" prepare --input "$T/small.txt" --output "$T/small" --val-fraction 0.1 >/dev/null || fail "prepare small failed"
+tokens=$(( ($(stat -c %s "$T/small/train.bin") - 1024) / 2 ))
+windows=$(( (tokens - 1) / 16 / 2 ))  # T=16, 2 ranks
+out=$(mpirun -np 2 --oversubscribe "$BIN" train --model tiny --data "$T/small/train.bin" --seq-len 16 \
+      --micro-batch auto --steps 1 --threads 1 2>&1) || { echo "$out" | tail -5; fail "auto on few windows failed"; }
+grep '^--micro-batch auto' <<<"$out"
+grep -q "^--micro-batch auto: B=$windows .*B=$windows stopped by the data: $windows window(s) per rank" <<<"$out" \
+  || fail "auto on few windows: not B=$windows stopped by the data"
+# and with a long sequence on plenty of data, the CPU's throughput cap (16384 tokens) stops it
+out=$(mpirun -np 2 --oversubscribe "$BIN" train --model tiny --data "$T/data/train.bin" --seq-len 128 --max-seq-len 128 \
+      --micro-batch auto --steps 1 --threads 1 2>&1) || { echo "$out" | tail -5; fail "auto without --memory failed"; }
+grep '^--micro-batch auto' <<<"$out"
+grep -q "^--micro-batch auto: B=[0-9]* .*stopped by \(the data\|the throughput cap\|memory: .* usable = \)" <<<"$out" \
+  || fail "auto without --memory: no bound named"
+echo "recompute e2e: OK (plan and train agree on B=$row at $BUDGET; few windows: B=$windows)"
