@@ -26,6 +26,7 @@ int Main(int argc, char** argv) {
   PlanFlags plan;
   CkptFlags ckpt;
   ExportFlags exporter;
+  DiagnoseFlags diagnose;
   // the order of --help
   train.Register(app);
   prepare.Register(app);
@@ -34,6 +35,7 @@ int Main(int argc, char** argv) {
   plan.Register(app);
   ckpt.Register(app);
   exporter.Register(app);
+  diagnose.Register(app);
   AddStrictNumberChecks(&app);  // plain decimal numbers only, on every subcommand
 
   try {
@@ -56,6 +58,7 @@ int Main(int argc, char** argv) {
   else if (*sample.command) st = sample.Run(launcher);
   else if (*eval.command) st = eval.Run(launcher);
   else if (*plan.command) st = plan.Run(launcher);
+  else if (*diagnose.command) st = diagnose.Run(launcher, &rc);
   if (!st.ok()) {
     if (!st.message().empty()) std::fprintf(stderr, "shardgpt: error: %s\n", st.message().c_str());
     rc = 1;
