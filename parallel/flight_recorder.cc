@@ -23,6 +23,7 @@ std::atomic<int> g_unit{-1};
 std::atomic<uint8_t> g_phase{static_cast<uint8_t>(FlightPhase::kSetup)};
 std::atomic<int> g_phase_unit{-1};
 std::atomic<int64_t> g_phase_since{0};
+std::atomic<bool> g_phases_on{true};
 
 // The armed fault (SHARDGPT_TEST_FAULT), read once by ArmFlightFault.
 FlightFault g_fault = FlightFault::kNone;
@@ -166,7 +167,11 @@ bool FlightRing::Read(uint64_t seq, FlightEntry* out) const {
   return true;
 }
 
-void SetFlightCapacity(size_t entries) { g_capacity.store(entries); }
+void SetFlightCapacity(size_t entries) {
+  g_capacity.store(entries);
+  g_phases_on.store(entries > 0);
+}
+void SetFlightPhases(bool on) { g_phases_on.store(on); }
 size_t FlightCapacity() { return g_capacity.load(); }
 
 std::unique_ptr<FlightRing> MakeFlightRing(const char* name, int rank, const std::vector<int>& world_ranks) {
@@ -180,6 +185,7 @@ void SetFlightMicro(int micro) { g_micro.store(micro, std::memory_order_relaxed)
 void SetFlightUnit(int unit) { g_unit.store(unit, std::memory_order_relaxed); }
 
 void SetFlightPhase(FlightPhase phase, int unit) {
+  if (!g_phases_on.load(std::memory_order_relaxed)) return;
   g_phase_since.store(FlightNowNs(), std::memory_order_relaxed);
   g_phase_unit.store(unit, std::memory_order_relaxed);
   g_phase.store(static_cast<uint8_t>(phase), std::memory_order_release);

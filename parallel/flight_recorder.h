@@ -124,6 +124,10 @@ void SetFlightUnit(int unit);  // the parameter unit (or bucket) the next collec
 // the test fault hooks fire (SHARDGPT_TEST_FAULT, flight_recorder.cc).
 void SetFlightPhase(FlightPhase phase, int unit = -1);
 
+// Phase tracking on or off (on by default; SetFlightCapacity(0) turns it off). For the
+// benchmark that alternates steps with and without the recorder.
+void SetFlightPhases(bool on);
+
 // A copy of the context, for the dump.
 struct FlightContext {
   FlightPhase phase = FlightPhase::kSetup;

@@ -264,6 +264,7 @@ StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(MPI_Comm comm
   c->note_req_.assign(static_cast<size_t>(world), MPI_REQUEST_NULL);
   c->note_owed_.assign(static_cast<size_t>(world), false);
   c->ring_ = MakeFlightRing("world", rank, c->world_ranks_);
+  c->poll_when_idle_ = provided >= MPI_THREAD_MULTIPLE;
   c->StartThread();
   return c;
 }
@@ -462,8 +463,9 @@ void MpiCommunicator::Loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       // With the watchdog on, an idle thread still drains the side channel every heartbeat, so
-      // that a peer's dump request is answered while this rank computes (or hangs) elsewhere.
-      const bool poll = ran && timeout_s_ > 0 && world_ > 1;
+      // that a peer's dump request is answered while this rank computes (or hangs) elsewhere
+      // (under MPI_THREAD_MULTIPLE only: other threads may be inside MPI meanwhile).
+      const bool poll = ran && poll_when_idle_ && timeout_s_ > 0 && world_ > 1;
       const auto heartbeat = std::chrono::duration<double>(std::min(1.0, timeout_s_ / 4));
       while (!stop_ && queue_.empty()) {
         if (!poll) {

@@ -122,7 +122,8 @@ class MpiCommunicator final : public Communicator {
   // the others on a side channel, and again every heartbeat while it waits inside it: a rank
   // stopped inside a collective is told apart from MPI being stuck). 0 (the default) waits
   // forever. Split and DuplicateControl pass it on. Set
-  // before the first collective.
+  // before the first collective. Before the job ends, this rank writes its flight dump and asks
+  // every peer for theirs on the side channel (parallel/flight_dump.h).
   void SetTimeout(double seconds) { timeout_s_ = seconds; }
   // The training step the watchdog's line names (process-wide; the training loop sets it).
   static void SetDiagnosticStep(long long step);
@@ -213,6 +214,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<long long> note_out_;     // send buffers of the notes in flight
   std::vector<MPI_Request> note_req_;
   std::vector<bool> note_owed_;         // a note not sent (the previous one was in flight)
+  bool poll_when_idle_ = false;         // MPI_THREAD_MULTIPLE: the idle thread drains notes too
   int dumps_answered_ = 0;              // peers that answered our dump request
   long long dump_note_out_ = 0;         // the send buffer of dump requests and answers
   std::unique_ptr<FlightRing> ring_;    // the flight recorder; null when off
