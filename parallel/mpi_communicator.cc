@@ -375,7 +375,7 @@ Status MpiCommunicator::Await(MPI_Request* req, const char* name) {
   // that is silent although it noted the call is known to be stopped or hung inside it (not
   // waiting, as this rank is). Silence: three heartbeats missed.
   const double heartbeat_s = std::min(1.0, timeout_s_ / 4), silence_s = 3 * heartbeat_s;
-  auto announced = t0;
+  auto announced = t0, deadline_from = t0, last_look = t0;
   int sleep_us = 20;
   for (;;) {
     int done = 0;
@@ -385,6 +385,14 @@ Status MpiCommunicator::Await(MPI_Request* req, const char* name) {
     // The first millisecond spins: a collective the peers are already in (a large transfer
     // moving fragment by fragment included) completes at full speed in here.
     const auto now = Clock::now();
+    // This loop looks at least every 0.5 ms plus a heartbeat's work; a gap of several heartbeats
+    // means this rank itself was paused (SIGSTOP and SIGCONT, a frozen VM): what it heard of its
+    // peers is stale, so it neither accuses them nor counts the pause against the deadline.
+    if (timeout_s_ > 0 && std::chrono::duration<double>(now - last_look).count() > silence_s) {
+      deadline_from = now;
+      for (auto& h : heard_) h = now;
+    }
+    last_look = now;
     if (now - t0 < std::chrono::milliseconds(1)) continue;
     // The peers are busy (computing, or gone): sleep, doubling up to 0.5 ms, so the waiting
     // thread does not take a core from the compute threads it waits for.
@@ -399,7 +407,7 @@ Status MpiCommunicator::Await(MPI_Request* req, const char* name) {
     }
     if (timeout_s_ <= 0) continue;
     DrainNotes();
-    const double waited = std::chrono::duration<double>(now - t0).count();
+    const double waited = std::chrono::duration<double>(now - deadline_from).count();
     if (waited <= timeout_s_) continue;
     // Past the deadline with every peer heard from recently: wait one silence longer, so that a
     // peer stopped just after its latest note is told apart from MPI being stuck.

@@ -122,7 +122,9 @@ class MpiCommunicator final : public Communicator {
   // the others on a side channel, and again every heartbeat while it waits inside it: a rank
   // stopped inside a collective is told apart from MPI being stuck). 0 (the default) waits
   // forever. Split and DuplicateControl pass it on. Set
-  // before the first collective. Before the job ends, this rank writes its flight dump and asks
+  // before the first collective. A rank that was itself paused inside the call (its own loop
+  // saw a gap of several heartbeats) restarts the deadline from its resumption instead of
+  // naming peers from stale notes. Before the job ends, this rank writes its flight dump and asks
   // every peer for theirs on the side channel (parallel/flight_dump.h).
   void SetTimeout(double seconds) { timeout_s_ = seconds; }
   // The training step the watchdog's line names (process-wide; the training loop sets it).
