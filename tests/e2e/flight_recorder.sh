@@ -4,6 +4,8 @@
 # verdict naming the right rank, class and phase.
 #   stop-forward  3 ranks, rank 1 hangs when its forward of unit 2 at step 3 begins: not-arrived,
 #                 rank 1, phase forward unit 2 (its dump written at the watchdog's request)
+#   hsdp          the same at 4 ranks in HSDP groups of 2: rank 3 named on its shard and replica
+#                 communicators
 #   size          3 ranks, rank 2 broadcasts 65 floats where the others broadcast 64: mismatch,
 #                 rank 2 the culprit
 #   skip          2 ranks, rank 1 skips a step boundary's agreement: not-arrived, rank 1
@@ -51,6 +53,11 @@ j = json.load(open(sys.argv[1]))
 c = j["communicators"][0]
 assert j["verdict"] == "not-arrived" and c["culprits"][0]["rank"] == 1 and c["culprits"][0]["phase"] == "forward unit 2", j
 PY
+
+# HSDP (2 groups of 2): the shard and replica communicators are recorded and named
+run_fault hsdp 4 stop-forward:3:3:1 --zero-stage 3 --shard-group-size 2
+expect hsdp 3 '^not-arrived$' '^shard \(ranks 2, 3\): .*rank 3 never reached it.*phase forward unit 1' \
+  '^replica \(ranks 1, 3\): .*rank 3 never reached it'
 
 run_fault size 3 size:2:3
 expect size 3 '^mismatch$' 'rank 2 issued broadcast f32 x 65.*\(the culprit\)' 'rank\(s\) 0, 1 issued broadcast f32 x 64'
