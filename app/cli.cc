@@ -30,6 +30,7 @@ int Main(int argc, char** argv) {
   PlanFlags plan;
   CkptFlags ckpt;
   ExportFlags exporter;
+  DiagnoseFlags diagnose;
   // the order of --help
   train.Register(app);
   prepare.Register(app);
@@ -38,6 +39,7 @@ int Main(int argc, char** argv) {
   plan.Register(app);
   ckpt.Register(app);
   exporter.Register(app);
+  diagnose.Register(app);
   AddStrictNumberChecks(&app);  // plain decimal numbers only, on every subcommand
 
   try {
@@ -64,6 +66,7 @@ int Main(int argc, char** argv) {
     else if (*sample.command) st = sample.Run(launcher);
     else if (*eval.command) st = eval.Run(launcher);
     else if (*plan.command) st = plan.Run(launcher);
+    else if (*diagnose.command) st = diagnose.Run(launcher, &rc);
   } catch (const std::exception& e) {  // DeviceOutOfMemory, std::bad_alloc
     const bool oom = dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
                      dynamic_cast<const DeviceOutOfMemory*>(&e) != nullptr;

@@ -1,5 +1,9 @@
 #include "app/command_flags.h"
 
+#include <cstdio>
+
+#include "app/diagnose.h"
+
 #include <algorithm>
 #include <thread>
 
@@ -116,6 +120,23 @@ void CkptFlags::Register(CLI::App& app) {
 Status CkptFlags::Run(const Launcher& launcher) const {
   if (launcher.rank() != 0) return Status::OK();
   return *verify ? RunCkptVerify(path) : RunCkptInspect(path);
+}
+
+void DiagnoseFlags::Register(CLI::App& app) {
+  command = app.add_subcommand("diagnose", "say which rank stopped a hung or crashed job, doing what, from its flight "
+                                           "recorder dumps (exit 0: nothing wrong found, 3: a verdict, 1: unreadable)");
+  command->add_option("dir", dir, "the folder of rank_XXXXX.json dumps (--flight-dir, or CKPT_DIR/flight)")->required();
+  command->add_flag("--json", json, "print the verdict as one JSON object");
+}
+
+Status DiagnoseFlags::Run(const Launcher& launcher, int* exit_code) const {
+  if (launcher.rank() != 0) return Status::OK();
+  auto report = Diagnose(dir);
+  if (!report.ok()) return report.status();
+  if (json) std::printf("%s\n", DiagnoseToJson(report.value()).dump(1).c_str());
+  else std::printf("%s", FormatDiagnose(report.value()).c_str());
+  *exit_code = report.value().verdict == "all-idle" ? 0 : kDiagnoseFound;
+  return Status::OK();
 }
 
 void ExportFlags::Register(CLI::App& app) {

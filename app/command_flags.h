@@ -59,6 +59,15 @@ struct CkptFlags {
   Status Run(const Launcher& launcher) const;
 };
 
+// `diagnose DIR`: the flight dumps' verdict (app/diagnose.h); *exit_code 0 or kDiagnoseFound.
+struct DiagnoseFlags {
+  std::string dir;
+  bool json = false;
+  CLI::App* command = nullptr;
+  void Register(CLI::App& app);
+  Status Run(const Launcher& launcher, int* exit_code) const;
+};
+
 struct ExportFlags {
   std::string path;
   ExportOptions options;

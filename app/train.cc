@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "app/auto_micro_batch.h"
+#include "app/flight.h"
 #include "app/report.h"
 #include "base/clock.h"
 #include "ckpt/checkpoint_manager.h"
@@ -36,6 +37,8 @@
 #include "model/gpt.h"
 #include "model/kernels_cpu.h"
 #include "model/sampler.h"
+#include "parallel/flight_dump.h"
+#include "parallel/flight_recorder.h"
 #include "parallel/memory_model.h"
 #include "parallel/mpi_communicator.h"
 
@@ -345,6 +348,10 @@ class Trainer {
 
  private:
   Status Setup() {
+    const std::string flight_dir =
+        o_.flight_entries == 0 ? "" : !o_.flight_dir.empty() ? o_.flight_dir
+                                    : o_.checkpoint.dir.empty() ? "" : o_.checkpoint.dir + "/flight";
+    SHARDGPT_RETURN_IF_ERROR(SetUpFlightRecorder(comm_, flight_dir));
     SetComputeThreads(o_.threads);
     std::unique_ptr<LlmcModelReader> init;
     SHARDGPT_RETURN_IF_ERROR(ResolveModel(o_, comm_, &init));
@@ -625,8 +632,16 @@ class Trainer {
         return Status::OK();
       }
       MpiCommunicator::SetDiagnosticStep(step + 1);  // what a --comm-timeout line names
+      SetFlightStep(step + 1);
+      SetFlightMicro(-1);
+      SetFlightUnit(-1);
+      SetFlightPhase(FlightPhase::kIdle);
       if (step == hold_at_step) HoldUntilStopRequested("at the step boundary");
+      // SHARDGPT_TEST_FAULT=skip: the faulty rank skips this agreement and hangs (flight_recorder.h)
+      if (FlightFaultAt(FlightFault::kSkip, step + 1))
+        for (;;) pause();  // skipped the agreement below and waits elsewhere
       if (StopRequested()) return StopOnSignal(step, "", exit_code);
+      if (FlightFaultArmedAt(FlightFault::kSize, step + 1)) TestSizeFault(step + 1);
       const StepResult r = TrainStep(step);
       // Divergence: the loss and the norm are the same on every rank (all-reduced), so every
       // rank stops here, before anything of this state can be saved or published.
@@ -638,6 +653,7 @@ class Trainer {
                       step + 1, !std::isfinite(r.loss) ? "the loss" : "the gradient norm",
                       NonFinite(!std::isfinite(r.loss) ? r.loss : r.norm), last_finite_loss_,
                       static_cast<long long>(last_finite_step_));
+        WriteFlightDumpOnce("divergence");
         return Status::Internal(lead_ ? buf : "");
       }
       last_finite_loss_ = r.loss, last_finite_step_ = step + 1;
@@ -660,6 +676,17 @@ class Trainer {
       }
     }
     return Status::OK();
+  }
+
+  // SHARDGPT_TEST_FAULT=size (flight_recorder.h): every rank issues one extra broadcast of 64
+  // floats from rank 0, the faulty rank (not 0) with 65 (a receiver expecting more than comes:
+  // MPI completes it), then the faulty rank hangs, so that the job ends by the watchdog.
+  void TestSizeFault(int64_t step) {
+    const bool faulty = FlightFaultAt(FlightFault::kSize, step);
+    std::vector<float> buf(65, 1.0f);
+    comm_.Broadcast(buf.data(), faulty ? 65 : 64, DType::kF32, 0)->Wait();
+    if (faulty)
+      for (;;) pause();
   }
 
   // Whether any rank got SIGUSR1/SIGTERM/SIGINT; every rank gets the same answer. Collective.
@@ -712,6 +739,7 @@ class Trainer {
     if (on_device) device_.Zero(dev, sizeof(double));
     double loss_sum = 0;
     for (int m = 0; m < A; m++) {
+      SetFlightPhase(FlightPhase::kData);
       train_->NextBatch(x_.data(), y_.data());
       engine_->BeginMicroBatch(m, A);
       if (on_device)
@@ -720,6 +748,7 @@ class Trainer {
         loss_sum += model_->Forward(*engine_, x_.data(), y_.data(), B, T, 1.0f / A);
       model_->Backward(*engine_);
     }
+    SetFlightPhase(FlightPhase::kCheckpoint);
     ckpt_.WaitStaged();  // a background checkpoint's copy of the owned state, before the step writes it
     if (on_device) {
       engine_->StepDeferred(r.lr, o_.grad_clip);
@@ -752,6 +781,7 @@ class Trainer {
     const int B = o_.micro_batch, T = o_.seq_len;
     std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
     val_->Reset();
+    SetFlightPhase(FlightPhase::kValidation);
     double sum = 0;
     bool stopped = false;
     for (int i = 0; i < o_.val_batches && !(stopped = StopRequested()); i++) {
@@ -806,6 +836,7 @@ class Trainer {
   // when this returns. Collective.
   Status Save(bool background = false, bool periodic = false) {
     if (!ckpt_.enabled()) return Status::OK();
+    SetFlightPhase(FlightPhase::kCheckpoint);
     state_ = RunRecord();
     state_.loader_position = train_->state().position;
     const Status st = ckpt_.Save(state_, *engine_, *layout_, background, periodic);

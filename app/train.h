@@ -55,6 +55,10 @@ struct TrainOptions {
   std::string compute_dtype;  // --compute-dtype: "fp32", "bf16", or "" (bf16 with --dtype bf16 where fast)
   std::string act_dtype;      // --act-dtype: "fp32", "bf16", or ""/"auto" (model/compute_precision.h)
   bool quiet = false;
+  // the flight recorder (docs/DIAGNOSE.md): entries per communicator (0: off), and where dumps
+  // go (default: DIR/flight under --ckpt-dir; neither: no dumps)
+  size_t flight_entries = 2000;
+  std::string flight_dir;
   // checkpoints: --ckpt-dir, --ckpt-every, --keep-last, --async-ckpt, --resume (its quiet is --quiet)
   CheckpointOptions checkpoint;
   int stop_at_step = 0;    // > 0: checkpoint and stop after this step, as if preempted

@@ -8,6 +8,7 @@
 
 #include "app/cli_numbers.h"
 #include "model/optimizer.h"
+#include "parallel/flight_recorder.h"
 
 namespace shardgpt {
 
@@ -95,6 +96,11 @@ void TrainFlags::Register(CLI::App& app) {
                   "resume even where the sequence length, seed, data files or shuffle setting changed since the "
                   "checkpoint (the data order then starts anew at the saved position)");
   command->add_flag("--quiet", options.quiet, "print only the final loss and sample");
+  command->add_option("--flight-recorder", options.flight_entries,
+                      "entries kept per communicator by the flight recorder, dumped on a hang, crash or SIGUSR2 for "
+                      "`shardgpt diagnose` (0: off)")
+      ->check(CLI::Range(0, 1000000))->capture_default_str();
+  command->add_option("--flight-dir", options.flight_dir, "where flight recorder dumps go (default: --ckpt-dir/flight)");
   const int cores = AllowedCores(), max_threads = kMaxThreadsPerCore * cores;
   command->add_option("--threads", options.threads, "compute threads per rank (default: cores / ranks on the node)")
       ->check(CLI::Validator(
@@ -168,6 +174,7 @@ StatusOr<TrainOptions> TrainFlags::Resolve(const Launcher& launcher) const {
 Status TrainFlags::Run(Launcher& launcher, int* exit_code) const {
   Launcher::DeviceChoice choice = device;
   choice.quiet = options.quiet;
+  SetFlightCapacity(options.flight_entries);  // before the communicators exist
   return launcher.RunOnDevice(choice, [&](Communicator& comm, Device& dev) -> Status {
     auto t = Resolve(launcher);
     if (!t.ok()) return t.status();

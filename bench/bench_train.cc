@@ -12,6 +12,7 @@
 //               [--peak-gbs G] [--roofline 1] [--layers L --heads H --embd C --vocab V]
 //               [--recompute none,gelu,block] (any comma list: those modes side by side, see below)
 //               [--gelu separate|fused] (fused: the GELU in the fc matmul's epilogue, Kernels::matmul_gelu_forward)
+//               [--flight-compare 1] (the flight recorder's cost: steps alternating with it on and off)
 // --recompute LIST trains one engine with one model per mode (model/gpt.h), alternating the
 // modes step by step so that the machine's load weighs on each alike, and prints each mode's
 // median step time (wall, and the process's CPU seconds: less sensitive to other processes on a
@@ -256,6 +257,59 @@ int CompareRecompute(Communicator& comm, const ParamLayout& layout, const Engine
   }
   return 0;
 }
+// --flight-compare 1: the flight recorder's cost. Two engines over two communicators of the
+// same ranks, one with a ring (parallel/flight_recorder.h) and phase tracking, one without;
+// steps alternate between them so the machine's load weighs on both alike.
+int CompareFlight(Communicator& on, Communicator& off, const ParamLayout& layout, const EngineOptions& eo,
+                  Device& device, int B, int T, int accum, int steps, const std::string& what) {
+  auto a = Engine::Create(layout, &on, eo, device);
+  auto b = Engine::Create(layout, &off, eo, device);
+  if (!a.ok() || !b.ok()) { std::fprintf(stderr, "%s\n", (a.ok() ? b.status() : a.status()).message().c_str()); return 1; }
+  Engine* engines[2] = {a.value().get(), b.value().get()};
+  for (Engine* e : engines) e->InitOwned(1);
+  GPT model(layout.config(), B, T, device);
+  Rng rng(42, on.rank());
+  std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
+  std::vector<double> times[2];
+  std::vector<double> cpu[2];
+  for (int s = 0; s < steps; s++)
+    for (int i = 0; i < 2; i++) {
+      const int k = (s + i) % 2;  // on first, then off first: no side always runs second
+      for (auto& t : x) t = static_cast<int32_t>(rng.Next() % layout.config().vocab_size);
+      for (auto& t : y) t = static_cast<int32_t>(rng.Next() % layout.config().vocab_size);
+      Communicator& comm = k == 0 ? on : off;
+      SetFlightPhases(k == 0);
+      comm.Barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      const double c0 = ProcessCpuSeconds();
+      engines[k]->BeginStep();
+      for (int m = 0; m < accum; m++) {
+        engines[k]->BeginMicroBatch(m, accum);
+        model.Forward(*engines[k], x.data(), y.data(), B, T, 1.0f / accum);
+        model.Backward(*engines[k]);
+      }
+      engines[k]->Step(1e-4f, 1.0f);
+      device.Synchronize();
+      const double dt = comm.AllReduceScalar(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), ReduceOp::kAvg);
+      const double dc = comm.AllReduceScalar(ProcessCpuSeconds() - c0, ReduceOp::kAvg);
+      if (s >= 1) times[k].push_back(dt), cpu[k].push_back(dc);  // the first round warms up
+    }
+  SetFlightPhases(true);
+  if (on.rank() == 0) {
+    const double t_on = Median(times[0]), t_off = Median(times[1]);
+    const FlightRing* ring = on.flight_ring();
+    std::printf("%s | flight recorder on and off, alternating step by step, %d measured step(s) each\n",
+                what.c_str(), steps - 1);
+    const double c_on = Median(cpu[0]), c_off = Median(cpu[1]);
+    std::printf("flight recorder on : median step %.3f ms, CPU %.3f s/step (%llu collectives on its ring)\n",
+                t_on * 1e3, c_on, static_cast<unsigned long long>(ring ? ring->last_seq() : 0));
+    std::printf("flight recorder off: median step %.3f ms, CPU %.3f s/step\n", t_off * 1e3, c_off);
+    std::printf("overhead: %+.2f%% of the step (wall), %+.2f%% (CPU)\n", 100 * (t_on / t_off - 1),
+                100 * (c_on / c_off - 1));
+  }
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -265,7 +319,7 @@ int main(int argc, char** argv) {
   std::string config = "tiny", dtype = "fp32", device_kind = "cpu", comm_kind = "auto", compute_dtype, act_dtype,
               shard_layout = "flat", recompute, gelu = "separate";
   int steps = 20, stage = 0, threads = 2, accum = 1, micro_batch = 0, seq_len = 0, profile = 0, scaling = 1,
-      roofline = 0, layers = 0, heads = 0, embd = 0, vocab = 0;
+      roofline = 0, layers = 0, heads = 0, embd = 0, vocab = 0, flight_compare = 0;
   double bucket_mb = 25.0, peak_tflops = 0, peak_gbs = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
@@ -294,6 +348,7 @@ int main(int argc, char** argv) {
     else if (k == "--vocab") vocab = std::stoi(v);
     else if (k == "--recompute") recompute = v;
     else if (k == "--gelu") gelu = v;
+    else if (k == "--flight-compare") flight_compare = std::stoi(v);
     else { std::fprintf(stderr, "bench_train: unknown option %s\n", k.c_str()); return 1; }
   }
   GPTConfig c;
@@ -402,6 +457,21 @@ int main(int argc, char** argv) {
   eo.shard_layout = layout_or.value();
   eo.dtype = eo.reduce_dtype = dtype == "bf16" ? DType::kBF16 : DType::kF32;
   eo.act_dtype = device.kernels().activation_dtype();  // what the models below allocate
+  if (flight_compare) {
+    char what[256];
+    std::snprintf(what, sizeof(what), "config=%s device=%s ranks=%d stage=%d dtype=%s threads/rank=%d B=%d T=%d A=%d",
+                  config.c_str(), device.name().c_str(), comm.world_size(), stage, dtype.c_str(), threads, B, T, accum);
+    SetFlightCapacity(0);  // the second communicator: no ring
+    auto off = CreateCommunicator(comm_options, MPI_COMM_WORLD, *device_or.value(), local_size, VisibleGpuCount());
+    SetFlightCapacity(2000);
+    if (!off.ok()) { std::fprintf(stderr, "%s\n", off.status().message().c_str()); return 1; }
+    const int rc = CompareFlight(comm, *off.value(), layout, eo, device, B, T, accum, steps, what);
+    off.value().reset();
+    comm_or.value().reset();
+    device_or.value().reset();
+    MPI_Finalize();
+    return rc;
+  }
   if (!recompute.empty()) {
     char what[256];
     std::snprintf(what, sizeof(what), "config=%s device=%s ranks=%d stage=%d dtype=%s threads/rank=%d B=%d T=%d A=%d",

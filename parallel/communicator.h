@@ -75,6 +75,7 @@
 
 #include "base/dtype.h"
 #include "base/status.h"
+#include "parallel/flight_recorder.h"
 
 namespace shardgpt {
 
@@ -309,6 +310,9 @@ class Communicator {
   // Wall time spent executing collectives since creation (to measure how much of it was
   // hidden behind computation); 0 where the backend cannot tell.
   virtual double busy_seconds() const { return 0.0; }
+  // This communicator's flight recorder ring (parallel/flight_recorder.h), null when the
+  // recorder is off or the backend keeps none. Owned by the communicator.
+  virtual FlightRing* flight_ring() { return nullptr; }
 
  protected:
   // Implementations call this once per accepted data-plane collective (where they count it in

@@ -23,6 +23,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const ParamLayout& layout, Comm
     auto x = comm->Split(r % g, r);
     if (!x.ok()) return x.status();
     shard = std::move(s.value()), replica = std::move(x.value());
+    if (FlightRing* ring = shard->flight_ring()) ring->SetName("shard");
+    if (FlightRing* ring = replica->flight_ring()) ring->SetName("replica");
   }
   return std::unique_ptr<Engine>(new Engine(layout, comm, std::move(shard), std::move(replica), options, device));
 }
@@ -66,6 +68,8 @@ void Engine::CloseWeightReuse() { ctx_.kernels().end_weight_reuse(); }
 // ---- UnitHooks: the model calls these around each unit ----
 
 const float* Engine::PreForward(int u) {
+  SetFlightPhase(FlightPhase::kForward, u);
+  SetFlightUnit(u);
   ctx_.queue.RetireCompleted();
   return params_->PreForward(u);
 }
@@ -73,6 +77,8 @@ const float* Engine::PreForward(int u) {
 void Engine::PostForward(int u) { params_->PostForward(u); }
 
 UnitBuffers Engine::PreBackward(int u) {
+  SetFlightPhase(FlightPhase::kBackward, u);
+  SetFlightUnit(u);
   ctx_.queue.RetireCompleted();
   if (!in_backward_) {  // the forward of this micro-batch ended
     in_backward_ = true;
@@ -86,6 +92,7 @@ UnitBuffers Engine::PreBackward(int u) {
 }
 
 void Engine::PostBackward(int u) {
+  SetFlightUnit(u);  // the reduction it may issue (a bucket: the unit that completed it)
   grads_->PostBackward(u);
   params_->PostBackward(u);
   ctx_.queue.RetireCompleted();
@@ -115,6 +122,7 @@ void Engine::BeginStep() {
 }
 
 void Engine::BeginMicroBatch(int micro, int num_micro) {
+  SetFlightMicro(micro);
   sync_micro_ = micro == num_micro - 1;
   in_backward_ = false, phase_mark_s_ = ctx_.queue.exposed_seconds();
   grads_->BeginMicroBatch(sync_micro_);
@@ -166,7 +174,10 @@ float Engine::Step(float lr, float grad_clip) {
 void Engine::StepDeferred(float lr, float grad_clip) {
   CloseWeightReuse();  // the optimizer writes the parameters
   const double at_step = ctx_.queue.exposed_seconds();
+  SetFlightPhase(FlightPhase::kGradSync);
+  SetFlightUnit(-1);
   ctx_.queue.WaitAll();
+  SetFlightPhase(FlightPhase::kOptimizer);
   // A GPU keeps the norm and the clip factor on the device (no host wait); the CPU computes
   // them on the host, as it always has (its results must not change by a bit).
   const bool on_device = ctx_.device->is_cuda();
@@ -196,6 +207,7 @@ void Engine::StepDeferred(float lr, float grad_clip) {
   for (int u = 0; u < ctx_.plan.num_units(); u++) {
     for (const OwnedPiece& p : ctx_.Pieces(u))
       adamw_.Update(u, p, grads_->OwnedAt(u, p), params_->OwnedAt(u, p), lr, scale, t_, scale_dev);
+    SetFlightUnit(u);
     params_->Publish(u);
   }
   ctx_.queue.WaitAll();

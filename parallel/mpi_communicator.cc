@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/bf16.h"
+#include "parallel/flight_dump.h"
 #include "parallel/stall_verdict.h"
 
 namespace shardgpt {
@@ -87,6 +88,10 @@ std::atomic<long long> g_diagnostic_step{-1};
 // The closing note: the last message a rank sends to each peer on a side channel (arrival notes
 // carry call numbers, which start at 1).
 constexpr long long kClosingNote = -1;
+// Flight dumps: a rank whose watchdog expired asks every peer for its dump (kDumpRequest), and
+// each answers once it wrote it (kDumpAnswer).
+constexpr long long kDumpRequest = -2;
+constexpr long long kDumpAnswer = -3;
 
 // The side channel (arrivals_) of a destroyed communicator, kept until no message can reach it
 // any more. Its notes are sent without a matching receive, and Open MPI's ob1 must never get a
@@ -258,6 +263,8 @@ StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(MPI_Comm comm
   c->note_out_.assign(static_cast<size_t>(world), 0);
   c->note_req_.assign(static_cast<size_t>(world), MPI_REQUEST_NULL);
   c->note_owed_.assign(static_cast<size_t>(world), false);
+  c->ring_ = MakeFlightRing("world", rank, c->world_ranks_);
+  c->poll_when_idle_ = provided >= MPI_THREAD_MULTIPLE;
   c->StartThread();
   return c;
 }
@@ -342,9 +349,17 @@ void MpiCommunicator::DrainNotes() {
     if (MPI_Iprobe(MPI_ANY_SOURCE, 0, arrivals_, &flag, &status) != MPI_SUCCESS || !flag) return;
     long long seq = 0;
     if (MPI_Recv(&seq, 1, MPI_LONG_LONG, status.MPI_SOURCE, 0, arrivals_, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
-    if (seq == kClosingNote)  // the peer destroyed its side (after this call's last collective)
+    if (seq == kClosingNote) {  // the peer destroyed its side (after this call's last collective)
       closed_[status.MPI_SOURCE] = true;
-    else {
+    } else if (seq == kDumpRequest) {  // a peer's watchdog expired: our dump, then the answer
+      WriteFlightDumpOnce("peer_request");
+      dump_note_out_ = kDumpAnswer;
+      MPI_Request req = MPI_REQUEST_NULL;
+      if (MPI_Isend(&dump_note_out_, 1, MPI_LONG_LONG, status.MPI_SOURCE, 0, arrivals_, &req) == MPI_SUCCESS)
+        MPI_Request_free(&req);
+    } else if (seq == kDumpAnswer) {
+      dumps_answered_++;
+    } else {
       seen_[status.MPI_SOURCE] = std::max(seen_[status.MPI_SOURCE], seq);
       heard_[status.MPI_SOURCE] = std::chrono::steady_clock::now();
     }
@@ -360,7 +375,7 @@ Status MpiCommunicator::Await(MPI_Request* req, const char* name) {
   // that is silent although it noted the call is known to be stopped or hung inside it (not
   // waiting, as this rank is). Silence: three heartbeats missed.
   const double heartbeat_s = std::min(1.0, timeout_s_ / 4), silence_s = 3 * heartbeat_s;
-  auto announced = t0;
+  auto announced = t0, deadline_from = t0, last_look = t0;
   int sleep_us = 20;
   for (;;) {
     int done = 0;
@@ -370,6 +385,14 @@ Status MpiCommunicator::Await(MPI_Request* req, const char* name) {
     // The first millisecond spins: a collective the peers are already in (a large transfer
     // moving fragment by fragment included) completes at full speed in here.
     const auto now = Clock::now();
+    // This loop looks at least every 0.5 ms plus a heartbeat's work; a gap of several heartbeats
+    // means this rank itself was paused (SIGSTOP and SIGCONT, a frozen VM): what it heard of its
+    // peers is stale, so it neither accuses them nor counts the pause against the deadline.
+    if (timeout_s_ > 0 && std::chrono::duration<double>(now - last_look).count() > silence_s) {
+      deadline_from = now;
+      for (auto& h : heard_) h = now;
+    }
+    last_look = now;
     if (now - t0 < std::chrono::milliseconds(1)) continue;
     // The peers are busy (computing, or gone): sleep, doubling up to 0.5 ms, so the waiting
     // thread does not take a core from the compute threads it waits for.
@@ -384,7 +407,7 @@ Status MpiCommunicator::Await(MPI_Request* req, const char* name) {
     }
     if (timeout_s_ <= 0) continue;
     DrainNotes();
-    const double waited = std::chrono::duration<double>(now - t0).count();
+    const double waited = std::chrono::duration<double>(now - deadline_from).count();
     if (waited <= timeout_s_) continue;
     // Past the deadline with every peer heard from recently: wait one silence longer, so that a
     // peer stopped just after its latest note is told apart from MPI being stuck.
@@ -403,6 +426,29 @@ std::string MpiCommunicator::Verdict(double silence_s) {
   return StallVerdict(calls_, rank_, peers, silence_s, world_ranks_);
 }
 
+void MpiCommunicator::DumpFlightEverywhere(const char* reason) {
+  WriteFlightDumpOnce(reason);
+  if (world_ <= 1 || arrivals_ == MPI_COMM_NULL || !FlightDumpsConfigured()) return;
+  dump_note_out_ = kDumpRequest;
+  std::vector<MPI_Request> reqs;
+  int asked = 0;
+  for (int p = 0; p < world_; p++) {
+    if (p == rank_ || closed_[p]) continue;
+    MPI_Request req = MPI_REQUEST_NULL;
+    if (MPI_Isend(&dump_note_out_, 1, MPI_LONG_LONG, p, 0, arrivals_, &req) == MPI_SUCCESS) reqs.push_back(req), asked++;
+  }
+  // A peer answers from its communication thread, which drains notes whether it is idle or
+  // waiting in a call; a stopped or dead one never does: the wait is bounded.
+  const double limit = std::min(60.0, std::max(10.0, timeout_s_));
+  const auto t0 = std::chrono::steady_clock::now();
+  while (dumps_answered_ < asked &&
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < limit) {
+    DrainNotes();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (MPI_Request& r : reqs) MPI_Request_free(&r);
+}
+
 void MpiCommunicator::TimedOut(const char* name, const std::string& verdict) {
   const long long step = g_diagnostic_step.load();
   char buf[768];
@@ -413,16 +459,33 @@ void MpiCommunicator::TimedOut(const char* name, const std::string& verdict) {
                 verdict.empty() ? "every rank arrived and is waiting (MPI itself is stuck)" : verdict.c_str());
   std::fprintf(stderr, "shardgpt: error: rank %d: %s\n", world_rank_, buf);
   std::fflush(stderr);
+  DumpFlightEverywhere("comm_timeout");
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::_Exit(1);
 }
 
 void MpiCommunicator::Loop() {
+  bool ran = false;  // timeout_s_ is set before the first collective: read only after one
   for (;;) {
     Item item;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      // With the watchdog on, an idle thread still drains the side channel every heartbeat, so
+      // that a peer's dump request is answered while this rank computes (or hangs) elsewhere
+      // (under MPI_THREAD_MULTIPLE only: other threads may be inside MPI meanwhile).
+      const bool poll = ran && poll_when_idle_ && timeout_s_ > 0 && world_ > 1;
+      const auto heartbeat = std::chrono::duration<double>(std::min(1.0, timeout_s_ / 4));
+      while (!stop_ && queue_.empty()) {
+        if (!poll) {
+          cv_.wait(lock);
+          continue;
+        }
+        if (!cv_.wait_for(lock, heartbeat, [this] { return stop_ || !queue_.empty(); })) {
+          lock.unlock();
+          DrainNotes();
+          lock.lock();
+        }
+      }
       if (queue_.empty()) return;  // stop requested and nothing left
       item = std::move(queue_.front());
       queue_.pop_front();
@@ -432,6 +495,8 @@ void MpiCommunicator::Loop() {
     // Nothing may escape to std::terminate: an exception becomes this Work's error. (The
     // staging tasks catch their own, so that every rank stays in step; see the header.)
     Status st;
+    ran = true;
+    if (item.seq != 0) ring_->Started(item.seq);
     try {
       st = item.task();
     } catch (const std::exception& e) {
@@ -441,6 +506,7 @@ void MpiCommunicator::Loop() {
     }
     busy_ns_ += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    if (item.seq != 0) ring_->Completed(item.seq, st.ok());
     if (!st.ok() && item.data_plane && end_job_on_failure_.load()) EndJob(st);
     item.work->Complete(std::move(st));
   }
@@ -452,15 +518,16 @@ void MpiCommunicator::EndJob(const Status& failure) {
   // A failure every rank of this communicator knows: each prints its line before anyone ends
   // the job. Otherwise the others may be inside the collective: no barrier.
   if (agreed_failure_) MPI_Barrier(comm_);
+  DumpFlightEverywhere("comm_failure");
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::_Exit(1);
 }
 
-std::shared_ptr<Work> MpiCommunicator::Enqueue(Task task, bool data_plane) {
+std::shared_ptr<Work> MpiCommunicator::Enqueue(Task task, bool data_plane, uint64_t seq) {
   auto work = std::make_shared<MpiWork>();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(Item{std::move(task), work, data_plane});
+    queue_.push_back(Item{std::move(task), work, data_plane, seq});
   }
   cv_.notify_one();
   return work;
@@ -489,8 +556,8 @@ Status MpiCommunicator::AgreeOnFailure(const Status& local) {
 }
 
 std::shared_ptr<Work> MpiCommunicator::Submit(CollKind kind, Body body, const void* send, size_t send_bytes,
-                                              void* recv, size_t recv_bytes) {
-  if (device_ == nullptr) return Enqueue([body, send, recv]() { return body(send, recv); }, /*data_plane=*/true);
+                                              void* recv, size_t recv_bytes, uint64_t seq) {
+  if (device_ == nullptr) return Enqueue([body, send, recv]() { return body(send, recv); }, /*data_plane=*/true, seq);
   std::shared_ptr<DeviceEvent> ready = device_->RecordEvent();  // the producer of `send`
   return Enqueue([this, kind, body, send, send_bytes, recv, recv_bytes, ready]() -> Status {
     const StagingLayout l = LayOut(send, send_bytes, recv, recv_bytes);
@@ -526,7 +593,7 @@ std::shared_ptr<Work> MpiCommunicator::Submit(CollKind kind, Body body, const vo
       out = failed("copying its output back to the device", "unknown exception");
     }
     return AgreeOnFailure(out);
-  }, /*data_plane=*/true);
+  }, /*data_plane=*/true, seq);
 }
 
 char* MpiCommunicator::Staging(size_t bytes) {
@@ -548,6 +615,7 @@ std::shared_ptr<Work> MpiCommunicator::AllReduce(void* buf, size_t count, DType 
   ledger_.Add(CollKind::kAllReduce, CommLedger::RingBytes(CollKind::kAllReduce, count, dtype, world_));
   NoteIssued(CollKind::kAllReduce, count);
   const size_t bytes = count * DTypeSize(dtype);
+  const uint64_t seq = Record(FlightOp::kAllReduce, dtype, count, bytes);
   return Submit(CollKind::kAllReduce, [this, count, dtype, op](const void*, void* buf) -> Status {
     char* p = static_cast<char*>(buf);
     const size_t esize = DTypeSize(dtype);
@@ -561,7 +629,7 @@ std::shared_ptr<Work> MpiCommunicator::AllReduce(void* buf, size_t count, DType 
     } while (done < count);
     if (op == ReduceOp::kAvg && world_ > 1) DivideInPlace(buf, count, dtype, world_);
     return Status::OK();
-  }, buf, bytes, buf, bytes);
+  }, buf, bytes, buf, bytes, seq);
 }
 
 std::shared_ptr<Work> MpiCommunicator::ReduceScatter(const void* send, void* recv, size_t recv_count,
@@ -576,6 +644,7 @@ std::shared_ptr<Work> MpiCommunicator::ReduceScatter(const void* send, void* rec
               CommLedger::RingBytes(CollKind::kReduceScatter, recv_count, dtype, world_));
   NoteIssued(CollKind::kReduceScatter, recv_count);
   const size_t rbytes = recv_count * DTypeSize(dtype);
+  const uint64_t seq = Record(FlightOp::kReduceScatter, dtype, recv_count, rbytes * world_);
   return Submit(CollKind::kReduceScatter, [this, recv_count, dtype, op](const void* send, void* recv) -> Status {
     const size_t esize = DTypeSize(dtype);
     const size_t recv_bytes = recv_count * esize;
@@ -590,7 +659,7 @@ std::shared_ptr<Work> MpiCommunicator::ReduceScatter(const void* send, void* rec
     if (alias) std::memcpy(recv, tmp.data(), recv_bytes);
     if (op == ReduceOp::kAvg && world_ > 1) DivideInPlace(recv, recv_count, dtype, world_);
     return Status::OK();
-  }, send, rbytes * world_, recv, rbytes);
+  }, send, rbytes * world_, recv, rbytes, seq);
 }
 
 std::shared_ptr<Work> MpiCommunicator::AllGather(const void* send, void* recv, size_t send_count, DType dtype) {
@@ -608,13 +677,14 @@ std::shared_ptr<Work> MpiCommunicator::AllGather(const void* send, void* recv, s
   }
   ledger_.Add(CollKind::kAllGather, CommLedger::RingBytes(CollKind::kAllGather, send_count, dtype, world_));
   NoteIssued(CollKind::kAllGather, send_count);
+  const uint64_t seq = Record(FlightOp::kAllGather, dtype, send_count, send_count * esize * world_);
   return Submit(CollKind::kAllGather, [this, send_count, dtype, in_place](const void* send, void* recv) -> Status {
     const MPI_Datatype type = MpiType(dtype);
     const int n = static_cast<int>(send_count);
     SHARDGPT_MPI_AWAIT(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, n, type, recv, n, type, comm_, &_req),
                        "MPI_Allgather");
     return Status::OK();
-  }, send, send_count * esize, recv, send_count * esize * world_);
+  }, send, send_count * esize, recv, send_count * esize * world_, seq);
 }
 
 std::shared_ptr<Work> MpiCommunicator::Broadcast(void* buf, size_t count, DType dtype, int root) {
@@ -625,6 +695,7 @@ std::shared_ptr<Work> MpiCommunicator::Broadcast(void* buf, size_t count, DType 
   ledger_.Add(CollKind::kBroadcast, CommLedger::RingBytes(CollKind::kBroadcast, count, dtype, world_));
   NoteIssued(CollKind::kBroadcast, count);
   const size_t bytes = count * DTypeSize(dtype);
+  const uint64_t seq = Record(FlightOp::kBroadcast, dtype, count, bytes);
   return Submit(CollKind::kBroadcast, [this, count, dtype, root](const void*, void* buf) -> Status {
     char* p = static_cast<char*>(buf);
     const size_t esize = DTypeSize(dtype);
@@ -636,7 +707,7 @@ std::shared_ptr<Work> MpiCommunicator::Broadcast(void* buf, size_t count, DType 
       done += n;
     } while (done < count);
     return Status::OK();
-  }, buf, bytes, buf, bytes);
+  }, buf, bytes, buf, bytes, seq);
 }
 
 StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Derive(const char* what, const DeriveFn& make,
@@ -646,12 +717,13 @@ StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Derive(const char* what
   SHARDGPT_RETURN_IF_ERROR(Enqueue([this, what, &make, &derived]() -> Status {
                              SHARDGPT_MPI_CALL(make(comm_, &derived), what);
                              return Status::OK();
-                           })->status());
+                           }, false, Record(FlightOp::kSplit, DType::kF32, 0, 0))->status());
   auto made = Create(derived, device);  // duplicates `derived` (nobody else uses it): ours to free
   MPI_Comm_free(&derived);
   if (!made.ok()) return made.status();
   made.value()->SetEndJobOnFailure(end_job_on_failure_.load());
   made.value()->SetTimeout(timeout_s_);
+  if (made.value()->ring_) made.value()->ring_->SetName(std::strcmp(what, "MPI_Comm_split") == 0 ? "split" : "control");
   return std::unique_ptr<Communicator>(std::move(made.value()));
 }
 
@@ -690,21 +762,23 @@ std::shared_ptr<Work> MpiCommunicator::AllToAllV(const void* send, const std::ve
   if (Overlaps(send, s_total * esize, recv, r_total * esize)) return Refused("AllToAllV: send overlaps recv");
   ledger_.Add(CollKind::kAllToAll, CommLedger::AllToAllBytes(send_counts, rank_, dtype));
   NoteIssued(CollKind::kAllToAll, s_total);
+  const uint64_t seq = Record(FlightOp::kAllToAll, dtype, s_total, s_total * esize);
   return Submit(CollKind::kAllToAll, [this, sc, sd, rc, rd, dtype](const void* send, void* recv) -> Status {
     const MPI_Datatype type = MpiType(dtype);
     SHARDGPT_MPI_AWAIT(
         MPI_Ialltoallv(send, sc.data(), sd.data(), type, recv, rc.data(), rd.data(), type, comm_, &_req),
         "MPI_Alltoallv");
     return Status::OK();
-  }, send, s_total * esize, recv, r_total * esize);
+  }, send, s_total * esize, recv, r_total * esize, seq);
 }
 
 Status MpiCommunicator::Barrier() {
   ledger_.AddControl(0);
+  const uint64_t seq = Record(FlightOp::kBarrier, DType::kF32, 0, 0);
   auto work = Enqueue([this]() -> Status {
     SHARDGPT_MPI_AWAIT(MPI_Ibarrier(comm_, &_req), "MPI_Barrier");
     return Status::OK();
-  });
+  }, false, seq);
   return work->status();
 }
 
@@ -715,7 +789,7 @@ bool MpiCommunicator::AllTrue(bool local) {
                SHARDGPT_MPI_AWAIT(MPI_Iallreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_LAND, comm_, &_req),
                                   "MPI_Allreduce(AllTrue)");
                return Status::OK();
-             })->status();
+             }, false, Record(FlightOp::kAllTrue, DType::kF32, 1, sizeof(int)))->status();
   return s.ok() && value != 0;
 }
 
@@ -726,7 +800,7 @@ double MpiCommunicator::AllReduceScalar(double value, ReduceOp op) {
                SHARDGPT_MPI_AWAIT(MPI_Iallreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, comm_, &_req),
                                   "MPI_Allreduce(AllReduceScalar)");
                return Status::OK();
-             })->status();
+             }, false, Record(FlightOp::kAllReduceScalar, DType::kF32, 1, sizeof(double)))->status();
   if (!s.ok()) return std::nan("");
   return op == ReduceOp::kAvg ? v / world_ : v;
 }
@@ -739,7 +813,7 @@ Status MpiCommunicator::ControlAllGather(const void* send, void* recv, size_t by
            SHARDGPT_MPI_AWAIT(MPI_Iallgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_, &_req),
                               "MPI_Allgather(control)");
            return Status::OK();
-         })->status();
+         }, false, Record(FlightOp::kControlAllGather, DType::kF32, bytes, bytes))->status();
 }
 
 Status MpiCommunicator::ControlBroadcast(void* buf, size_t bytes, int root) {
@@ -752,7 +826,7 @@ Status MpiCommunicator::ControlBroadcast(void* buf, size_t bytes, int root) {
            SHARDGPT_MPI_AWAIT(MPI_Ibcast(buf, static_cast<int>(bytes), MPI_BYTE, root, comm_, &_req),
                               "MPI_Bcast(control)");
            return Status::OK();
-         })->status();
+         }, false, Record(FlightOp::kControlBroadcast, DType::kF32, bytes, bytes))->status();
 }
 
 }  // namespace shardgpt

@@ -108,6 +108,7 @@ class MpiCommunicator final : public Communicator {
 
   CommLedger& ledger() override { return ledger_; }
   double busy_seconds() const override { return busy_ns_.load() * 1e-9; }
+  FlightRing* flight_ring() override { return ring_.get(); }
 
   // On: a data-plane collective (AllReduce ... AllToAllV) that fails on the communication
   // thread ends the job (one error line per rank that knows, then MPI_Abort) instead of
@@ -121,7 +122,10 @@ class MpiCommunicator final : public Communicator {
   // the others on a side channel, and again every heartbeat while it waits inside it: a rank
   // stopped inside a collective is told apart from MPI being stuck). 0 (the default) waits
   // forever. Split and DuplicateControl pass it on. Set
-  // before the first collective.
+  // before the first collective. A rank that was itself paused inside the call (its own loop
+  // saw a gap of several heartbeats) restarts the deadline from its resumption instead of
+  // naming peers from stale notes. Before the job ends, this rank writes its flight dump and asks
+  // every peer for theirs on the side channel (parallel/flight_dump.h).
   void SetTimeout(double seconds) { timeout_s_ = seconds; }
   // The training step the watchdog's line names (process-wide; the training loop sets it).
   static void SetDiagnosticStep(long long step);
@@ -136,6 +140,7 @@ class MpiCommunicator final : public Communicator {
     Task task;
     std::shared_ptr<MpiWork> work;
     bool data_plane = false;  // a collective on the caller's buffers (not a control call)
+    uint64_t seq = 0;         // its flight recorder entry (0: none)
   };
 
   // A collective's MPI calls on (send, recv), which are host memory when it runs.
@@ -145,11 +150,15 @@ class MpiCommunicator final : public Communicator {
   // A new communicator over make(comm_) (MPI_Comm_split, MPI_Comm_dup), run on our thread.
   using DeriveFn = std::function<int(MPI_Comm, MPI_Comm*)>;
   StatusOr<std::unique_ptr<Communicator>> Derive(const char* what, const DeriveFn& make, Device* device);
-  std::shared_ptr<Work> Enqueue(Task task, bool data_plane = false);
+  std::shared_ptr<Work> Enqueue(Task task, bool data_plane = false, uint64_t seq = 0);
+  // The flight recorder entry of a call being issued (0 when the recorder is off).
+  uint64_t Record(FlightOp op, DType dtype, uint64_t count, uint64_t bytes) {
+    return ring_ ? ring_->Record(op, dtype, count, bytes) : 0;
+  }
   // Enqueues collective `kind` as body(send, recv), staging device buffers through host memory
   // when needed (send_bytes / recv_bytes: the spans the collective reads / writes).
   std::shared_ptr<Work> Submit(CollKind kind, Body body, const void* send, size_t send_bytes, void* recv,
-                               size_t recv_bytes);
+                               size_t recv_bytes, uint64_t seq);
   // Communication thread, staged collectives: every rank learns whether any rank failed
   // (`local` is this rank's outcome); OK when none did, else the lowest failing rank's error,
   // on every rank. Every rank of the communicator must call it at the same point.
@@ -174,6 +183,10 @@ class MpiCommunicator final : public Communicator {
   // waiting in it, noting it every heartbeat.
   std::string Verdict(double silence_s);
   [[noreturn]] void TimedOut(const char* name, const std::string& verdict);
+  // Communication thread, before the job ends: this rank's flight dump, then a dump request to
+  // every peer on the side channel, and a bounded wait for their answers (a peer that is
+  // stopped or dead answers nothing).
+  void DumpFlightEverywhere(const char* reason);
 
   MPI_Comm comm_;   // our duplicate; freed in the destructor
   const int rank_;
@@ -203,6 +216,10 @@ class MpiCommunicator final : public Communicator {
   std::vector<long long> note_out_;     // send buffers of the notes in flight
   std::vector<MPI_Request> note_req_;
   std::vector<bool> note_owed_;         // a note not sent (the previous one was in flight)
+  bool poll_when_idle_ = false;         // MPI_THREAD_MULTIPLE: the idle thread drains notes too
+  int dumps_answered_ = 0;              // peers that answered our dump request
+  long long dump_note_out_ = 0;         // the send buffer of dump requests and answers
+  std::unique_ptr<FlightRing> ring_;    // the flight recorder; null when off
   std::thread thread_;      // started last, by Create
 };
 

@@ -93,6 +93,7 @@ class ShardedParams final : public ParamStore {
       rank_major_[u] = ctx_.NewBuffer(MemKind::kParams, s.padded * ctx_.elt(), "rank-major parameters of unit " + name);
       dst = rank_major_[u].data();
     }
+    SetFlightUnit(u);  // a prefetch belongs to the unit it gathers
     gather_work_[u] = ctx_.comm->AllGather(Shard(u), dst, s.shard, ctx_.opt.dtype);
   }
   // Unit u gathered and its all-gather complete.

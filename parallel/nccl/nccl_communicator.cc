@@ -17,6 +17,7 @@
 
 #include "base/clock.h"
 #include "model/cuda/cuda_device.h"
+#include "parallel/flight_dump.h"
 #include "parallel/gpu_binding.h"
 #include "parallel/mpi_communicator.h"
 
@@ -85,6 +86,7 @@ class NcclCommunicator final : public Communicator {
         timeout_s_(timeout_s),
         rank_(control_->rank()),
         world_(control_->world_size()) {
+    if (FlightRing* ctl = control_->flight_ring()) ring_ = MakeFlightRing("nccl", rank_, ctl->world_ranks());
     watchdog_ = std::thread([this] { Watch(); });
   }
   // Drain, then finalize; nothing here can block forever. The drain runs while the watchdog
@@ -115,7 +117,7 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<Work> AllReduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
     ledger_.Add(CollKind::kAllReduce, CommLedger::RingBytes(CollKind::kAllReduce, count, dtype, world_));
     NoteIssued(CollKind::kAllReduce, count);
-    return Launch("ncclAllReduce", [&] { return ncclAllReduce(buf, buf, count, NcclType(dtype), NcclOp(op), nccl_, stream_); });
+    return Launch("ncclAllReduce", Record(FlightOp::kAllReduce, dtype, count, count * DTypeSize(dtype)), [&] { return ncclAllReduce(buf, buf, count, NcclType(dtype), NcclOp(op), nccl_, stream_); });
   }
   std::shared_ptr<Work> ReduceScatter(const void* send, void* recv, size_t recv_count, DType dtype,
                                       ReduceOp op) override {
@@ -123,21 +125,23 @@ class NcclCommunicator final : public Communicator {
     NoteIssued(CollKind::kReduceScatter, recv_count);
     // NCCL allows recv to be rank r's block of send (in place); any other overlap is refused,
     // as by MpiCommunicator.
-    return Launch("ncclReduceScatter", [&] {
+    return Launch("ncclReduceScatter",
+                  Record(FlightOp::kReduceScatter, dtype, recv_count, recv_count * DTypeSize(dtype) * world_), [&] {
       return ncclReduceScatter(send, recv, recv_count, NcclType(dtype), NcclOp(op), nccl_, stream_);
     });
   }
   std::shared_ptr<Work> AllGather(const void* send, void* recv, size_t send_count, DType dtype) override {
     ledger_.Add(CollKind::kAllGather, CommLedger::RingBytes(CollKind::kAllGather, send_count, dtype, world_));
     NoteIssued(CollKind::kAllGather, send_count);
-    return Launch("ncclAllGather", [&] { return ncclAllGather(send, recv, send_count, NcclType(dtype), nccl_, stream_); });
+    return Launch("ncclAllGather",
+                  Record(FlightOp::kAllGather, dtype, send_count, send_count * DTypeSize(dtype) * world_), [&] { return ncclAllGather(send, recv, send_count, NcclType(dtype), nccl_, stream_); });
   }
   std::shared_ptr<Work> Broadcast(void* buf, size_t count, DType dtype, int root) override {
     if (root < 0 || root >= world_)
       return std::make_shared<CompletedWork>(Status::InvalidArgument("Broadcast: root out of range"));
     ledger_.Add(CollKind::kBroadcast, CommLedger::RingBytes(CollKind::kBroadcast, count, dtype, world_));
     NoteIssued(CollKind::kBroadcast, count);
-    return Launch("ncclBroadcast", [&] { return ncclBroadcast(buf, buf, count, NcclType(dtype), root, nccl_, stream_); });
+    return Launch("ncclBroadcast", Record(FlightOp::kBroadcast, dtype, count, count * DTypeSize(dtype)), [&] { return ncclBroadcast(buf, buf, count, NcclType(dtype), root, nccl_, stream_); });
   }
 
   // ncclSend / ncclRecv to every peer inside one group (NCCL's documented all-to-all-v
@@ -151,7 +155,8 @@ class NcclCommunicator final : public Communicator {
     for (size_t c : send_counts) sent += c;
     NoteIssued(CollKind::kAllToAll, sent);
     const size_t esize = DTypeSize(dtype);
-    return Launch("ncclSend/ncclRecv (all-to-all-v)", [&]() -> ncclResult_t {
+    return Launch("ncclSend/ncclRecv (all-to-all-v)", Record(FlightOp::kAllToAll, dtype, sent, sent * esize),
+                  [&]() -> ncclResult_t {
       ncclResult_t r = ncclGroupStart();
       size_t so = 0, ro = 0;
       for (int j = 0; j < world_ && (r == ncclSuccess || r == ncclInProgress); j++) {
@@ -189,6 +194,8 @@ class NcclCommunicator final : public Communicator {
   StatusOr<std::unique_ptr<Communicator>> DuplicateControl() override { return control_->DuplicateControl(); }
 
   CommLedger& ledger() override { return ledger_; }
+  // The data plane's ring; the control plane's calls are in the MPI communicator's.
+  FlightRing* flight_ring() override { return ring_.get(); }
 
   // HSDP: the control plane split with MPI_Comm_split, the data plane with ncclCommSplit (it
   // shares the parent's bootstrap: no new unique id), on the parent's communication stream: one
@@ -224,8 +231,10 @@ class NcclCommunicator final : public Communicator {
       if (part) ncclCommAbort(part);
       return st.ok() ? Status::Internal("") : st;
     }
-    return std::unique_ptr<Communicator>(
+    auto split = std::unique_ptr<NcclCommunicator>(
         new NcclCommunicator(std::move(control), part, device_, compute_, shared_stream_, timeout_s_));
+    if (split->ring_) split->ring_->SetName("nccl-split");
+    return std::unique_ptr<Communicator>(std::move(split));
   }
 
  private:
@@ -239,8 +248,12 @@ class NcclCommunicator final : public Communicator {
   // (the stream reaches it when that work and every collective issued before, of any
   // communicator on the stream, are done), issues it, records its completion event and hands
   // both to the watchdog.
+  uint64_t Record(FlightOp op, DType dtype, uint64_t count, uint64_t bytes) {
+    return ring_ ? ring_->Record(op, dtype, count, bytes) : 0;
+  }
+
   template <typename Issue>
-  std::shared_ptr<Work> Launch(const char* name, Issue issue) {
+  std::shared_ptr<Work> Launch(const char* name, uint64_t seq, Issue issue) {
     cudaSetDevice(device_);
     cudaEvent_t ready = nullptr, started = nullptr, done = nullptr, watch = nullptr;
     cudaEvent_t* events[] = {&ready, &started, &done, &watch};
@@ -263,7 +276,7 @@ class NcclCommunicator final : public Communicator {
     cudaEventRecord(watch, stream_);  // the watchdog's own event: the Work's may die before it is queried
     {
       std::lock_guard<std::mutex> lock(mu_);
-      inflight_.push_back(InFlight{started, watch, -1.0, name});
+      inflight_.push_back(InFlight{started, watch, -1.0, name, seq});
     }
     cv_.notify_all();
     return std::make_shared<NcclWork>(done, compute_);
@@ -291,6 +304,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   [[noreturn]] void Abort(const std::string& why) {
+    WriteFlightDumpOnce("nccl_watchdog");
     ncclCommAbort(nccl_);
     Fatal(rank_, why);
   }
@@ -308,6 +322,10 @@ class NcclCommunicator final : public Communicator {
         const cudaError_t q = cudaEventQuery(inflight_.front().done);
         if (q == cudaErrorNotReady) break;
         if (q != cudaSuccess) Abort(std::string(inflight_.front().name) + ": CUDA error: " + cudaGetErrorString(q));
+        if (inflight_.front().seq != 0) {
+          if (inflight_.front().started_at < 0) ring_->Started(inflight_.front().seq);
+          ring_->Completed(inflight_.front().seq, true);
+        }
         cudaEventDestroy(inflight_.front().started);
         cudaEventDestroy(inflight_.front().done);
         inflight_.pop_front();
@@ -321,7 +339,10 @@ class NcclCommunicator final : public Communicator {
       InFlight& f = inflight_.front();
       if (f.started_at < 0) {
         const cudaError_t q = cudaEventQuery(f.started);
-        if (q == cudaSuccess) f.started_at = MonotonicSeconds();
+        if (q == cudaSuccess) {
+          f.started_at = MonotonicSeconds();
+          if (f.seq != 0) ring_->Started(f.seq);
+        }
         else if (q != cudaErrorNotReady) Abort(std::string(f.name) + ": CUDA error: " + cudaGetErrorString(q));
       }
       if (f.started_at >= 0 && MonotonicSeconds() - f.started_at > timeout_s_) {
@@ -339,6 +360,7 @@ class NcclCommunicator final : public Communicator {
     cudaEvent_t done;     // recorded just after it
     double started_at;    // when the watchdog first saw `started` complete; < 0: not yet
     const char* name;
+    uint64_t seq;         // its flight recorder entry (0: none)
   };
 
   std::unique_ptr<MpiCommunicator> control_;
@@ -354,6 +376,7 @@ class NcclCommunicator final : public Communicator {
   std::condition_variable cv_;
   std::deque<InFlight> inflight_;  // guarded by mu_
   bool stop_ = false;              // guarded by mu_
+  std::unique_ptr<FlightRing> ring_;  // null when the recorder is off
   std::thread watchdog_;
 };
 

@@ -2,7 +2,7 @@
 # A hung peer on the MPI path. One rank of a 2-rank run is SIGSTOPped after
 # the log shows a step (a point the test waits for, not a time); with --comm-timeout 10 the
 # other rank ends the job with one line naming the MPI call, the step and rank 1, and a
-# non-zero exit, never a hang.
+# non-zero exit, never a hang; rank 1 itself, resumed before its kill, names no peer.
 #
 # The stop lands where it lands: before rank 1 entered the collective ("did not arrive") or
 # inside it, after its arrival note ("arrived but sent nothing": a rank waiting inside a call
@@ -53,6 +53,11 @@ run_case() {
   done
   grep -qE -- "rank\(s\) 1 (did not arrive|arrived but sent nothing for [0-9]+ s)" <<<"$line" ||
     { echo "FAIL ($name): the line says neither that rank 1 did not arrive nor that it fell silent: $line"; cat "$out"; exit 1; }
+  # the stopped rank, resumed by mpirun before its kill, must not accuse its peers from the notes
+  # it heard before its pause (its own loop sees the gap and restarts its deadline)
+  if grep -E '^shardgpt: error: rank 1: .*(did not arrive|arrived but sent nothing)' "$out"; then
+    echo "FAIL ($name): the stopped rank 1 named its peers"; cat "$out"; exit 1
+  fi
   echo "ok   $name: job ended with status $rc: $line"
 }
 

@@ -1,0 +1,47 @@
+// Flight dumps: each rank's flight recorder (parallel/flight_recorder.h) written as one JSON file,
+// DIR/rank_XXXXX.json (then rank_XXXXX.1.json, .2 ... : an earlier dump is never overwritten),
+// for `shardgpt diagnose` (docs/DIAGNOSE.md has the schema).
+//
+// Written on a watchdog expiry (MPI, NCCL), a job-ending collective failure, a divergence stop,
+// SIGUSR2 (the run goes on) and, best effort, SIGSEGV / SIGBUS / SIGABRT. The writer is
+// async-signal-safe: the job's identity is formatted once by ConfigureFlightDumps; the dump
+// itself uses only open, write, link, rename, unlink, mkdir and clock_gettime on stack buffers,
+// into a temporary file that is linked to its final name (so a reader never sees half a dump).
+// One dump at a time per process: a dump that starts while another is being written is skipped.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace shardgpt {
+
+// Who this process is, as every dump of the run states it (diagnose refuses to mix runs).
+struct FlightJob {
+  std::string dir;      // where dumps go (created on the first dump); empty: no dumps
+  std::string run_id;   // the same on every rank of one launch
+  int world_rank = 0;
+  int world_size = 1;
+  std::string host;
+  std::vector<std::string> hosts;  // by world rank
+  std::string slurm_job_id;        // empty outside Slurm
+};
+
+// Sets the identity for later dumps; not async-signal-safe (call at setup, before the run).
+void ConfigureFlightDumps(const FlightJob& job);
+bool FlightDumpsConfigured();
+
+// Writes one dump; `reason` is a short token ("sigusr2", "comm_timeout", ...). Returns the
+// dump's index (0 for rank_XXXXX.json, N for .N.json), or -1 when nothing was written
+// (no directory configured, a dump already in progress, a write failing). Prints one line on
+// stderr naming the file. Async-signal-safe.
+int WriteFlightDump(const char* reason);
+// The same, at most once per process over all calls (the job-ending paths, which may race:
+// the watchdog of two communicators, a peer's request, a crash signal).
+int WriteFlightDumpOnce(const char* reason);
+
+// SIGUSR2: a dump, and the run goes on. SIGSEGV, SIGBUS, SIGABRT: a dump (once), then the
+// default action (the process dies by the same signal). On an alternate signal stack, so a
+// stack overflow still dumps.
+void InstallFlightSignalHandlers();
+
+}  // namespace shardgpt
