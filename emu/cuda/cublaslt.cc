@@ -37,6 +37,7 @@
 #include "cublasLt.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -336,6 +337,20 @@ constexpr uint64_t kAlgoWorkspaceBytes = uint64_t{1} << 20;  // asked for when t
 // data[6] workspace bytes,
 // data[7] the configuration (types, compute type, epilogue) it was chosen for.
 enum AlgoWord { kMagic = 0, kAlignA = 1, kAlignBiasAux = 5, kWorkspace = 6, kConfig = 7 };
+// In data[kWorkspace]: an algorithm made to fail at its cublasLtMatmul (failure injection).
+constexpr uint64_t kInjectedFailure = uint64_t{1} << 63;
+
+// Failure injection (tests of the callers' fallbacks): SHARDGPT_CUBLASLT_EMU_FAIL=
+//   heuristic   cublasLtMatmulAlgoGetHeuristic returns CUBLAS_STATUS_INTERNAL_ERROR where A is
+//               bf16 (a status other than "not supported");
+//   bf16        it returns CUBLAS_STATUS_NOT_SUPPORTED where A is bf16 (no bf16 algorithm);
+//   first-algo  where two or more are asked for, it returns two, and cublasLtMatmul refuses the
+//               first with CUBLAS_STATUS_EXECUTION_FAILED (queueing nothing).
+// Read at each call, so that a test can set and clear it.
+std::string InjectedFailure() {
+  const char* v = std::getenv("SHARDGPT_CUBLASLT_EMU_FAIL");
+  return v ? v : "";
+}
 
 uint64_t ConfigWord(const Problem& p) {
   return uint64_t(p.a.type) | uint64_t(p.d.type) << 8 | uint64_t(p.compute) << 16 | uint64_t(p.epilogue) << 32;
@@ -452,6 +467,7 @@ cublasStatus_t CheckCall(const Job& j, const void* C, const cublasLtMatmulAlgo_t
     return CUBLAS_STATUS_INVALID_VALUE;
   if (algo != nullptr) {
     if (algo->data[kMagic] != kAlgoMagic || algo->data[kConfig] != ConfigWord(p)) return CUBLAS_STATUS_INVALID_VALUE;
+    if (algo->data[kWorkspace] & kInjectedFailure) return CUBLAS_STATUS_EXECUTION_FAILED;
     // cublasLt.h: INVALID_VALUE "when workspaceSizeInBytes is less than workspace required by
     // configured algo".
     if (workspace_bytes < algo->data[kWorkspace]) return CUBLAS_STATUS_INVALID_VALUE;
@@ -810,13 +826,20 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandle, cubl
   Problem p;
   const cublasStatus_t s = Resolve(operationDesc, Adesc, Bdesc, Cdesc, Ddesc, &p);
   if (s != CUBLAS_STATUS_SUCCESS) return s;
-  cublasLtMatmulHeuristicResult_t& r = heuristicResultsArray[0];
-  r = cublasLtMatmulHeuristicResult_t{};
-  r.workspaceSize = std::min<uint64_t>(preference->max_workspace, kAlgoWorkspaceBytes);
-  r.algo = MakeAlgo(p, *operationDesc, *preference, r.workspaceSize);
-  r.state = CUBLAS_STATUS_SUCCESS;
-  r.wavesCount = 1.0f;
-  *returnAlgoCount = 1;
+  const std::string inject = InjectedFailure();
+  if (inject == "heuristic" && p.a.type == CUDA_R_16BF) return CUBLAS_STATUS_INTERNAL_ERROR;
+  if (inject == "bf16" && p.a.type == CUDA_R_16BF) return CUBLAS_STATUS_NOT_SUPPORTED;
+  const int count = inject == "first-algo" && requestedAlgoCount >= 2 ? 2 : 1;
+  for (int i = 0; i < count; i++) {
+    cublasLtMatmulHeuristicResult_t& r = heuristicResultsArray[i];
+    r = cublasLtMatmulHeuristicResult_t{};
+    r.workspaceSize = std::min<uint64_t>(preference->max_workspace, kAlgoWorkspaceBytes);
+    r.algo = MakeAlgo(p, *operationDesc, *preference, r.workspaceSize);
+    if (i + 1 < count) r.algo.data[kWorkspace] |= kInjectedFailure;
+    r.state = CUBLAS_STATUS_SUCCESS;
+    r.wavesCount = 1.0f;
+  }
+  *returnAlgoCount = count;
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -505,6 +505,11 @@ uint64_t CudaGeluEpilogueCalls(Device& device) {
   return cuda ? static_cast<CudaKernels&>(cuda->kernels()).gelu_in_epilogue() : 0;
 }
 
+uint64_t CudaGemmFallbacks(Device& device) {
+  auto* cuda = dynamic_cast<CudaDevice*>(&device);
+  return cuda ? static_cast<CudaKernels&>(cuda->kernels()).gemm_fallbacks() : 0;
+}
+
 int CudaDeviceOrdinal(Device& device) {
   auto* cuda = dynamic_cast<CudaDevice*>(&device);
   return cuda ? cuda->ordinal() : -1;

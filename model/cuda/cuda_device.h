@@ -47,5 +47,8 @@ Status UseCudnnAttention(Device& device);
 // the element-wise kernel: no epilogue algorithm, or a configuration without one); 0 for any
 // other device. For tests and bench_train's report.
 uint64_t CudaGeluEpilogueCalls(Device& device);
+// Matmul calls that took a fallback (cuBLASLt's heuristic failed or had no algorithm, or one was
+// refused at its call) on this device since it was made; 0 for a non-CUDA device (tests).
+uint64_t CudaGemmFallbacks(Device& device);
 
 }  // namespace shardgpt

@@ -41,9 +41,12 @@ void ThrowCudaError(const char* call, cudaError_t e) {
                            ")");
 }
 
+std::string CublasText(cublasStatus_t s) {
+  return std::string(cublasLtGetStatusString(s)) + " (" + cublasLtGetStatusName(s) + ")";
+}
+
 void ThrowCublasError(const char* call, cublasStatus_t s) {
-  throw std::runtime_error("CUDA: " + CallName(call) + ": " + cublasLtGetStatusString(s) + " (" +
-                           cublasLtGetStatusName(s) + ")");
+  throw std::runtime_error("CUDA: " + CallName(call) + ": " + CublasText(s));
 }
 
 }  // namespace cuda

@@ -54,6 +54,8 @@ inline void CheckCublas(cublasStatus_t s, const char* call) {
 }
 // "<error string> (<error name>, <code>)", e.g. "out of memory (cudaErrorMemoryAllocation, 2)".
 std::string ErrorText(cudaError_t e);
+// "<status string> (<status name>)", e.g. "the functionality requested is not supported (CUBLAS_STATUS_NOT_SUPPORTED)".
+std::string CublasText(cublasStatus_t s);
 
 }  // namespace cuda
 
@@ -127,6 +129,9 @@ class CudaKernels final : public Kernels {
   // matmul_gelu_forward / matmul_dgelu_backward calls whose GELU ran in cuBLASLt's epilogue
   // (the others: an fp32 result, then the element-wise half as its own kernel) (tests).
   uint64_t gelu_in_epilogue() const { return gelu_in_epilogue_.load(); }
+  // Matmul calls that took a fallback because cuBLASLt's heuristic failed or had no algorithm,
+  // or an algorithm was refused at its call (tests).
+  uint64_t gemm_fallbacks() const { return gemm_fallbacks_.load(); }
 
   // --attention cudnn: attention through cuDNN's SDPA (attention_cudnn.cc; bf16 products
   // at every precision). Only where CudnnAttentionBuilt() (attention_cudnn.h).
@@ -186,12 +191,23 @@ class CudaKernels final : public Kernels {
                       o.alignment, o.bias_alignment, o.d_bf16, o.gelu, o.aux_alignment);
     }
   };
+  // algos: the heuristic's algorithms in its order, those with a successful state; one that
+  // cublasLtMatmul refuses is dropped, so later calls start at the next. Empty: the heuristic
+  // had none or failed (any status): the caller's fallback runs.
   struct GemmPlan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-    cublasLtMatmulAlgo_t algo{};
-    bool found = false;  // false: the heuristic had no algorithm for this key
+    std::vector<cublasLtMatmulAlgo_t> algos;
+    cublasStatus_t heuristic_status = CUBLAS_STATUS_SUCCESS;  // for the error line
   };
+  // Runs D = A B (+ beta D) with the plan's algorithms in order until one is accepted; false
+  // when none is (the plan is then empty).
+  bool RunPlan(GemmPlan& plan, const void* a_op, const void* b_op, void* D, float beta) const;
+  // The product on fp32 copies of bf16 operands into an fp32 result (rounded into a bf16 D):
+  // the path where cuBLASLt has no bf16 algorithm for a call on bf16 activations.
+  bool GemmWidened(bool trans_a, bool trans_b, int m, int n, int k, const void* A, DType a_type, int lda,
+                   const void* B, DType b_type, int ldb, void* D, DType d_type, int ldd, float beta,
+                   const void* bias) const;
   GemmPlan& Plan(const GemmKey& key, const void* bias, const void* aux) const;
   // At bf16 activations: whether cuBLASLt can write a forward matmul's result in bf16 itself
   // (bf16 products, and no bias or a bias noted as the widening of stored bf16 values: then
@@ -224,6 +240,7 @@ class CudaKernels final : public Kernels {
   Bf16SourceNotes sources_;  // note_bf16_source's notes of the open window
   mutable std::atomic<uint64_t> operands_from_stored_{0};
   mutable std::atomic<uint64_t> biases_from_stored_{0};
+  mutable std::atomic<uint64_t> gemm_fallbacks_{0};
   mutable std::atomic<uint64_t> gelu_in_epilogue_{0};
   bool cudnn_attention_ = false;
   mutable void* scratch_[kNumSlots] = {};

@@ -151,15 +151,65 @@ CudaKernels::GemmPlan& CudaKernels::Plan(const GemmKey& key, const void* bias, c
                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
     SHARDGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ph.pref, attr, &key.alignment, sizeof(key.alignment)));
   }
-  cublasLtMatmulHeuristicResult_t result{};
+  // Up to kAlgos candidates, in the heuristic's order. Any failure of the heuristic
+  // (NOT_SUPPORTED: none for this configuration; any other status: it could not choose) leaves
+  // the plan empty, and the caller falls back (the bias broadcast, fp32 products, widened
+  // operands) or names the shape.
+  constexpr int kAlgos = 4;
+  cublasLtMatmulHeuristicResult_t results[kAlgos] = {};
   int found = 0;
-  const cublasStatus_t s =
-      cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.d, p.d, ph.pref, 1, &result, &found);
-  // NOT_SUPPORTED: no algorithm for this configuration; the caller falls back (bias) or fails.
-  if (s != CUBLAS_STATUS_NOT_SUPPORTED) cuda::CheckCublas(s, "cublasLtMatmulAlgoGetHeuristic");
-  p.found = s == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-  if (p.found) p.algo = result.algo;
+  p.heuristic_status = cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.d, p.d, ph.pref, kAlgos, results, &found);
+  if (p.heuristic_status == CUBLAS_STATUS_SUCCESS)
+    for (int i = 0; i < found && i < kAlgos; i++)
+      if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= kWorkspaceBytes)
+        p.algos.push_back(results[i].algo);
   return p;
+}
+
+bool CudaKernels::RunPlan(GemmPlan& plan, const void* a_op, const void* b_op, void* D, float beta) const {
+  const float alpha = 1.0f;
+  while (!plan.algos.empty()) {
+    const cublasStatus_t s = cublasLtMatmul(lt_, plan.desc, &alpha, a_op, plan.a, b_op, plan.b, &beta, D, plan.d, D,
+                                            plan.d, &plan.algos.front(), workspace_, kWorkspaceBytes, stream_);
+    if (s == CUBLAS_STATUS_SUCCESS) return true;
+    // refused at its call (nothing was queued): this shape's next candidate, now and later
+    plan.algos.erase(plan.algos.begin());
+    gemm_fallbacks_++;
+  }
+  return false;
+}
+
+// fp32 copies of the bf16 operands (kOperandA/B), an fp32 result in kResult (a bf16 D widened
+// into it first where beta reads it, or the bf16 bias broadcast into D first), then one rounding
+// into D: the bf16 activations' path where cuBLASLt has no bf16 algorithm.
+bool CudaKernels::GemmWidened(bool trans_a, bool trans_b, int m, int n, int k, const void* A, DType a_type, int lda,
+                              const void* B, DType b_type, int ldb, void* D, DType d_type, int ldd, float beta,
+                              const void* bias) const {
+  const int a_rows = trans_a ? k : m, a_cols = trans_a ? m : k, b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+  const void* a32 = a_type == DType::kBF16 ? F32Copy(static_cast<const uint16_t*>(A), a_rows, a_cols, lda, kOperandA) : A;
+  const void* b32 = b_type == DType::kBF16 ? F32Copy(static_cast<const uint16_t*>(B), b_rows, b_cols, ldb, kOperandB) : B;
+  const size_t span = (size_t)(n - 1) * ldd + m;  // D's elements, column-major with leading dimension ldd
+  if (bias) {  // D = bias (D's type), then D += A B: as the bias fallback below (ldd == m)
+    if (d_type == DType::kF32)
+      SHARDGPT_LAUNCH(broadcast_bias_kernel<float>, cuda::GridFor((size_t)m * n, 256), 256, 0, stream_)(
+          static_cast<float*>(D), static_cast<const float*>(bias), n, m);
+    else
+      SHARDGPT_LAUNCH(broadcast_bias_kernel<uint16_t>, cuda::GridFor((size_t)m * n, 256), 256, 0, stream_)(
+          static_cast<uint16_t*>(D), static_cast<const uint16_t*>(bias), n, m);
+    SHARDGPT_CUDA_CHECK_LAUNCH("broadcast_bias_kernel");
+    beta = 1.0f;
+  }
+  void* d32 = D;
+  if (d_type == DType::kBF16) {
+    d32 = Scratch(sizeof(float) * span, kResult);
+    if (beta != 0.0f) convert(D, DType::kBF16, d32, DType::kF32, span);
+  }
+  GemmKey key{trans_a, trans_b, m, n, k, lda, ldb, ldd, MatmulPrecision::kExact, false, beta != 0.0f,
+              std::min(std::min(Alignment(a32), Alignment(b32)), Alignment(d32)), 256u, false, GeluEpilogue::kNone,
+              256u};
+  if (!RunPlan(Plan(key, nullptr, nullptr), a32, b32, d32, beta)) return false;
+  if (d_type == DType::kBF16) convert(d32, DType::kF32, D, DType::kBF16, span);
+  return true;
 }
 
 bool CudaKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* A, DType a_type, int lda,
@@ -184,23 +234,34 @@ bool CudaKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const vo
   GemmKey key{trans_a, trans_b, m, n, k, lda, ldb, ldd, precision_, bias != nullptr, beta != 0.0f, align, bias_align,
               d_type == DType::kBF16, gelu, with_gelu ? Alignment(aux) : 256u};
   GemmPlan* found = &Plan(key, bias, aux);
-  if (!found->found && key.precision == MatmulPrecision::kBf16) {
-    // No bf16 algorithm for this configuration: this shape runs in fp32, on the fp32 inputs
-    // (only where every operand and the result are fp32: bf16 activations have no fp32 twin here).
+  if (bias) SHARDGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(found->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                                 sizeof(bias)));
+  if (with_gelu)
+    SHARDGPT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(found->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+  if (RunPlan(*found, a_op, b_op, D, beta)) return true;
+  const std::string heuristic = cuda::CublasText(found->heuristic_status);
+  if (key.precision == MatmulPrecision::kBf16) {
+    // No bf16 algorithm for this configuration: this shape runs on fp32 operands, into an fp32
+    // result (bf16 activations: fp32 copies of them, the result rounded once into D).
+    if (with_gelu) return false;  // the caller's fp32 route (the separate GELU) takes it
+    gemm_fallbacks_++;
     if (a_type == DType::kBF16 || b_type == DType::kBF16 || d_type == DType::kBF16) {
-      if (with_gelu) return false;  // the caller's fp32 route names the shape if it fails too
-      throw std::runtime_error("CUDA: cublasLtMatmulAlgoGetHeuristic: no bf16 algorithm for a " + std::to_string(m) +
-                               "x" + std::to_string(n) + "x" + std::to_string(k) + " matmul on bf16 activations "
-                               "(alignment " + std::to_string(align) + " bytes)");
+      if (GemmWidened(trans_a, trans_b, m, n, k, A, a_type, lda, B, b_type, ldb, D, d_type, ldd, beta, bias)) return true;
+      throw std::runtime_error("CUDA: cuBLASLt has no algorithm for a " + std::to_string(m) + "x" + std::to_string(n) +
+                               "x" + std::to_string(k) + " matmul on bf16 activations, in bf16 or in fp32 (heuristic: " +
+                               heuristic + ")");
     }
     key.precision = MatmulPrecision::kExact;
     key.alignment = std::min(std::min(Alignment(A), Alignment(B)), Alignment(D));
     a_op = A, b_op = B;
     found = &Plan(key, bias, aux);
+    if (bias) SHARDGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(found->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                                   &bias, sizeof(bias)));
+    if (RunPlan(*found, a_op, b_op, D, beta)) return true;
   }
-  GemmPlan& plan = *found;
-  if (!plan.found && with_gelu) return false;
-  if (!plan.found && bias) {
+  if (with_gelu) return false;
+  if (bias) {
     // No epilogue algorithm for this shape: D = bias broadcast (D is contiguous: ldd == m, as in
     // matmul_forward, the only caller with a bias), then D += A B (rounded once: a bf16 bias is
     // exactly representable in the bf16 D it is broadcast into).
@@ -211,22 +272,12 @@ bool CudaKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const vo
       SHARDGPT_LAUNCH(broadcast_bias_kernel<uint16_t>, cuda::GridFor((size_t)m * n, 256), 256, 0, stream_)(
           static_cast<uint16_t*>(D), static_cast<const uint16_t*>(bias), n, m);
     SHARDGPT_CUDA_CHECK_LAUNCH("broadcast_bias_kernel");
+    gemm_fallbacks_++;
     return Gemm(trans_a, trans_b, m, n, k, A, a_type, lda, B, b_type, ldb, D, d_type, ldd, 1.0f, nullptr);
   }
-  if (!plan.found)
-    throw std::runtime_error("CUDA: cublasLtMatmulAlgoGetHeuristic: no algorithm for a " + std::to_string(m) + "x" +
-                             std::to_string(n) + "x" + std::to_string(k) + " matmul (alignment " +
-                             std::to_string(align) + " bytes)");
-  if (bias)
-    SHARDGPT_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  if (with_gelu)
-    SHARDGPT_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-  const float alpha = 1.0f;
-  SHARDGPT_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, a_op, plan.a, b_op, plan.b, &beta, D, plan.d, D,
-                                       plan.d, &plan.algo, workspace_, kWorkspaceBytes, stream_));
-  return true;
+  throw std::runtime_error("CUDA: cuBLASLt has no algorithm for a " + std::to_string(m) + "x" + std::to_string(n) +
+                           "x" + std::to_string(k) + " matmul (alignment " + std::to_string(align) +
+                           " bytes; heuristic: " + heuristic + ")");
 }
 
 void CudaKernels::ColumnSums(float* dst, const void* X, int N, int OC) const {

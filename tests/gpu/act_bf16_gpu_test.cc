@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -188,6 +189,47 @@ TEST_P(GpuBf16Act, Matmul) {
     ExpectNear(dw.Get(true), dw.Get(false), GetParam() == MatmulPrecision::kBf16 ? 1e-2 : 1e-5, "matmul dw");
     ExpectNear(dbias.Get(true), dbias.Get(false), 1e-5, "matmul dbias");
   }
+}
+
+// cuBLASLt failing under the emulation's injection (SHARDGPT_CUBLASLT_EMU_FAIL, emu/cuda/cublaslt.cc):
+// a heuristic that fails with a status other than "not supported", one with no bf16 algorithm,
+// and an algorithm refused at its call. Each matmul still runs (through fp32 copies of the bf16
+// activations, fp32 products, or the heuristic's next algorithm) and matches the CPU twin; the
+// fallback counter says a fallback ran. Fresh shapes per case: plans are kept per shape.
+TEST_P(GpuBf16Act, MatmulFallsBackWhereCublasLtFails) {
+#ifndef SHARDGPT_CUDA_EMULATION
+  GTEST_SKIP() << "the failures are injected by the CUDA emulation";
+#else
+  struct Case {
+    const char* inject;
+    bool falls_back;  // at this test's precision
+  };
+  const bool bf16 = GetParam() == MatmulPrecision::kBf16;
+  int N = 24;
+  for (const Case& c : {Case{"heuristic", bf16}, Case{"bf16", bf16}, Case{"first-algo", true}}) {
+    SCOPED_TRACE(c.inject);
+    N += 8;
+    const int C = 64, OC = 96;
+    auto inp = Act((size_t)N * C, 60), out = Act((size_t)N * OC, 61), dout = Act((size_t)N * OC, 62);
+    auto dinp = Act((size_t)N * C, 63);
+    auto w = F32(RandomFloats((size_t)OC * C, 64)), b = F32(RandomFloats(OC, 65));
+    auto dw = F32(std::vector<float>((size_t)OC * C, 0.5f)), dbias = F32(std::vector<float>(OC, 0.0f));
+    const uint64_t before = CudaGemmFallbacks(*gpu_);
+    setenv("SHARDGPT_CUBLASLT_EMU_FAIL", c.inject, 1);
+    for (bool g : {true, false}) {
+      k(g).matmul_forward(out.p(g), inp.p(g), w.p(g), b.p(g), N, C, OC);
+      k(g).matmul_backward(dinp.p(g), dw.p(g), dbias.p(g), dout.p(g), inp.p(g), w.p(g), N, C, OC);
+    }
+    gpu_->Synchronize();
+    unsetenv("SHARDGPT_CUBLASLT_EMU_FAIL");
+    Near(out, ProductTol(), "matmul out");
+    Near(dinp, ProductTol(), "matmul dinp");
+    ExpectNear(dw.Get(true), dw.Get(false), bf16 ? 1e-2 : 1e-5, "matmul dw");
+    ExpectNear(dbias.Get(true), dbias.Get(false), 1e-5, "matmul dbias");
+    if (c.falls_back) EXPECT_GT(CudaGemmFallbacks(*gpu_), before) << "no fallback ran";
+    else EXPECT_EQ(CudaGemmFallbacks(*gpu_), before) << "a fallback ran where nothing failed";
+  }
+#endif
 }
 
 // --gelu fused: matmul_gelu_forward / matmul_dgelu_backward against the CPU twins, through both

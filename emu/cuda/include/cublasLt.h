@@ -10,7 +10,8 @@
 //   - Compute types: CUBLAS_COMPUTE_32F is exact on the inputs; *_FAST_16BF / _FAST_TF32 /
 //     _FAST_16F round fp32 inputs to bf16 / TF32 / fp16 (nearest even) before multiplying.
 //   - The heuristic returns one algorithm, or CUBLAS_STATUS_NOT_SUPPORTED for what is not
-//     emulated. The algorithm remembers the alignments it was chosen for; cublasLtMatmul aborts
+//     emulated (SHARDGPT_CUBLASLT_EMU_FAIL injects failures: heuristic, bf16, first-algo; see
+//     cublaslt.cc). The algorithm remembers the alignments it was chosen for; cublasLtMatmul aborts
 //     the process (cuda_emu::Fail) when a pointer is less aligned, or when a matrix, the bias,
 //     the aux matrix or the workspace is not inside one device allocation of the stream's device.
 #pragma once
