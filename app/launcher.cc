@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <new>
 #include <thread>
@@ -28,7 +29,24 @@ void PrintTopology(Communicator& comm, const std::string& mine) {
 
 }  // namespace
 
+// Open MPI 4.1 started by srun --mpi=pmix: MPI_Init waits in two PMIx fences, the modex (the
+// peers' addresses) and a closing barrier, and ob1 registers its receive handlers only between
+// them. A rank still waiting in the modex fence runs the TCP BTL's progress; a fragment that a
+// peer already out of MPI_Init sent it (its first collective) then goes to the unregistered
+// handler: a call through a null pointer (SIGSEGV at address 0 in MPI_Init). With the direct
+// modex (async modex, no data collection) MPI_Init has no modex fence: each rank fetches a
+// peer's address when it first needs it, and its only fence comes after ob1 registered, so no
+// fragment can be progressed before its handler exists. A value the user set is kept.
+void PrepareMpiEnvironment() {
+  const bool srun_pmix = std::getenv("SLURM_STEP_ID") != nullptr && std::getenv("PMIX_NAMESPACE") != nullptr &&
+                         std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr;  // mpirun's ranks have the last
+  if (!srun_pmix) return;
+  setenv("OMPI_MCA_pmix_base_async_modex", "1", /*overwrite=*/0);
+  setenv("OMPI_MCA_pmix_base_collect_data", "0", /*overwrite=*/0);
+}
+
 Launcher::Launcher(int* argc, char*** argv) {
+  PrepareMpiEnvironment();
   int provided = 0;
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);

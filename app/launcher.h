@@ -12,6 +12,12 @@
 
 namespace shardgpt {
 
+// Under srun --mpi=pmix (and not under mpirun): Open MPI's direct modex unless the user chose
+// (OMPI_MCA_pmix_base_async_modex=1, OMPI_MCA_pmix_base_collect_data=0), so that no message
+// from a faster peer is progressed inside MPI_Init before ob1 can receive it (launcher.cc).
+// Called by the Launcher before MPI_Init_thread.
+void PrepareMpiEnvironment();
+
 // Construction initialises MPI (MPI_THREAD_MULTIPLE, for the background checkpoint writer)
 // and learns this rank's place in the world and on its node; destruction finalises MPI, so
 // one Launcher lives for the whole of Main and nothing that uses MPI outlives it.

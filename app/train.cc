@@ -708,8 +708,18 @@ class Trainer {
     const bool interrupted = !comm_.AllTrue(g_stop_signal != SIGINT);
     const int code = interrupted ? kExitInterrupted : kExitSignalled;
     if (lead_) {
-      std::printf("stop signal received%s%s: checkpointing at step %d and exiting (status %d)\n", where,
-                  interrupted ? " (SIGINT; a second one aborts at once)" : "", step, code);
+      // what is being saved, so that a slow save is seen as one (a launcher that kills the
+      // ranks a few seconds after its stop signal loses it: see docs/TRAINING.md)
+      const char* sigint = interrupted ? " (SIGINT; a second one aborts at once)" : "";
+      if (ckpt_.enabled()) {
+        const size_t n = layout_->total_numel();
+        std::printf("stop signal received%s%s: checkpointing at step %d (%.1f MB: %zu parameters x master, m, v in "
+                    "fp32) and exiting (status %d)\n",
+                    where, sigint, step, 12.0 * static_cast<double>(n) / 1e6, n, code);
+      } else {
+        std::printf("stop signal received%s%s: no --ckpt-dir, exiting at step %d without a checkpoint (status %d)\n",
+                    where, sigint, step, code);
+      }
       std::fflush(stdout);
     }
     SHARDGPT_RETURN_IF_ERROR(Save());

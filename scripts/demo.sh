@@ -20,7 +20,7 @@ if [ ! -s data/kjv/train.bin ]; then
   "$BUILD"/shardgpt prepare --input data/kjv.txt --output data/kjv
 fi
 mkdir -p runs
-mpirun -np 2 --oversubscribe "$BUILD"/shardgpt train \
+mpirun -np 2 --oversubscribe --mca odls_base_sigkill_timeout 30 "$BUILD"/shardgpt train \
   --data data/kjv/train.bin --val-data data/kjv/val.bin \
   --model tiny --n-layer 4 --n-head 4 --n-embd 128 --max-seq-len 128 --seq-len 128 \
   --micro-batch 8 --grad-accum 1 --steps 600 --lr 3e-3 --warmup-steps 30 \

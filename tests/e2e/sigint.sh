@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Ctrl-C. The first SIGINT stops at the step boundary as SIGTERM does (a
-# checkpoint with --ckpt-dir, exit status 130 on every rank); a second SIGINT aborts at once.
+# checkpoint with --ckpt-dir, exit status 130 on every rank); a second SIGINT aborts at once;
+# Ctrl-C at mpirun reaches the ranks as SIGTERM (75) and mpirun exits 1 (case 4).
 # No race with the machine's speed: --steps 100000 cannot finish before the signal, which is
 # sent only after the log shows a step (both ranks have installed their handlers by then).
 set -uo pipefail
@@ -53,4 +54,26 @@ wait $pid; rc=$?
 [ $rc -eq 130 ] || { echo "FAIL: second SIGINT: status $rc, expected 130 (killed by SIGINT)"; exit 1; }
 [ ! -e "$T/ck3/latest" ] || { echo "FAIL: a checkpoint was published although the second SIGINT aborted"; exit 1; }
 echo "ok   second SIGINT during the first one's checkpoint: aborted at once (status $rc), nothing published"
+# 4. Ctrl-C at mpirun (Open MPI 4.1: the ranks run in their own process groups, so only mpirun
+#    gets it; odls_base_sigkill_timeout N seconds later it sends SIGTERM to every rank, and
+#    SIGKILL N seconds after that), with a stop checkpoint slower than the default N = 1 allows
+#    (the save pauses 4 s). With N = 10 (docs/CHECKPOINT.md), the ranks say what they save, the
+#    checkpoint is published and verifies, they exit 75 (SIGTERM's code) and mpirun exits 1.
+#    The signal is sent after a step is logged (and --steps cannot finish before it): no race.
+set -m  # mpirun in a process group of its own, as a terminal's foreground job is
+SHARDGPT_TEST_CKPT_WRITE_DELAY_MS=4000 mpirun -x SHARDGPT_TEST_CKPT_WRITE_DELAY_MS --mca odls_base_sigkill_timeout 10 \
+  -np 2 --oversubscribe "$BIN" train $ARGS --ckpt-dir "$T/ck4" --log "$T/l4.jsonl" > "$T/o4.txt" 2>&1 &
+mpid=$!
+set +m
+wait_for_row "$T/l4.jsonl" || { echo "FAIL: no step logged (4)"; kill -9 -- -$mpid; exit 1; }
+kill -INT -- -$mpid  # Ctrl-C: SIGINT to the foreground process group
+wait_exit $mpid 600 || { echo "FAIL: mpirun still running 60 s after Ctrl-C"; kill -9 -- -$mpid; exit 1; }
+wait $mpid; rc=$?
+grep -q "stop signal received: checkpointing at step [0-9]* ([0-9.]* MB: [0-9]* parameters" "$T/o4.txt" \
+  || { echo "FAIL: no stop line saying what is saved"; cat "$T/o4.txt"; exit 1; }
+grep -q "exiting (status 75)" "$T/o4.txt" || { echo "FAIL: the ranks did not stop with status 75"; cat "$T/o4.txt"; exit 1; }
+[ $rc -eq 1 ] || { echo "FAIL: mpirun after Ctrl-C: status $rc, expected 1 (Open MPI's, ranks 75)"; cat "$T/o4.txt"; exit 1; }
+[ -e "$T/ck4/latest" ] || { echo "FAIL: the slow stop checkpoint was lost (no latest)"; ls -a "$T/ck4"; cat "$T/o4.txt"; exit 1; }
+"$BIN" ckpt verify "$T/ck4" >/dev/null || { echo "FAIL: the stop checkpoint after Ctrl-C at mpirun does not verify"; exit 1; }
+echo "ok   Ctrl-C at mpirun, a 4-s save, odls_base_sigkill_timeout 10: $(cat "$T/ck4/latest") published, ranks 75, mpirun 1"
 echo "sigint ok"
