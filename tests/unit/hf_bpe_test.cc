@@ -347,6 +347,19 @@ TEST(Safetensors, RoundTripsAndRefusesLyingHeaders) {
   EXPECT_NE(parse(R"({"a":{"dtype":"Q4","shape":[2],"data_offsets":[0,8]}})", 8).status().message().find("unknown dtype"),
             std::string::npos);
   EXPECT_FALSE(parse("[1,2]", 0).ok());
+  // fields of the wrong JSON type: one line naming the tensor and the field
+  for (const auto& [json, words] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"a":{"dtype":5,"shape":[2],"data_offsets":[0,8]}})", "tensor \"a\": dtype is not a string"},
+           {R"({"a":{"dtype":"F32","shape":"2","data_offsets":[0,8]}})", "tensor \"a\": shape is not an array"},
+           {R"({"a":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})", "tensor \"a\": shape [2.0]"},
+           {R"({"a":{"dtype":"F32","shape":[null],"data_offsets":[0,8]}})", "tensor \"a\": shape [null]"},
+           {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":null}})", "tensor \"a\": data_offsets null"},
+           {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,"8"]}})", "tensor \"a\": data_offsets [0,\"8\"]"},
+           {R"({"a":[1]})", "tensor \"a\": expected an object"},
+           {R"({"__metadata__":{"format":1}})", "__metadata__ value of \"format\" is not a string"}}) {
+    const std::string m = parse(json, 8).status().message();
+    EXPECT_NE(m.find("f: " + words), std::string::npos) << m;
+  }
   // A name or dtype with control characters (JSON's "\n" escape in a key, found by the fuzzer)
   // is quoted with them escaped: the error stays one line.
   for (const char* json : {R"({"a\nb\"c":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
