@@ -8,15 +8,19 @@
 # in tokenizers 0.15 and would not be a fair reference.
 #
 #   bench/tokenize.sh BUILD/shardgpt [SOURCE_DIR]
+# Then one long word: WORD_KB (192) KB of the KJV's letters with everything else removed, a
+# single pre-token that BPE merges whole (the case that made a quadratic merge loop look hung):
+# the seconds of `prepare --threads 1` and of `tokenizers`' encode() on it, the ids checked equal.
 # Knobs (environment): VOCAB (50257: a GPT-2-sized vocabulary trained by `tokenizers` on the
 # KJV Bible, Debian's bible-kjv; GPT-2's own file cannot be downloaded here), COPIES (4: the
-# text is the KJV plus the Unicode test text, repeated), ROUNDS (3: best of).
+# text is the KJV plus the Unicode test text, repeated), ROUNDS (3: best of), WORD_KB (192),
+# TOKENIZERS_PY (a python with tokenizers and numpy; default: scripts/hf-venv.sh's).
 set -euo pipefail
 BIN=$(realpath "$1"); SRC=$(realpath "${2:-$(dirname "$0")/..}")
-VOCAB=${VOCAB:-50257} COPIES=${COPIES:-4} ROUNDS=${ROUNDS:-3}
+VOCAB=${VOCAB:-50257} COPIES=${COPIES:-4} ROUNDS=${ROUNDS:-3} WORD_KB=${WORD_KB:-192}
 "$SRC/bench/machine.sh"
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-PY=$("$SRC/scripts/hf-venv.sh")
+PY=${TOKENIZERS_PY:-$("$SRC/scripts/hf-venv.sh")}
 REF=$SRC/tests/e2e/hf_ref.py
 bible -f Gen1:1-Rev22:21 > "$T/kjv.txt"
 "$PY" "$REF" tok-train "$T/kjv.txt" "$T/tok.json" "$VOCAB"
@@ -61,4 +65,27 @@ print("text %.1f MB, vocab %d (asked %s), %d tokens, ids identical" % (mb, tok.g
 print("tokenizers %s (Python, encode_batch of %d pieces, RAYON_NUM_THREADS=1): %.2f MB/s" % (__import__("tokenizers").__version__, len(pieces), hf))
 print("shardgpt prepare --threads 1:                  %.2f MB/s  (%.2fx tokenizers)" % (o1, o1 / hf))
 print("shardgpt prepare --threads %s (this machine):   %.2f MB/s  (%.2fx tokenizers)" % (cores, oN, oN / hf))
+PY
+
+# one long word
+{ tr -cd 'A-Za-z' < "$T/kjv.txt" || true; } | head -c $((WORD_KB * 1024)) > "$T/word.txt"  # tr ends by SIGPIPE
+word_s=$(for r in $(seq 1 "$ROUNDS"); do
+  "$BIN" prepare --tokenizer "$T/tok.json" --input "$T/word.txt" --output "$T/dw" --val-fraction 0 --threads 1 2>/dev/null |
+    sed -E 's/.* in ([0-9.]+) s:.*/\1/'; done | best)
+RAYON_NUM_THREADS=1 "$PY" - "$T/tok.json" "$T/word.txt" "$T/dw/train.bin" "$ROUNDS" "$word_s" <<'PY'
+import sys, time, numpy as np
+from tokenizers import Tokenizer
+tokjson, wordf, ours_bin, rounds, ours = sys.argv[1:]
+tok = Tokenizer.from_file(tokjson)
+word = open(wordf, encoding="utf-8").read()
+best = 1e9
+for _ in range(int(rounds)):
+    t0 = time.perf_counter()
+    ids = tok.encode(word).ids
+    best = min(best, time.perf_counter() - t0)
+h = np.fromfile(ours_bin, dtype=np.int32, count=256)
+got = np.fromfile(ours_bin, dtype=np.uint16, offset=1024)[: h[2]].tolist()
+assert got == [tok.token_to_id("<|endoftext|>")] + ids, "ids differ on the long word"
+print("one word of %d KB (%d tokens), ids identical: tokenizers encode() %.3f s, shardgpt prepare --threads 1 %.3f s"
+      % (len(word) // 1024, len(ids), best, float(ours)))
 PY

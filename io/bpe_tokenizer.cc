@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "io/json_fields.h"
+
 namespace shardgpt {
 
 namespace {
@@ -77,19 +79,8 @@ bool IsNullOrType(const nlohmann::json& j, const char* key, const char* type) {
   return TypeIs(j[key], type);
 }
 
-// An optional boolean field: absent is `fallback`; any other JSON type is an error naming it
-// (json::value(key, fallback) would throw a type_error through the parser instead).
-StatusOr<bool> OptionalBool(const std::string& what, const nlohmann::json& o, const std::string& where,
-                            const char* key, bool fallback) {
-  if (!o.contains(key)) return fallback;
-  if (!o[key].is_boolean())
-    return Status::InvalidArgument(what + ": " + where + key + " is " + o[key].dump().substr(0, 40) +
-                                   " (expected true or false)");
-  return o[key].get<bool>();
-}
-
 std::string TypeOf(const nlohmann::json& j) {
-  return j.is_object() && j.contains("type") ? j["type"].dump() : j.dump().substr(0, 60);
+  return j.is_object() && j.contains("type") ? JsonBrief(j["type"]) : JsonBrief(j);
 }
 
 // The offset of the first byte that is not part of valid UTF-8 (overlong forms, surrogates and
@@ -140,7 +131,7 @@ StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Parse(const std::str
     return Status::InvalidArgument(what + ": no \"model\" object (expected a tokenizer.json)");
   const nlohmann::json& m = j["model"];
   if (m.contains("type") && !m["type"].is_string())
-    return Status::InvalidArgument(what + ": model.type " + m["type"].dump().substr(0, 40) + " is not a string");
+    return Status::InvalidArgument(what + ": model.type " + JsonBrief(m["type"]) + " is not a string");
   const std::string type = m.contains("type") ? m["type"].get<std::string>() : (m.contains("merges") ? "BPE" : "");
   if (type != "BPE")
     return Status::InvalidArgument(what + ": unsupported model type " + Quoted(type) + " (expected \"BPE\", byte-level)");
@@ -151,8 +142,8 @@ StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Parse(const std::str
     return Status::InvalidArgument(what + ": pre_tokenizer " + (j.contains("pre_tokenizer") ? TypeOf(j["pre_tokenizer"]) : "missing") +
                                    " is not supported (expected ByteLevel, GPT-2's)");
   const nlohmann::json& pre = j["pre_tokenizer"];
-  const StatusOr<bool> add_prefix_space = OptionalBool(what, pre, "pre_tokenizer.", "add_prefix_space", false);
-  const StatusOr<bool> use_regex = OptionalBool(what, pre, "pre_tokenizer.", "use_regex", true);
+  const StatusOr<bool> add_prefix_space = JsonOptionalBool(what, pre, "pre_tokenizer.", "add_prefix_space", false);
+  const StatusOr<bool> use_regex = JsonOptionalBool(what, pre, "pre_tokenizer.", "use_regex", true);
   if (!add_prefix_space.ok()) return add_prefix_space.status();
   if (!use_regex.ok()) return use_regex.status();
   if (add_prefix_space.value() || !use_regex.value())
@@ -164,12 +155,12 @@ StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Parse(const std::str
     return Status::InvalidArgument(what + ": post_processor " + TypeOf(j["post_processor"]) +
                                    " is not supported (expected ByteLevel or null: no tokens added around the text)");
   if (m.contains("dropout") && !m["dropout"].is_null())
-    return Status::InvalidArgument(what + ": model.dropout " + m["dropout"].dump() + " is not supported (expected null)");
+    return Status::InvalidArgument(what + ": model.dropout " + JsonBrief(m["dropout"]) + " is not supported (expected null)");
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (m.contains(k) && !m[k].is_null() && m[k] != "")
-      return Status::InvalidArgument(what + ": model." + k + " " + m[k].dump() + " is not supported (expected null)");
-  const StatusOr<bool> byte_fallback = OptionalBool(what, m, "model.", "byte_fallback", false);
-  const StatusOr<bool> ignore_merges = OptionalBool(what, m, "model.", "ignore_merges", false);
+      return Status::InvalidArgument(what + ": model." + k + " " + JsonBrief(m[k]) + " is not supported (expected null)");
+  const StatusOr<bool> byte_fallback = JsonOptionalBool(what, m, "model.", "byte_fallback", false);
+  const StatusOr<bool> ignore_merges = JsonOptionalBool(what, m, "model.", "ignore_merges", false);
   if (!byte_fallback.ok()) return byte_fallback.status();
   if (!ignore_merges.ok()) return ignore_merges.status();
   if (byte_fallback.value())
@@ -190,33 +181,43 @@ StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Parse(const std::str
   int64_t max_id = -1;
   for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() >= (int64_t{1} << 24))
-      return Status::InvalidArgument(what + ": vocab entry " + Quoted(it.key()) + " has id " + it.value().dump() +
+      return Status::InvalidArgument(what + ": vocab entry " + Quoted(it.key()) + " has id " + JsonBrief(it.value()) +
                                      " (expected an integer in [0, 2^24))");
     vocab[it.key()] = it.value().get<int32_t>();
     max_id = std::max<int64_t>(max_id, it.value().get<int64_t>());
   }
   if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
     if (!j["added_tokens"].is_array()) return Status::InvalidArgument(what + ": added_tokens is not an array");
+    size_t k = 0;
     for (const auto& a : j["added_tokens"]) {
-      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
-          !a["content"].is_string() || a["id"].get<int64_t>() < 0 || a["id"].get<int64_t>() >= (int64_t{1} << 24) ||
-          a["content"].get<std::string>().empty())
-        return Status::InvalidArgument(what + ": added token " + a.dump().substr(0, 80) +
-                                       " (expected {id: integer in [0, 2^24), content: non-empty string})");
-      for (const char* k : {"lstrip", "rstrip", "single_word"}) {
-        const StatusOr<bool> flag = OptionalBool(what, a, "added token " + a["content"].dump() + " ", k, false);
+      const std::string at = "added_tokens[" + std::to_string(k++) + "]";
+      if (!a.is_object()) return Status::InvalidArgument(what + ": " + at + " is " + JsonBrief(a) + " (expected an object)");
+      const nlohmann::json* id = JsonMember(a, "id");
+      const nlohmann::json* content = JsonMember(a, "content");
+      if (!id || !id->is_number_integer() || id->get<int64_t>() < 0 || id->get<int64_t>() >= (int64_t{1} << 24))
+        return Status::InvalidArgument(what + ": " + at + ".id is " + (id ? JsonBrief(*id) : "missing") +
+                                       " (expected an integer in [0, 2^24))");
+      if (!content || !content->is_string() || content->get_ref<const std::string&>().empty())
+        return Status::InvalidArgument(what + ": " + at + ".content is " + (content ? JsonBrief(*content) : "missing") +
+                                       " (expected a non-empty string)");
+      const std::string where = at + " " + Quoted(content->get<std::string>()) + " ";
+      for (const char* key : {"lstrip", "rstrip", "single_word"}) {
+        const StatusOr<bool> flag = JsonOptionalBool(what, a, where, key, false);
         if (!flag.ok()) return flag.status();
-        if (flag.value())
-          return Status::InvalidArgument(what + ": added token " + a["content"].dump() + " has " + k +
-                                         " true (not supported)");
+        if (flag.value()) return Status::InvalidArgument(what + ": " + where + key + " true is not supported (expected false)");
       }
-      t->added_.push_back(Added{a["content"].get<std::string>(), a["id"].get<int32_t>()});
-      max_id = std::max<int64_t>(max_id, a["id"].get<int64_t>());
+      // tokenizers' AddedToken default: special tokens are matched before normalization
+      const StatusOr<bool> special = JsonOptionalBool(what, a, where, "special", false);
+      if (!special.ok()) return special.status();
+      const StatusOr<bool> normalized = JsonOptionalBool(what, a, where, "normalized", !special.value());
+      if (!normalized.ok()) return normalized.status();
+      t->added_[normalized.value() ? 1 : 0].push_back(Added{content->get<std::string>(), id->get<int32_t>()});
+      max_id = std::max<int64_t>(max_id, id->get<int64_t>());
     }
   }
   if (max_id < 0) return Status::InvalidArgument(what + ": empty vocabulary");
-  std::stable_sort(t->added_.begin(), t->added_.end(),
-                   [](const Added& a, const Added& b) { return a.content.size() > b.content.size(); });
+  for (std::vector<Added>& list : t->added_)
+    std::stable_sort(list.begin(), list.end(), [](const Added& a, const Added& b) { return a.content.size() > b.content.size(); });
   for (int b = 0; b < 256; b++) {
     std::string sym;
     const uint32_t c = cp[b];
@@ -232,18 +233,19 @@ StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Parse(const std::str
     t->byte_id_[b] = it->second;
   }
   // ids are dense in real tokenizers; a lone huge id would only make us allocate its table
-  const int64_t entries = static_cast<int64_t>(vocab.size() + t->added_.size());
+  const int64_t entries = static_cast<int64_t>(vocab.size() + t->added_[0].size() + t->added_[1].size());
   if (max_id >= entries)
     return Status::InvalidArgument(what + ": id " + std::to_string(max_id) + " lies beyond the " + std::to_string(entries) +
                                    " vocabulary entries and added tokens (expected ids 0.." + std::to_string(entries - 1) + ")");
   t->vocab_size_ = static_cast<int>(max_id + 1);
   t->pieces_.assign(t->vocab_size_, Tokenizer::kUnknown);
   for (const auto& [s, id] : vocab) t->pieces_[id] = SymbolsToBytes(s, inverse);
-  for (const Added& a : t->added_) {
-    t->pieces_[a.id] = a.content;
-    if (a.content == "<|endoftext|>") t->eot_ = a.id;
-    if (a.content.find('\n') != std::string::npos) t->added_have_newline_ = true;
-  }
+  for (const std::vector<Added>& list : t->added_)
+    for (const Added& a : list) {
+      t->pieces_[a.id] = a.content;
+      if (a.content == "<|endoftext|>") t->eot_ = a.id;
+      if (a.content.find('\n') != std::string::npos) t->added_have_newline_ = true;
+    }
   uint64_t rank = 0;
   for (const auto& e : m["merges"]) {
     std::string a, b;
@@ -256,7 +258,7 @@ StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Parse(const std::str
     } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
       a = e[0].get<std::string>(), b = e[1].get<std::string>();
     } else {
-      return Status::InvalidArgument(what + ": merge " + std::to_string(rank) + " is " + e.dump().substr(0, 60) +
+      return Status::InvalidArgument(what + ": merge " + std::to_string(rank) + " is " + JsonBrief(e) +
                                      " (expected \"left right\" or [left, right])");
     }
     auto ia = vocab.find(a), ib = vocab.find(b), iab = vocab.find(a + b);
@@ -264,7 +266,7 @@ StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Parse(const std::str
       return Status::InvalidArgument(what + ": merge " + std::to_string(rank) + " \"" + a + " " + b +
                                      "\" uses a symbol not in the vocabulary");
     const uint64_t key = (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint32_t>(ib->second);
-    t->merges_.emplace(key, (rank << 32) | static_cast<uint32_t>(iab->second));  // the first (lowest) rank wins
+    t->merges_[key] = (rank << 32) | static_cast<uint32_t>(iab->second);  // listed twice: the last rank (tokenizers')
     rank++;
   }
   if (t->ignore_merges_) {
@@ -311,22 +313,29 @@ BpeTokenizer::Session::~Session() {
 
 Status BpeTokenizer::Session::Encode(const std::string& what, const char* text, size_t n, uint64_t base_offset,
                                      std::vector<int32_t>* out) {
-  // Added tokens first, leftmost-longest (tokenizers' AddedVocabulary); the text between them
-  // is pre-tokenized and merged on its own.
+  return EncodeAdded(0, what, text, n, base_offset, out);
+}
+
+Status BpeTokenizer::Session::EncodeAdded(int list, const std::string& what, const char* text, size_t n,
+                                          uint64_t base_offset, std::vector<int32_t>* out) {
+  if (list == 2) return EncodeOrdinary(what, text, n, base_offset, out);
+  // tokenizers' AddedVocabulary: the tokens of this list leftmost-longest; the text between
+  // them goes on to the next list
+  const std::vector<Added>& added = tok_.added_[list];
   size_t at = 0;
   const std::string_view s(text, n);
-  std::vector<size_t> next(tok_.added_.size());
-  for (size_t k = 0; k < next.size(); k++) next[k] = s.find(tok_.added_[k].content);
+  std::vector<size_t> next(added.size());
+  for (size_t k = 0; k < next.size(); k++) next[k] = s.find(added[k].content);
   while (at < n) {
     size_t best = n, best_k = 0;
     for (size_t k = 0; k < next.size(); k++) {
-      if (next[k] != std::string_view::npos && next[k] < at) next[k] = s.find(tok_.added_[k].content, at);
+      if (next[k] != std::string_view::npos && next[k] < at) next[k] = s.find(added[k].content, at);
       if (next[k] < best) best = next[k], best_k = k;  // sorted longest first: ties keep the longest
     }
-    SHARDGPT_RETURN_IF_ERROR(EncodeOrdinary(what, text + at, best - at, base_offset + at, out));
+    SHARDGPT_RETURN_IF_ERROR(EncodeAdded(list + 1, what, text + at, best - at, base_offset + at, out));
     if (best == n) break;
-    out->push_back(tok_.added_[best_k].id);
-    at = best + tok_.added_[best_k].content.size();
+    out->push_back(added[best_k].id);
+    at = best + added[best_k].content.size();
   }
   return Status::OK();
 }
@@ -364,8 +373,54 @@ Status BpeTokenizer::Session::EncodeOrdinary(const std::string& what, const char
   return Status::OK();
 }
 
-// merge the pair of lowest rank (leftmost among equals) until none is in the merges:
-// tokenizers' BPE::merge_word order, written as a scan (words are short)
+bool BpeTokenizer::FindMerge(int32_t a, int32_t b, uint32_t* rank, int32_t* id) const {
+  auto it = merges_.find((static_cast<uint64_t>(a) << 32) | static_cast<uint32_t>(b));
+  if (it == merges_.end()) return false;
+  *rank = static_cast<uint32_t>(it->second >> 32);
+  *id = static_cast<int32_t>(it->second & 0xffffffffu);
+  return true;
+}
+
+// tokenizers' Word::merge_all: a min-heap of (rank, position) over the symbols' linked list.
+// The top candidate is merged unless it went stale (its left symbol was merged away, or the
+// pair there no longer merges into the same id); the merged symbol's new pairs with its
+// neighbours go onto the heap. The same order as rescanning for the lowest rank, leftmost
+// among equals, after every merge, in O(n log n).
+void BpeTokenizer::Session::MergeWord() {
+  std::vector<int32_t>& word = word_;
+  const int32_t n = static_cast<int32_t>(word.size());
+  syms_.resize(word.size());
+  heap_.clear();
+  auto later = [](const Candidate& x, const Candidate& y) { return x.rank != y.rank ? x.rank > y.rank : x.pos > y.pos; };
+  auto push = [&](int32_t pos) {
+    Candidate c{0, static_cast<uint32_t>(pos), 0};
+    if (!tok_.FindMerge(syms_[pos].id, syms_[syms_[pos].next].id, &c.rank, &c.new_id)) return;
+    heap_.push_back(c);
+    std::push_heap(heap_.begin(), heap_.end(), later);
+  };
+  for (int32_t i = 0; i < n; i++) syms_[i] = Symbol{word[i], i - 1, i + 1 < n ? i + 1 : -1, true};
+  for (int32_t i = 0; i + 1 < n; i++) push(i);
+  while (!heap_.empty()) {
+    std::pop_heap(heap_.begin(), heap_.end(), later);
+    const Candidate top = heap_.back();
+    heap_.pop_back();
+    Symbol& left = syms_[top.pos];
+    if (!left.alive || left.next < 0) continue;
+    uint32_t rank;
+    int32_t id;
+    if (!tok_.FindMerge(left.id, syms_[left.next].id, &rank, &id) || id != top.new_id) continue;
+    Symbol& right = syms_[left.next];
+    left.id = id;
+    right.alive = false;
+    left.next = right.next;
+    if (right.next >= 0) syms_[right.next].prev = static_cast<int32_t>(top.pos);
+    if (left.prev >= 0) push(left.prev);
+    if (left.next >= 0) push(static_cast<int32_t>(top.pos));
+  }
+  word.clear();
+  for (int32_t i = n > 0 ? 0 : -1; i >= 0; i = syms_[i].next) word.push_back(syms_[i].id);  // symbol 0 stays alive
+}
+
 void BpeTokenizer::Session::Bpe(const char* w, size_t n, std::vector<int32_t>* out) {
   std::string key(w, n);
   auto hit = cache_.find(key);
@@ -380,17 +435,7 @@ void BpeTokenizer::Session::Bpe(const char* w, size_t n, std::vector<int32_t>* o
     word.push_back(whole->second);
   } else {
     for (size_t i = 0; i < n; i++) word.push_back(tok_.byte_id_[static_cast<unsigned char>(w[i])]);
-    while (word.size() > 1) {
-      uint64_t best = std::numeric_limits<uint64_t>::max();
-      size_t best_i = 0;
-      for (size_t i = 0; i + 1 < word.size(); i++) {
-        auto it = tok_.merges_.find((static_cast<uint64_t>(word[i]) << 32) | static_cast<uint32_t>(word[i + 1]));
-        if (it != tok_.merges_.end() && it->second < best) best = it->second, best_i = i;
-      }
-      if (best == std::numeric_limits<uint64_t>::max()) break;
-      word[best_i] = static_cast<int32_t>(best & 0xffffffffu);
-      word.erase(word.begin() + static_cast<ptrdiff_t>(best_i) + 1);
-    }
+    MergeWord();
   }
   out->insert(out->end(), word.begin(), word.end());
   if (cache_.size() > (1u << 20)) cache_.clear();  // bounded memory on endless new words

@@ -3,6 +3,11 @@
 // (special) tokens such as <|endoftext|> matched in the text first. Encodes to the same ids as
 // Hugging Face `tokenizers`; used by `prepare --tokenizer` and `sample --tokenizer`.
 //
+// As `tokenizers` does: a pair listed twice in merges has the rank of its last occurrence;
+// added tokens with "normalized": false (special tokens by default) are matched first, over the
+// whole text, leftmost-longest, and those with "normalized": true then in the text between them;
+// a word is merged in O(n log n) (a heap of candidate pairs over a linked list of symbols).
+//
 // What is refused, with one error naming the field: a model type other than BPE, a normalizer,
 // a pre-tokenizer other than ByteLevel (use_regex, no prefix space), dropout, subword
 // prefixes/suffixes, added tokens with lstrip/rstrip/single_word, a vocabulary without all 256
@@ -51,13 +56,31 @@ class BpeTokenizer {
    private:
     Status EncodeOrdinary(const std::string& what, const char* text, size_t n, uint64_t base_offset,
                           std::vector<int32_t>* out);
+    // Added tokens of `list` (0: not normalized, 1: normalized) split text; the rest goes to
+    // the next list, after the last to EncodeOrdinary.
+    Status EncodeAdded(int list, const std::string& what, const char* text, size_t n, uint64_t base_offset,
+                       std::vector<int32_t>* out);
     void Bpe(const char* word, size_t n, std::vector<int32_t>* out);
+    // Merges word_ (symbol ids) in place: the lowest-rank pair first, leftmost among equals.
+    void MergeWord();
     const BpeTokenizer& tok_;
     void* match_data_ = nullptr;  // pcre2_match_data_8
     void* jit_stack_ = nullptr;   // pcre2_jit_stack_8
     void* match_ctx_ = nullptr;   // pcre2_match_context_8
     std::unordered_map<std::string, std::vector<int32_t>> cache_;
     std::vector<int32_t> word_;
+    struct Symbol {
+      int32_t id;
+      int32_t prev, next;  // neighbours' indices in syms_, -1 at the ends
+      bool alive;          // false once merged into its left neighbour
+    };
+    struct Candidate {  // the pair (syms_[pos], its next) merges into new_id at rank
+      uint32_t rank;
+      uint32_t pos;
+      int32_t new_id;
+    };
+    std::vector<Symbol> syms_;
+    std::vector<Candidate> heap_;  // a min-heap on (rank, pos)
   };
 
   // Where text may be cut so that encoding the pieces one by one gives the same ids as
@@ -74,13 +97,15 @@ class BpeTokenizer {
   std::vector<std::string> pieces_;          // id -> bytes
   int32_t byte_id_[256] = {};                // byte -> id of its single-symbol token
   std::unordered_map<uint64_t, uint64_t> merges_;  // (left id << 32 | right id) -> rank << 32 | merged id
+  // the merge of (a, b): true and *rank, *id when a b is in merges
+  bool FindMerge(int32_t a, int32_t b, uint32_t* rank, int32_t* id) const;
   std::unordered_map<std::string, int32_t> word_ids_;  // byte string -> id (ignore_merges only)
   bool ignore_merges_ = false;
   struct Added {
     std::string content;
     int32_t id;
   };
-  std::vector<Added> added_;  // longest first
+  std::vector<Added> added_[2];  // [0] "normalized": false, [1] true; each longest first
   bool added_have_newline_ = false;
   void* code_ = nullptr;  // pcre2_code_8, JIT-compiled GPT-2 pattern
 };

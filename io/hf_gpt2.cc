@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "io/json_fields.h"
+
 namespace shardgpt {
 
 namespace fs = std::filesystem;
@@ -53,15 +55,101 @@ Status WriteTextAtomic(const std::string& path, const std::string& text) {
 
 // An integer field of config.json, required and positive.
 Status IntField(const std::string& what, const nlohmann::json& j, const char* key, int* out) {
-  if (!j.contains(key)) return Status::InvalidArgument(what + ": missing \"" + key + "\"");
-  const auto& v = j[key];
-  if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > (1 << 30))
-    return Status::InvalidArgument(what + ": \"" + key + "\" is " + v.dump() + " (expected a positive integer)");
-  *out = v.get<int>();
+  const nlohmann::json* v = JsonMember(j, key);
+  if (!v) return Status::InvalidArgument(what + ": missing \"" + key + "\" (expected a positive integer)");
+  if (!v->is_number_integer() || v->get<int64_t>() < 1 || v->get<int64_t>() > (1 << 30) ||
+      (v->is_number_unsigned() && v->get<uint64_t>() > (1u << 30)))
+    return Status::InvalidArgument(what + ": " + key + " is " + JsonBrief(*v) + " (expected a positive integer)");
+  *out = v->get<int>();
+  return Status::OK();
+}
+
+// An optional boolean option that shardgpt computes only at `want` (absent means HF's default,
+// which is `want`): another value is refused naming it, and so is any other JSON type (null
+// included: transformers would read it as false).
+Status FixedBool(const std::string& what, const nlohmann::json& j, const char* key, bool want, const char* why) {
+  const nlohmann::json* v = JsonMember(j, key);
+  if (!v) return Status::OK();
+  if (!v->is_boolean())
+    return Status::InvalidArgument(what + ": " + key + " is " + JsonBrief(*v) + " (expected " +
+                                   (want ? "true" : "false") + ")");
+  if (v->get<bool>() != want)
+    return Status::InvalidArgument(what + ": " + key + " " + (want ? "false" : "true") + " is not supported (" + why +
+                                   "; expected " + (want ? "true" : "false") + ")");
+  return Status::OK();
+}
+
+// A stored lm_head.weight must equal wte element for element (a tied head saved anyway): an
+// untied head cannot be imported, as shardgpt's LM head is wte itself. Read in blocks.
+Status CheckTiedHead(SafetensorsReader& st, const SafetensorsEntry& head, const SafetensorsEntry& wte) {
+  const std::string what = st.path() + ": tensor \"" + head.name + "\"";
+  if (head.shape != wte.shape)
+    return Status::InvalidArgument(what + " has shape " + ShapeStr(head.shape) + ", wte has " + ShapeStr(wte.shape) +
+                                   " (expected the LM head tied to wte: absent, or equal to it)");
+  if (head.dtype != "F32" && head.dtype != "BF16" && head.dtype != "F16")
+    return Status::InvalidArgument(what + " has dtype " + head.dtype + " (expected F32, BF16 or F16)");
+  const uint64_t n = wte.numel(), block = uint64_t{1} << 18;
+  std::vector<float> a(std::min(n, block)), b(a.size());
+  for (uint64_t at = 0; at < n; at += block) {
+    const uint64_t k = std::min(block, n - at);
+    SHARDGPT_RETURN_IF_ERROR(st.ReadFloats(head, at, k, a.data()));
+    SHARDGPT_RETURN_IF_ERROR(st.ReadFloats(wte, at, k, b.data()));
+    for (uint64_t i = 0; i < k; i++)
+      if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0)
+        return Status::InvalidArgument(what + " differs from \"" + wte.name + "\" at element " + std::to_string(at + i) +
+                                       ": an untied LM head, which shardgpt cannot import (its head is tied to wte)");
+  }
   return Status::OK();
 }
 
 }  // namespace
+
+StatusOr<GPTConfig> ParseHfGpt2Config(const std::string& what, const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Status::InvalidArgument(what + ": not a JSON object (expected a Hugging Face GPT-2 config.json)");
+  if (const nlohmann::json* mt = JsonMember(j, "model_type"); mt && *mt != "gpt2")
+    return Status::InvalidArgument(what + ": model_type is " + JsonBrief(*mt) + " (expected \"gpt2\")");
+  GPTConfig c;
+  SHARDGPT_RETURN_IF_ERROR(IntField(what, j, "n_layer", &c.n_layer));
+  SHARDGPT_RETURN_IF_ERROR(IntField(what, j, "n_head", &c.n_head));
+  SHARDGPT_RETURN_IF_ERROR(IntField(what, j, "n_embd", &c.n_embd));
+  SHARDGPT_RETURN_IF_ERROR(IntField(what, j, "n_positions", &c.max_seq_len));
+  SHARDGPT_RETURN_IF_ERROR(IntField(what, j, "vocab_size", &c.vocab_size));
+  {
+    Status v = c.Validate();
+    if (!v.ok()) return Status::InvalidArgument(what + ": " + v.message());
+  }
+  // What our kernels compute: the tanh GELU, LayerNorm eps 1e-5, MLP width 4C, attention scaled
+  // by 1/sqrt(head size) only, no cross-attention, no pruned heads, the LM head tied to wte.
+  // Each other value is refused by name (docs/HUGGINGFACE.md lists them).
+  if (const nlohmann::json* act = JsonMember(j, "activation_function");
+      act && *act != "gelu_new" && *act != "gelu_pytorch_tanh")
+    return Status::InvalidArgument(what + ": activation_function " + JsonBrief(*act) +
+                                   " is not supported (expected \"gelu_new\", the tanh GELU)");
+  if (const nlohmann::json* eps = JsonMember(j, "layer_norm_epsilon");
+      eps && (!eps->is_number() || std::fabs(eps->get<double>() - 1e-5) > 1e-12))
+    return Status::InvalidArgument(what + ": layer_norm_epsilon " + JsonBrief(*eps) + " is not supported (expected 1e-05)");
+  if (const nlohmann::json* inner = JsonMember(j, "n_inner");
+      inner && !inner->is_null() && !(inner->is_number_integer() && inner->get<int64_t>() == 4 * int64_t{c.n_embd}))
+    return Status::InvalidArgument(what + ": n_inner " + JsonBrief(*inner) + " is not supported (expected null or 4 x n_embd = " +
+                                   std::to_string(4 * c.n_embd) + ")");
+  SHARDGPT_RETURN_IF_ERROR(FixedBool(what, j, "tie_word_embeddings", true, "the LM head is tied to wte"));
+  SHARDGPT_RETURN_IF_ERROR(FixedBool(what, j, "scale_attn_weights", true, "attention scores are scaled by 1/sqrt(head size)"));
+  SHARDGPT_RETURN_IF_ERROR(FixedBool(what, j, "scale_attn_by_inverse_layer_idx", false,
+                                     "attention scores are not scaled by layer"));
+  SHARDGPT_RETURN_IF_ERROR(FixedBool(what, j, "reorder_and_upcast_attn", false,
+                                     "attention is computed in the model's own order and precision"));
+  SHARDGPT_RETURN_IF_ERROR(FixedBool(what, j, "add_cross_attention", false, "GPT-2 blocks have no cross-attention"));
+  SHARDGPT_RETURN_IF_ERROR(FixedBool(what, j, "is_encoder_decoder", false, "a decoder-only model"));
+  if (const nlohmann::json* pruned = JsonMember(j, "pruned_heads");
+      pruned && !pruned->is_null() && !(pruned->is_object() && pruned->empty()))
+    return Status::InvalidArgument(what + ": pruned_heads " + JsonBrief(*pruned) + " is not supported (expected {}: every head present)");
+  // read by the trainer only as the model's shape: dropout is not applied (docs/HUGGINGFACE.md)
+  for (const char* p : {"resid_pdrop", "embd_pdrop", "attn_pdrop"})
+    if (const nlohmann::json* v = JsonMember(j, p); v && !(v->is_number() && v->get<double>() >= 0 && v->get<double>() < 1))
+      return Status::InvalidArgument(what + ": " + p + " is " + JsonBrief(*v) + " (expected a probability in [0, 1))");
+  return c;
+}
 
 bool IsHfGpt2Path(const std::string& path) {
   std::error_code ec;
@@ -110,6 +198,9 @@ Status WriteHfGpt2(const std::string& dir, const ParamLayout& layout, const floa
   j["attn_pdrop"] = 0.0;
   j["initializer_range"] = 0.02;
   j["scale_attn_weights"] = true;
+  j["scale_attn_by_inverse_layer_idx"] = false;
+  j["reorder_and_upcast_attn"] = false;
+  j["add_cross_attention"] = false;
   j["tie_word_embeddings"] = true;
   if (c.vocab_size > 50256) j["bos_token_id"] = 50256, j["eos_token_id"] = 50256;  // GPT-2's <|endoftext|>
   j["torch_dtype"] = bf16 ? "bfloat16" : "float32";
@@ -126,35 +217,12 @@ StatusOr<std::unique_ptr<HfGpt2Reader>> HfGpt2Reader::Open(const std::string& pa
   if (!f) return Status::NotFound(cfg_path + ": cannot open (expected a Hugging Face GPT-2 config.json beside " + st_path + ")");
   std::stringstream ss;
   ss << f.rdbuf();
-  const nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return Status::InvalidArgument(cfg_path + ": not a JSON object");
-  if (j.contains("model_type") && j["model_type"] != "gpt2")
-    return Status::InvalidArgument(cfg_path + ": model_type " + j["model_type"].dump() + " (expected \"gpt2\")");
+  if (f.bad()) return Status::IOError(cfg_path + ": read failed (expected a Hugging Face GPT-2 config.json)");
+  auto cfg = ParseHfGpt2Config(cfg_path, ss.str());
+  if (!cfg.ok()) return cfg.status();
   std::unique_ptr<HfGpt2Reader> r(new HfGpt2Reader());
   GPTConfig& c = r->config_;
-  SHARDGPT_RETURN_IF_ERROR(IntField(cfg_path, j, "n_layer", &c.n_layer));
-  SHARDGPT_RETURN_IF_ERROR(IntField(cfg_path, j, "n_head", &c.n_head));
-  SHARDGPT_RETURN_IF_ERROR(IntField(cfg_path, j, "n_embd", &c.n_embd));
-  SHARDGPT_RETURN_IF_ERROR(IntField(cfg_path, j, "n_positions", &c.max_seq_len));
-  SHARDGPT_RETURN_IF_ERROR(IntField(cfg_path, j, "vocab_size", &c.vocab_size));
-  {
-    Status v = c.Validate();
-    if (!v.ok()) return Status::InvalidArgument(cfg_path + ": " + v.message());
-  }
-  // What our kernels compute: the tanh GELU, LayerNorm eps 1e-5, MLP width 4C, tied head.
-  const std::string act = j.value("activation_function", std::string("gelu_new"));
-  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
-    return Status::InvalidArgument(cfg_path + ": activation_function " + Quoted(act) + " (expected gelu_new, the tanh GELU)");
-  if (j.contains("layer_norm_epsilon") &&
-      (!j["layer_norm_epsilon"].is_number() || std::fabs(j["layer_norm_epsilon"].get<double>() - 1e-5) > 1e-12))
-    return Status::InvalidArgument(cfg_path + ": layer_norm_epsilon " + j["layer_norm_epsilon"].dump() + " (expected 1e-05)");
-  if (j.contains("n_inner") && !j["n_inner"].is_null() && j["n_inner"] != 4 * c.n_embd)
-    return Status::InvalidArgument(cfg_path + ": n_inner " + j["n_inner"].dump() + " (expected null or 4 x n_embd = " +
-                                   std::to_string(4 * c.n_embd) + ")");
-  if (j.value("tie_word_embeddings", true) != true)
-    return Status::InvalidArgument(cfg_path + ": tie_word_embeddings is false (expected the LM head tied to wte)");
-  if (j.value("scale_attn_by_inverse_layer_idx", false) != false)
-    return Status::InvalidArgument(cfg_path + ": scale_attn_by_inverse_layer_idx is true (not supported)");
+  c = cfg.value();
 
   auto st = SafetensorsReader::Open(st_path);
   if (!st.ok()) return st.status();
@@ -179,9 +247,15 @@ StatusOr<std::unique_ptr<HfGpt2Reader>> HfGpt2Reader::Open(const std::string& pa
   for (size_t i = 0; i < used.size(); i++) {
     if (used[i]) continue;
     const std::string& n = r->st_->entries()[i].name;
-    const bool mask = n.size() > 9 && (n.compare(n.size() - 9, 9, "attn.bias") == 0 ||
-                                       (n.size() > 16 && n.compare(n.size() - 16, 16, "attn.masked_bias") == 0));
-    if (n == "lm_head.weight" || mask) continue;  // tied to wte / causal-mask buffers: nothing to load
+    auto ends_with = [&](const char* suffix) {
+      const size_t k = std::strlen(suffix);
+      return n.size() > k && n.compare(n.size() - k, k, suffix) == 0;
+    };
+    if (ends_with(".attn.bias") || ends_with(".attn.masked_bias")) continue;  // causal-mask buffers
+    if (n == "lm_head.weight") {  // the LM head: ours is tied to wte, so it must be wte
+      SHARDGPT_RETURN_IF_ERROR(CheckTiedHead(*r->st_, r->st_->entries()[i], *r->st_->Find(prefix + "wte.weight")));
+      continue;
+    }
     return Status::InvalidArgument(st_path + ": unexpected tensor " + Quoted(n) + " (not part of a GPT-2 " + c.ToString() + ")");
   }
   return r;

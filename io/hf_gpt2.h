@@ -5,7 +5,7 @@
 // and stores the four block matrices as Conv1D weights, [in, out] (ours are [out, in] as in
 // torch.nn.Linear), so they are transposed both ways. wte has the real vocabulary V rows
 // (ours: V padded to a multiple of 128, the padded rows zero); the LM head is tied to wte and
-// not stored. Unprefixed names (GPT2Model's, as on the Hub's "gpt2") are accepted on read.
+// not stored (a stored one must equal wte: shardgpt has no untied head). Unprefixed names (GPT2Model's, as on the Hub's "gpt2") are accepted on read.
 #pragma once
 
 #include <cstdint>
@@ -27,9 +27,20 @@ bool IsHfGpt2Path(const std::string& path);
 // if missing. Each file goes through a temporary renamed into place.
 Status WriteHfGpt2(const std::string& dir, const ParamLayout& layout, const float* params, bool bf16);
 
+// Parses an HF GPT-2 config.json's text (errors start with `what`, then name the field): the
+// five sizes (positive integers), and every option that changes what the model computes, which
+// must be absent or at the one value shardgpt computes: activation_function "gelu_new" (or
+// "gelu_pytorch_tanh"), layer_norm_epsilon 1e-5, n_inner null or 4 x n_embd,
+// tie_word_embeddings true, scale_attn_weights true, scale_attn_by_inverse_layer_idx false,
+// reorder_and_upcast_attn false, add_cross_attention false, is_encoder_decoder false,
+// pruned_heads {}; dropout probabilities must be numbers in [0, 1) (not applied). A field of
+// another JSON type (null included) is refused naming it. Other fields are not read.
+StatusOr<GPTConfig> ParseHfGpt2Config(const std::string& what, const std::string& text);
+
 // An HF GPT-2 directory whose config and tensor table were checked against each other: every
 // expected tensor present once, at the shape config.json implies, in F32, BF16 or F16; nothing
-// unexpected but the tied lm_head.weight and the attention-mask buffers. Weights are read range
+// unexpected but the attention-mask buffers and an lm_head.weight equal to wte element for
+// element (a tied head stored anyway; an untied one is refused naming it). Weights are read range
 // by range in our flat layout order (as LlmcModelReader), so a ZeRO-3 rank reads only the
 // tensors its owned ranges touch. Thread/rank contract: local; one reader per thread.
 class HfGpt2Reader {

@@ -1,6 +1,7 @@
 #include "io/prepare.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <mutex>
 #include <thread>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -101,6 +103,52 @@ Status PrepareByteLevel(const std::vector<std::string>& inputs, const std::strin
 namespace shardgpt {
 namespace {
 
+// Removes a temporary file (and the directory made for it, when that is then empty) when the
+// process gets SIGINT, SIGTERM or SIGHUP while the guard lives, then dies by that signal as it
+// would have without the guard; the previous handlers come back when it ends. One guard at a
+// time per process; the handler only calls async-signal-safe functions.
+char g_cleanup_file[4096];
+char g_cleanup_dir[4096];
+void CleanupAndDie(int sig) {
+  if (g_cleanup_file[0] != '\0') unlink(g_cleanup_file);
+  if (g_cleanup_dir[0] != '\0') rmdir(g_cleanup_dir);
+  signal(sig, SIG_DFL);
+  raise(sig);  // delivered when the handler returns
+}
+class SignalCleanup {
+ public:
+  SignalCleanup(const std::string& file, const std::string& dir) {
+    std::snprintf(g_cleanup_file, sizeof(g_cleanup_file), "%s", file.c_str());
+    std::snprintf(g_cleanup_dir, sizeof(g_cleanup_dir), "%s", dir.c_str());
+    struct sigaction sa {};
+    sa.sa_handler = CleanupAndDie;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 3; i++) sigaction(kSignals[i], &sa, &old_[i]);
+  }
+  ~SignalCleanup() {
+    for (int i = 0; i < 3; i++) sigaction(kSignals[i], &old_[i], nullptr);
+    g_cleanup_file[0] = g_cleanup_dir[0] = '\0';
+  }
+  SignalCleanup(const SignalCleanup&) = delete;
+  SignalCleanup& operator=(const SignalCleanup&) = delete;
+
+ private:
+  static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction old_[3];
+};
+
+// SHARDGPT_TEST_HOLD_IN_PREPARE=1 (tests only): after the first block is written to the
+// temporary, say so on stderr and wait for a signal, so that a test signals a prepare that is
+// known to be mid-way, however fast the machine.
+void TestHoldInPrepare(const std::string& tmp_path) {
+  static bool held = false;
+  if (held || std::getenv("SHARDGPT_TEST_HOLD_IN_PREPARE") == nullptr) return;
+  held = true;
+  std::fprintf(stderr, "test hook: holding prepare with %s written\n", tmp_path.c_str());
+  std::fflush(stderr);
+  for (;;) pause();
+}
+
 double NowSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -163,6 +211,21 @@ Status PrepareBpe(const BpeTokenizer& tok, const std::vector<std::string>& input
   const std::string train_path = (fs::path(out_dir) / "train.bin").string();
   const std::string val_path = (fs::path(out_dir) / "val.bin").string();
   const std::string tmp_path = train_path + ".tmp";
+  // The temporary is locked while this prepare writes it: a second prepare into the same
+  // directory is refused instead of writing into the first one's file. A temporary left by a
+  // killed prepare (SIGKILL; the other signals remove it) is not locked and is overwritten.
+  const int tmp_fd = open(tmp_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (tmp_fd < 0) {
+    const int err = errno;
+    std::error_code e;
+    if (made_dir) fs::remove(out_dir, e);
+    return Status::IOError(tmp_path + ": cannot create (" + std::strerror(err) + ")");
+  }
+  if (flock(tmp_fd, LOCK_EX | LOCK_NB) != 0) {
+    close(tmp_fd);
+    return Status::InvalidArgument(out_dir + ": another prepare is writing into this directory (" + tmp_path +
+                                   " is locked; expected one prepare per output directory)");
+  }
   struct Cleanup {  // nothing left behind on error: the temporary, and the directory if we made it
     std::string path, dir;
     bool armed = true;
@@ -173,8 +236,12 @@ Status PrepareBpe(const BpeTokenizer& tok, const std::vector<std::string>& input
       if (!dir.empty()) std::filesystem::remove(dir, e);  // only if empty
     }
   } cleanup{tmp_path, made_dir ? out_dir : std::string()};
-  std::unique_ptr<std::FILE, FileCloser> out(std::fopen(tmp_path.c_str(), "w+b"));
-  if (!out) return Status::IOError(tmp_path + ": cannot create (" + std::strerror(errno) + ")");
+  const SignalCleanup on_signal(tmp_path, made_dir ? out_dir : std::string());
+  std::unique_ptr<std::FILE, FileCloser> out(fdopen(tmp_fd, "w+b"));
+  if (!out || ftruncate(tmp_fd, 0) != 0) {
+    if (!out) close(tmp_fd);
+    return Status::IOError(tmp_path + ": cannot create (" + std::strerror(errno) + ")");
+  }
   const std::vector<unsigned char> zero_header(kTokenShardHeaderBytes, 0);
   if (std::fwrite(zero_header.data(), 1, zero_header.size(), out.get()) != zero_header.size())
     return Status::IOError(tmp_path + ": write failed (" + std::strerror(errno) + ")");
@@ -245,6 +312,7 @@ Status PrepareBpe(const BpeTokenizer& tok, const std::vector<std::string>& input
       }
       SHARDGPT_RETURN_IF_ERROR(EncodeParallel(tok, path, text, pieces, base, &outs, o.threads));
       for (const auto& ids : outs) SHARDGPT_RETURN_IF_ERROR(emit(ids));
+      if (std::getenv("SHARDGPT_TEST_HOLD_IN_PREPARE") != nullptr && std::fflush(out.get()) == 0) TestHoldInPrepare(tmp_path);
       text.erase(0, usable);
       base += usable;
       done_bytes += usable;
@@ -273,12 +341,20 @@ Status PrepareBpe(const BpeTokenizer& tok, const std::vector<std::string>& input
   for (int i = 0; i < 3; i++)
     for (int b = 0; b < 4; b++) header[4 * i + b] = static_cast<unsigned char>(static_cast<uint32_t>(h[i]) >> (8 * b));
   const int fd = fileno(out.get());
-  bool ok = ftruncate(fd, static_cast<off_t>(kTokenShardHeaderBytes + 2 * train)) == 0 &&
-            pwrite(fd, header, sizeof(header), 0) == static_cast<ssize_t>(sizeof(header));
-  ok = std::fclose(out.release()) == 0 && ok;
-  if (!ok || std::rename(tmp_path.c_str(), train_path.c_str()) != 0) {
+  // renamed while still locked: no second prepare can take the temporary before it is in place
+  const bool ok = ftruncate(fd, static_cast<off_t>(kTokenShardHeaderBytes + 2 * train)) == 0 &&
+                  pwrite(fd, header, sizeof(header), 0) == static_cast<ssize_t>(sizeof(header)) &&
+                  std::rename(tmp_path.c_str(), train_path.c_str()) == 0;
+  if (!ok) {
+    const int err = errno;
     std::remove(val_path.c_str());
-    return Status::IOError(train_path + ": write failed (" + std::strerror(errno) + ")");
+    return Status::IOError(train_path + ": write failed (" + std::strerror(err) + ")");
+  }
+  if (std::fclose(out.release()) != 0) {
+    const int err = errno;
+    std::remove(train_path.c_str());
+    std::remove(val_path.c_str());
+    return Status::IOError(train_path + ": write failed (" + std::strerror(err) + ")");
   }
   cleanup.armed = false;
   if (stats) {

@@ -2,7 +2,7 @@
 # Runs one fuzz target for SECONDS (default 60) on its corpus:
 #   scripts/fuzz.sh TARGET [SECONDS] [extra libFuzzer flags...]
 # TARGET is one of: token_shard llmc_model tokenizer ckpt_index ckpt_shard prepare cli_numbers
-# safetensors tokenizer_json.
+# safetensors tokenizer_json hf_config.
 # Builds the sanitizer build (build-asan/, clang, ASan + UBSan, libFuzzer) when the target is
 # missing. The corpus grows in build-asan/fuzz/corpus/TARGET (seeds: build-asan/fuzz/seeds);
 # a finding (crash, contract violation, leak, timeout, allocation over the limit) stops the
@@ -30,6 +30,7 @@ REG="tests/fuzz/regressions/$TARGET"
 # such file can justify, so it counts as a finding; so does a single input running over 10 s.
 case "$TARGET" in
   ckpt_index|ckpt_shard|llmc_model|safetensors|tokenizer_json) MAX_LEN=65536 ;;
+  hf_config) MAX_LEN=16384 ;;
   *) MAX_LEN=8192 ;;
 esac
 # allocator_may_return_null: an impossible request (over ASan's 1 TiB maximum) returns NULL, as

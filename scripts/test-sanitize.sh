@@ -40,7 +40,7 @@ start=$(date +%s)
 echo "sanitized test suite: $(( $(date +%s) - start )) s"
 
 start=$(date +%s)
-targets=(token_shard llmc_model tokenizer ckpt_index ckpt_shard prepare cli_numbers safetensors tokenizer_json)
+targets=(token_shard llmc_model tokenizer ckpt_index ckpt_shard prepare cli_numbers safetensors tokenizer_json hf_config)
 logs="$BUILD/fuzz/logs"; mkdir -p "$logs"
 found=0
 printf '%s\n' "${targets[@]}" | xargs -P 2 -I{} sh -c "scripts/fuzz.sh {} $FUZZ_SECONDS > $logs/{}.log 2>&1" || found=1

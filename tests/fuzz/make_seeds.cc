@@ -17,6 +17,7 @@
 #include "io/hf_gpt2.h"
 #include "io/llmc_model.h"
 #include "io/token_shard.h"
+#include "json_mutate.h"
 
 using namespace shardgpt;
 namespace fs = std::filesystem;
@@ -186,8 +187,53 @@ void TokenizerJsons(const std::string& d) {
                       {"decoder", {{"type", "ByteLevel"}}},
                       {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"vocab", vocab}, {"merges", m}}}};
   Write(d + "/bpe.json", j.dump());
+  // every value of the first entries of each array and object replaced by another JSON type
+  int k = 0;
+  for (const std::string& v : fuzz::JsonTypeVariants(j, 8, 400)) Write(d + "/type_" + std::to_string(k++) + ".json", v);
+  // crafted files of past reports: a merge listed twice (the last rank counts); added tokens
+  // that overlap, special and not, normalized and not
+  nlohmann::json x = j;
+  x["model"]["merges"].push_back("h e");
+  Write(d + "/duplicate_merge.json", x.dump());
+  x = j;
+  x["added_tokens"].push_back({{"id", id + 1}, {"content", "<|end"}, {"special", false}, {"normalized", true}});
+  x["added_tokens"].push_back({{"id", id + 2}, {"content", "endoftext"}, {"special", false}, {"normalized", false}});
+  Write(d + "/overlapping_added.json", x.dump());
+  x = j;
+  x["added_tokens"][0]["normalized"] = "yes";
+  Write(d + "/normalized_yes.json", x.dump());
   j["model"]["type"] = "WordPiece";
   Write(d + "/wordpiece.json", j.dump());
+}
+
+// HF GPT-2 config.json files: the one export --hf writes, every value of it replaced by
+// another JSON type, and the crafted configs of past reports (options that change the
+// computation, fields of the wrong type).
+void HfConfigs(const std::string& d) {
+  const GPTConfig c{1, 2, 8, 4, 10};
+  const ParamLayout layout(c);
+  std::vector<float> p(layout.total_numel());
+  InitParameters(layout, 3, p.data());
+  const std::string dir = d + "/export";
+  Check(WriteHfGpt2(dir, layout, p.data(), false));
+  const std::string text = fuzz::ReadFile(dir + "/config.json");
+  fs::remove_all(dir);
+  Write(d + "/export.json", text);
+  const nlohmann::json j = nlohmann::json::parse(text);
+  int k = 0;
+  for (const std::string& v : fuzz::JsonTypeVariants(j, 64, 400)) Write(d + "/type_" + std::to_string(k++) + ".json", v);
+  const std::vector<std::pair<std::string, nlohmann::json>> crafted = {
+      {"tie_yes", {{"tie_word_embeddings", "yes"}}}, {"act_null", {{"activation_function", nullptr}}},
+      {"act_int", {{"activation_function", 1}}}, {"inv_null", {{"scale_attn_by_inverse_layer_idx", nullptr}}},
+      {"no_scale", {{"scale_attn_weights", false}}}, {"upcast", {{"reorder_and_upcast_attn", true}}},
+      {"cross", {{"add_cross_attention", true}}}, {"untied", {{"tie_word_embeddings", false}}},
+      {"pruned", {{"pruned_heads", {{"0", {1}}}}}}, {"inner", {{"n_inner", 16}}},
+  };
+  for (const auto& [name, edit] : crafted) {
+    nlohmann::json x = j;
+    x.update(edit);
+    Write(d + "/" + name + ".json", x.dump());
+  }
 }
 
 }  // namespace
@@ -206,7 +252,7 @@ int main(int argc, char** argv) {
                           Target{"tokenizer", Tokenizers}, Target{"ckpt_index", CheckpointIndexes},
                           Target{"ckpt_shard", ShardFiles}, Target{"prepare", PrepareInputs},
                           Target{"cli_numbers", CliArgs}, Target{"safetensors", HfModels},
-                          Target{"tokenizer_json", TokenizerJsons}}) {
+                          Target{"tokenizer_json", TokenizerJsons}, Target{"hf_config", HfConfigs}}) {
     const std::string d = dir + "/" + t.name;
     fs::create_directories(d);
     t.make(d);

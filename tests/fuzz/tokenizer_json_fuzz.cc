@@ -1,4 +1,5 @@
-// Fuzz target: Hugging Face tokenizer.json files (io/bpe_tokenizer.h, BpeTokenizer::Parse).
+// Fuzz target: Hugging Face tokenizer.json files (io/bpe_tokenizer.h, BpeTokenizer::Parse),
+// with the JSON type mutator (json_mutate.h) beside libFuzzer's byte mutations.
 // Contract: any text gives either an error (one line naming the file) or a tokenizer that
 // encodes a few fixed texts and the input itself (where it is UTF-8) to ids inside its
 // vocabulary, or refuses the input as invalid UTF-8 with one line; nothing crashes or hangs.
@@ -7,8 +8,11 @@
 
 #include "fuzz_util.h"
 #include "io/bpe_tokenizer.h"
+#include "json_mutate.h"
 
 using namespace shardgpt;
+
+SHARDGPT_FUZZ_JSON_MUTATOR()
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string what = "tokenizer.json";

@@ -18,6 +18,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "io_test_util.h"
+#include "../fuzz/json_mutate.h"
 
 namespace shardgpt {
 namespace {
@@ -277,6 +278,37 @@ TEST(CheckpointIndex, CraftedJsonIsRefusedByName) {
   same += json + rest;
   SealCheckpointIndexImage(&same);
   EXPECT_TRUE(ParseCheckpointIndex(same, "x/index.h5", dir).ok());
+}
+
+// Every value of the index's JSON (the first entries of each array and object) replaced by one
+// of each other JSON type, sealed with a valid checksum as a crafted file would be: never a
+// thrown type_error; each refusal is one line naming the file; nearly every change is refused
+// (a few fields are free-form, e.g. the optimizer's name).
+TEST(CheckpointIndex, EveryFieldOfAnotherJsonTypeIsOneLine) {
+  const std::string dir = TestDir();
+  ASSERT_TRUE(WriteCheckpointIndex(dir + "/index.h5", GoodIndex(2)).ok());
+  const std::string good = ReadFile(dir + "/index.h5");
+  const size_t json_at = good.find("\njson ") + 6;
+  const uint64_t json_bytes = std::stoull(good.substr(json_at, good.find('\n', json_at) - json_at));
+  const nlohmann::json doc = nlohmann::json::parse(good.substr(kIndexHeaderBytes, json_bytes));
+  const std::string rest = good.substr(kIndexHeaderBytes + json_bytes);
+  size_t refused = 0, cases = 0;
+  for (const std::string& edited : fuzz::JsonTypeVariants(doc, 16, 400)) {
+    std::string bad = "shardgpt checkpoint index\nformat 3\njson " + std::to_string(edited.size()) + "\n";
+    bad.resize(kIndexHeaderBytes, '\0');
+    bad += edited + rest;
+    SealCheckpointIndexImage(&bad);
+    cases++;
+    StatusOr<CheckpointIndex> r = Status::Internal("not run");
+    ASSERT_NO_THROW(r = ParseCheckpointIndex(bad, "x/index.h5", dir)) << edited.substr(0, 200);
+    if (r.ok()) continue;
+    refused++;
+    const std::string& m = r.status().message();
+    EXPECT_EQ(m.rfind("x/index.h5: ", 0), 0u) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+  EXPECT_GT(cases, 150u) << cases;
+  EXPECT_GT(refused, cases * 9 / 10) << refused << " of " << cases;
 }
 
 // Format 2 (the plan as pieces of units) is still read: its pieces become per-parameter

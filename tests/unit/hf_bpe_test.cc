@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
+#include <map>
+#include <tuple>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -147,6 +150,171 @@ TEST(BpeTokenizer, RefusesWhatItDoesNotImplement) {
   EXPECT_EQ(st.message(), "in.txt: invalid UTF-8 at byte 103 (expected UTF-8 text)");
 }
 
+// A tokenizer over the letters a-d (byte symbols for every byte) with the given merges, in
+// order, and added tokens {content, special, normalized}, ids after the vocabulary's.
+nlohmann::json LetterTokenizer(const std::vector<std::pair<std::string, std::string>>& merges,
+                               const std::vector<std::tuple<std::string, bool, bool>>& added = {}) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; b++) vocab[ByteSymbol(b)] = b;
+  int id = 256;
+  nlohmann::json m = nlohmann::json::array();
+  for (const auto& [a, b] : merges) {
+    if (!vocab.contains(a + b)) vocab[a + b] = id++;
+    m.push_back(a + " " + b);
+  }
+  nlohmann::json at = nlohmann::json::array();
+  for (const auto& [content, special, normalized] : added)
+    at.push_back({{"id", id++}, {"content", content}, {"special", special}, {"normalized", normalized},
+                  {"single_word", false}, {"lstrip", false}, {"rstrip", false}});
+  return {{"added_tokens", at},
+          {"normalizer", nullptr},
+          {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+          {"decoder", {{"type", "ByteLevel"}}},
+          {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", m}}}};
+}
+
+// The ids as strings: the vocabulary's (byte symbols) and the added tokens' contents.
+std::vector<std::string> Pieces(const nlohmann::json& tok, const std::vector<int32_t>& ids) {
+  std::map<int64_t, std::string> names;
+  for (auto it = tok["model"]["vocab"].begin(); it != tok["model"]["vocab"].end(); ++it) names[it.value()] = it.key();
+  for (const auto& a : tok["added_tokens"]) names[a["id"]] = "<" + a["content"].get<std::string>() + ">";
+  std::vector<std::string> out;
+  for (int32_t id : ids) out.push_back(names.at(id));
+  return out;
+}
+
+using Strings = std::vector<std::string>;
+
+// Expected ids from Hugging Face tokenizers 0.15.2 on the same tokenizer.json (run by hand:
+// Tokenizer.from_file(...).encode(text)).
+TEST(BpeTokenizer, DuplicateMergesTakeTheRankOfTheirLastOccurrence) {
+  const nlohmann::json j = LetterTokenizer({{"a", "b"}, {"b", "c"}, {"a", "b"}});
+  auto t = BpeTokenizer::Parse("tok.json", j.dump());
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_EQ(Pieces(j, Encode(*t.value(), "abc")), (Strings{"a", "bc"}));  // first occurrence would give ab c
+  EXPECT_EQ(Pieces(j, Encode(*t.value(), "ab")), (Strings{"ab"}));
+}
+
+// Added tokens "normalized": false are matched first, over the whole text, then the
+// normalized ones between them; special or not does not decide (tokenizers 0.15.2's ids).
+TEST(BpeTokenizer, AddedTokensNotNormalizedAreMatchedFirst) {
+  struct Case {
+    std::vector<std::tuple<std::string, bool, bool>> added;
+    std::string text;
+    Strings want;
+  };
+  const std::vector<Case> cases = {
+      {{{"ab", true, false}, {"abc", false, true}}, "xabcdx", {"x", "<ab>", "c", "d", "x"}},
+      {{{"abc", true, false}, {"ab", false, true}}, "xabcdx", {"x", "<abc>", "d", "x"}},
+      {{{"bc", true, false}, {"abc", false, true}}, "xabcdx", {"x", "a", "<bc>", "d", "x"}},
+      {{{"abc", true, true}, {"bcd", false, false}}, "xabcdx", {"x", "a", "<bcd>", "x"}},
+      {{{"ab", true, true}, {"abc", false, true}}, "xabcdx", {"x", "<abc>", "d", "x"}},
+      {{{"ab", false, false}, {"abc", false, true}}, "xabcdx", {"x", "<ab>", "c", "d", "x"}},
+      {{{"ab", false, true}, {"b", false, true}}, "abab bab", {"<ab>", "<ab>", ByteSymbol(' '), "<b>", "<ab>"}},
+      {{{"aa", false, false}}, "aaaaa", {"<aa>", "<aa>", "a"}},
+  };
+  for (const Case& c : cases) {
+    const nlohmann::json j = LetterTokenizer({}, c.added);
+    SCOPED_TRACE(j["added_tokens"].dump());
+    auto t = BpeTokenizer::Parse("tok.json", j.dump());
+    ASSERT_TRUE(t.ok()) << t.status().message();
+    EXPECT_EQ(Pieces(j, Encode(*t.value(), c.text)), c.want);
+  }
+  // without "normalized", tokenizers' AddedToken default: not normalized when special
+  nlohmann::json j = LetterTokenizer({}, {{"bc", true, false}, {"abc", false, true}});
+  j["added_tokens"][0].erase("normalized");
+  j["added_tokens"][1].erase("normalized");
+  auto t = BpeTokenizer::Parse("tok.json", j.dump());
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(Pieces(j, Encode(*t.value(), "xabcdx")), (Strings{"x", "a", "<bc>", "d", "x"}));
+}
+
+// The heap merge against the definition: rescan for the pair of lowest rank (leftmost among
+// equals; a pair listed twice has its last rank), merge it, repeat. Random merge lists (with
+// repeats) over a-d, random words of up to 600 letters.
+TEST(BpeTokenizer, HeapMergeMatchesTheRescanOnRandomWords) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 40; trial++) {
+    std::vector<std::string> symbols = {"a", "b", "c", "d"};
+    std::vector<std::pair<std::string, std::string>> merges;
+    const int count = 5 + static_cast<int>(rng() % 80);
+    for (int i = 0; i < count; i++) {
+      if (!merges.empty() && rng() % 8 == 0) {
+        merges.push_back(merges[rng() % merges.size()]);
+        continue;
+      }
+      const std::string a = symbols[rng() % symbols.size()], b = symbols[rng() % symbols.size()];
+      merges.emplace_back(a, b);
+      if (std::find(symbols.begin(), symbols.end(), a + b) == symbols.end()) symbols.push_back(a + b);
+    }
+    std::map<std::pair<std::string, std::string>, size_t> rank;
+    for (size_t i = 0; i < merges.size(); i++) rank[merges[i]] = i;
+    const nlohmann::json j = LetterTokenizer(merges);
+    auto t = BpeTokenizer::Parse("tok.json", j.dump());
+    ASSERT_TRUE(t.ok()) << t.status().message();
+    for (int w = 0; w < 30; w++) {
+      std::string word;
+      const size_t len = 1 + rng() % (w < 25 ? 40 : 600);
+      for (size_t i = 0; i < len; i++) word.push_back("abcd"[rng() % (1 + rng() % 4)]);  // skewed: long runs merge deep
+      Strings want;
+      for (char ch : word) want.emplace_back(1, ch);
+      for (;;) {
+        size_t best = SIZE_MAX, at = 0;
+        for (size_t i = 0; i + 1 < want.size(); i++) {
+          auto it = rank.find({want[i], want[i + 1]});
+          if (it != rank.end() && it->second < best) best = it->second, at = i;
+        }
+        if (best == SIZE_MAX) break;
+        want[at] += want[at + 1];
+        want.erase(want.begin() + static_cast<ptrdiff_t>(at) + 1);
+      }
+      ASSERT_EQ(Pieces(j, Encode(*t.value(), word)), want) << "word " << word;
+    }
+  }
+}
+
+// Fields of the wrong JSON type anywhere in a tokenizer.json: one line naming the field.
+TEST(BpeTokenizer, WrongJsonTypesAreRefusedNamingTheField) {
+  struct Case {
+    std::function<void(nlohmann::json&)> edit;
+    std::string words;
+  };
+  const std::vector<Case> cases = {
+      {[](nlohmann::json& j) { j["added_tokens"][0]["normalized"] = "yes"; }, "added_tokens[0] \"<|endoftext|>\" normalized is \"yes\" (expected true or false)"},
+      {[](nlohmann::json& j) { j["added_tokens"][0]["special"] = nullptr; }, "special is null (expected true or false)"},
+      {[](nlohmann::json& j) { j["added_tokens"][0]["id"] = "261"; }, "added_tokens[0].id is \"261\""},
+      {[](nlohmann::json& j) { j["added_tokens"][0]["content"] = 5; }, "added_tokens[0].content is 5"},
+      {[](nlohmann::json& j) { j["added_tokens"][0] = nlohmann::json::array(); }, "added_tokens[0] is an array of 0"},
+      {[](nlohmann::json& j) { j["added_tokens"] = "x"; }, "added_tokens is not an array"},
+      {[](nlohmann::json& j) { j["model"]["vocab"]["h"] = 1.5; }, "vocab entry \"h\" has id 1.5"},
+      {[](nlohmann::json& j) { j["model"]["merges"][0] = 1; }, "merge 0 is 1"},
+      {[](nlohmann::json& j) { j["model"]["merges"] = nullptr; }, "model.merges is not an array"},
+      {[](nlohmann::json& j) { j["model"]["dropout"] = "0.1"; }, "model.dropout \"0.1\""},
+      {[](nlohmann::json& j) { j["model"]["byte_fallback"] = nullptr; }, "model.byte_fallback is null"},
+      {[](nlohmann::json& j) { j["pre_tokenizer"]["use_regex"] = 1; }, "pre_tokenizer.use_regex is 1"},
+      {[](nlohmann::json& j) { j["pre_tokenizer"] = "ByteLevel"; }, "pre_tokenizer"},
+      {[](nlohmann::json& j) { j["post_processor"] = 3; }, "post_processor 3"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json j = TinyTokenizer();
+    c.edit(j);
+    SCOPED_TRACE(c.words);
+    auto t = BpeTokenizer::Parse("tok.json", j.dump());
+    ASSERT_FALSE(t.ok());
+    EXPECT_NE(t.status().message().find(c.words), std::string::npos) << t.status().message();
+    EXPECT_EQ(t.status().message().rfind("tok.json: ", 0), 0u) << t.status().message();
+    EXPECT_EQ(t.status().message().find('\n'), std::string::npos);
+  }
+  // a value nested a million deep is shown by its type, not printed (recursively)
+  const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
+  nlohmann::json j = TinyTokenizer();
+  std::string text = j.dump();
+  text.insert(text.find("\"model\":{") + 9, "\"byte_fallback\":" + deep + ",");
+  auto t = BpeTokenizer::Parse("tok.json", text);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("model.byte_fallback is an array of 1"), std::string::npos) << t.status().message();
+}
+
 TEST(Safetensors, RoundTripsAndRefusesLyingHeaders) {
   const std::string dir = testing::TempDir() + "/st_" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
@@ -179,6 +347,19 @@ TEST(Safetensors, RoundTripsAndRefusesLyingHeaders) {
   EXPECT_NE(parse(R"({"a":{"dtype":"Q4","shape":[2],"data_offsets":[0,8]}})", 8).status().message().find("unknown dtype"),
             std::string::npos);
   EXPECT_FALSE(parse("[1,2]", 0).ok());
+  // fields of the wrong JSON type: one line naming the tensor and the field
+  for (const auto& [json, words] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"a":{"dtype":5,"shape":[2],"data_offsets":[0,8]}})", "tensor \"a\": dtype is not a string"},
+           {R"({"a":{"dtype":"F32","shape":"2","data_offsets":[0,8]}})", "tensor \"a\": shape is not an array"},
+           {R"({"a":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})", "tensor \"a\": shape [2.0]"},
+           {R"({"a":{"dtype":"F32","shape":[null],"data_offsets":[0,8]}})", "tensor \"a\": shape [null]"},
+           {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":null}})", "tensor \"a\": data_offsets null"},
+           {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,"8"]}})", "tensor \"a\": data_offsets [0,\"8\"]"},
+           {R"({"a":[1]})", "tensor \"a\": expected an object"},
+           {R"({"__metadata__":{"format":1}})", "__metadata__ value of \"format\" is not a string"}}) {
+    const std::string m = parse(json, 8).status().message();
+    EXPECT_NE(m.find("f: " + words), std::string::npos) << m;
+  }
   // A name or dtype with control characters (JSON's "\n" escape in a key, found by the fuzzer)
   // is quoted with them escaped: the error stays one line.
   for (const char* json : {R"({"a\nb\"c":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
@@ -213,6 +394,109 @@ TEST(HfGpt2, WriteThenReadRangesGivesTheParameters) {
     ASSERT_TRUE(r.value()->ReadRange(a, b, part.data()).ok());
     ASSERT_TRUE(std::equal(part.begin(), part.end(), p.begin() + a)) << a << " " << b;
   }
+  std::filesystem::remove_all(dir);
+}
+
+// config.json: each option that changes the computation at another value, and each field of
+// another JSON type, is refused with one line naming the file and the field.
+TEST(HfGpt2, ConfigOptionsAndTypesAreRefusedByName) {
+  const nlohmann::json good = {{"model_type", "gpt2"}, {"n_layer", 2}, {"n_head", 2}, {"n_embd", 16},
+                               {"n_positions", 8}, {"vocab_size", 300}, {"n_inner", nullptr},
+                               {"activation_function", "gelu_new"}, {"layer_norm_epsilon", 1e-5},
+                               {"scale_attn_weights", true}, {"tie_word_embeddings", true}, {"resid_pdrop", 0.1}};
+  auto parsed = ParseHfGpt2Config("d/config.json", good.dump());
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_EQ(parsed.value().FirstDifference(GPTConfig{2, 2, 16, 8, 300}), "");
+  const std::vector<std::pair<nlohmann::json, std::string>> cases = {
+      {{{"scale_attn_weights", false}}, "scale_attn_weights false is not supported"},
+      {{{"reorder_and_upcast_attn", true}}, "reorder_and_upcast_attn true is not supported"},
+      {{{"add_cross_attention", true}}, "add_cross_attention true is not supported"},
+      {{{"scale_attn_by_inverse_layer_idx", true}}, "scale_attn_by_inverse_layer_idx true is not supported"},
+      {{{"tie_word_embeddings", false}}, "tie_word_embeddings false is not supported"},
+      {{{"is_encoder_decoder", true}}, "is_encoder_decoder true is not supported"},
+      {{{"pruned_heads", {{"0", {1}}}}}, "pruned_heads an object of 1 is not supported"},
+      {{{"activation_function", "gelu"}}, "activation_function \"gelu\" is not supported"},
+      {{{"layer_norm_epsilon", 1e-6}}, "layer_norm_epsilon 1e-06 is not supported"},
+      {{{"n_inner", 32}}, "n_inner 32 is not supported (expected null or 4 x n_embd = 64)"},
+      // wrong JSON types
+      {{{"tie_word_embeddings", "yes"}}, "tie_word_embeddings is \"yes\" (expected true)"},
+      {{{"activation_function", nullptr}}, "activation_function null is not supported"},
+      {{{"activation_function", 1}}, "activation_function 1 is not supported"},
+      {{{"scale_attn_by_inverse_layer_idx", nullptr}}, "scale_attn_by_inverse_layer_idx is null (expected false)"},
+      {{{"scale_attn_weights", 1}}, "scale_attn_weights is 1 (expected true)"},
+      {{{"reorder_and_upcast_attn", "false"}}, "reorder_and_upcast_attn is \"false\" (expected false)"},
+      {{{"layer_norm_epsilon", "1e-5"}}, "layer_norm_epsilon \"1e-5\" is not supported"},
+      {{{"n_inner", "64"}}, "n_inner \"64\" is not supported"},
+      {{{"n_embd", 16.0}}, "n_embd is 16.0 (expected a positive integer)"},
+      {{{"n_layer", nullptr}}, "n_layer is null (expected a positive integer)"},
+      {{{"vocab_size", {300}}}, "vocab_size is an array of 1 (expected a positive integer)"},
+      {{{"model_type", 2}}, "model_type is 2 (expected \"gpt2\")"},
+      {{{"resid_pdrop", "0.1"}}, "resid_pdrop is \"0.1\" (expected a probability in [0, 1))"},
+      {{{"pruned_heads", 0}}, "pruned_heads 0 is not supported"},
+  };
+  for (const auto& [edit, words] : cases) {
+    nlohmann::json j = good;
+    j.update(edit);
+    SCOPED_TRACE(j.dump());
+    auto r = ParseHfGpt2Config("d/config.json", j.dump());
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("d/config.json: " + words), std::string::npos) << r.status().message();
+    EXPECT_EQ(r.status().message().find('\n'), std::string::npos);
+  }
+  nlohmann::json j = good;
+  j.erase("n_head");
+  EXPECT_NE(ParseHfGpt2Config("d/config.json", j.dump()).status().message().find("missing \"n_head\""), std::string::npos);
+  EXPECT_NE(ParseHfGpt2Config("d/config.json", "[1]").status().message().find("not a JSON object"), std::string::npos);
+  // a value nested a million deep is named by its type, not printed (recursively)
+  j = good;
+  j.erase("tie_word_embeddings");
+  std::string deep = j.dump();
+  deep.insert(1, "\"tie_word_embeddings\": " + std::string(1000000, '[') + std::string(1000000, ']') + ", ");
+  EXPECT_NE(ParseHfGpt2Config("d/config.json", deep).status().message().find("tie_word_embeddings is an array of 1"),
+            std::string::npos);
+}
+
+// A stored lm_head.weight equal to wte (a tied head saved anyway) is read; one that differs (an
+// untied head, which shardgpt has no place for) is refused naming the tensor.
+TEST(HfGpt2, AnUntiedLmHeadIsRefusedByName) {
+  const GPTConfig c{1, 2, 16, 8, 300};
+  const ParamLayout layout(c);
+  std::vector<float> p(layout.total_numel());
+  InitParameters(layout, 5, p.data());
+  const std::string dir = testing::TempDir() + "/hfhead_" + std::to_string(::getpid());
+  ASSERT_TRUE(WriteHfGpt2(dir, layout, p.data(), false).ok());
+  std::vector<SafetensorsTensor> tensors;
+  {
+    auto st = SafetensorsReader::Open(dir + "/model.safetensors");
+    ASSERT_TRUE(st.ok());
+    for (const SafetensorsEntry& e : st.value()->entries()) {
+      SafetensorsTensor t{e.name, e.shape, std::vector<float>(e.numel())};
+      ASSERT_TRUE(st.value()->ReadFloats(e, 0, e.numel(), t.values.data()).ok());
+      tensors.push_back(std::move(t));
+    }
+  }
+  const SafetensorsTensor* wte = nullptr;
+  for (const SafetensorsTensor& t : tensors)
+    if (t.name == "transformer.wte.weight") wte = &t;
+  ASSERT_NE(wte, nullptr);
+  SafetensorsTensor head{"lm_head.weight", wte->shape, wte->values};
+  tensors.push_back(head);
+  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", tensors, false, {{"format", "pt"}}).ok());
+  auto tied = HfGpt2Reader::Open(dir);
+  EXPECT_TRUE(tied.ok()) << tied.status().message();
+  tensors.back().values[1234] += 0.5f;
+  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", tensors, false, {{"format", "pt"}}).ok());
+  auto untied = HfGpt2Reader::Open(dir);
+  ASSERT_FALSE(untied.ok());
+  EXPECT_NE(untied.status().message().find("tensor \"lm_head.weight\" differs from \"transformer.wte.weight\" at element 1234"),
+            std::string::npos)
+      << untied.status().message();
+  tensors.back().shape = {c.n_embd, c.vocab_size};
+  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", tensors, false, {{"format", "pt"}}).ok());
+  auto shaped = HfGpt2Reader::Open(dir);
+  ASSERT_FALSE(shaped.ok());
+  EXPECT_NE(shaped.status().message().find("tensor \"lm_head.weight\" has shape [16, 300]"), std::string::npos)
+      << shaped.status().message();
   std::filesystem::remove_all(dir);
 }
 
