@@ -217,7 +217,8 @@ TEST(MmaLayoutEmulation, MmaComputesTheProductOfTheTablesOperands) {
         double want = 0.5 + Cp[r * 8 + n];
         for (int k = 0; k < 16; k++) want += (double)A[r * 16 + k] * B[k * 8 + n];
         const Slot s = SlotC(r, n);
-        EXPECT_EQ((double)rd.at(s.lane * 4 + s.reg), want) << "seed " << seed << ": D[" << r << "][" << n << "] at " << s;
+        EXPECT_EQ((double)rd.at(s.lane * 4 + s.reg), want)
+            << "seed " << seed << ": D[" << r << "][" << n << "] at " << s;
       }
   }
 }
@@ -273,7 +274,8 @@ TEST(MmaLayoutEmulation, KernelLoadersPlaceEveryElementAsTheTableSays) {
     const auto out = RunLoad(kLoadA, tile, rows, none, r0, c0);
     for (int r = 0; r < 16; r++)
       for (int c = 0; c < 16; c++)
-        EXPECT_EQ(HalfAt(out, 4, SlotA(r, c)), tile[(r0 + r) * kTileLd + c0 + c]) << "load_a: A[" << r << "][" << c << "]";
+        EXPECT_EQ(HalfAt(out, 4, SlotA(r, c)), tile[(r0 + r) * kTileLd + c0 + c])
+            << "load_a: A[" << r << "][" << c << "]";
   }
   {  // n-tile j: B_j[k][n] = s[(n0 + 8 j + n) * ld + k0 + k]; b[j][reg] is out register 2 j + reg
     const int n0 = 16, k0 = 8;
@@ -311,7 +313,8 @@ TEST(MmaLayoutEmulation, KernelLoadersPlaceEveryElementAsTheTableSays) {
     const auto out = RunLoad(kAccToA, tile, rows, acc, 0, 0);
     for (int r = 0; r < 16; r++)
       for (int c = 0; c < 16; c++)
-        EXPECT_EQ(Bf16ToFloat(HalfAt(out, 4, SlotA(r, c))), value(c / 8, r, c % 8)) << "acc_to_a: A[" << r << "][" << c << "]";
+        EXPECT_EQ(Bf16ToFloat(HalfAt(out, 4, SlotA(r, c))), value(c / 8, r, c % 8))
+            << "acc_to_a: A[" << r << "][" << c << "]";
   }
 }
 
