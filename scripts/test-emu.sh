@@ -13,5 +13,5 @@ scripts/install-deps.sh
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSHARDGPT_CUDA_EMULATION=ON -DSHARDGPT_BENCH=ON >/dev/null
 # Only what the gpu-emu tests run (the CPU suite is scripts/test.sh's main build).
 cmake --build "$BUILD" -j "$(nproc)" --target shardgpt gpu_tests train_gpu_test nccl_gpu_test runtime_emu_test \
-  cublaslt_emu_test nccl_emu_test overlap_emu_test recompute_test bench_train
+  cublaslt_emu_test mma_layout_emu_test nccl_emu_test overlap_emu_test recompute_test bench_train
 cd "$BUILD" && ctest --output-on-failure --timeout 1200 -j "${SHARDGPT_TEST_JOBS:-$(nproc)}" -L gpu-emu "$@"
