@@ -47,5 +47,12 @@ Status UseCudnnAttention(Device& device);
 // the element-wise kernel: no epilogue algorithm, or a configuration without one); 0 for any
 // other device. For tests and bench_train's report.
 uint64_t CudaGeluEpilogueCalls(Device& device);
+// The attention_forward / attention_backward calls on a device made by CreateCudaDevice that ran
+// the bf16 tensor-core kernels (attention_tc_cuda.cu); 0 for any other device. For tests and
+// train's --log rows (attention_tc_calls).
+struct TcAttentionCalls {
+  uint64_t forwards = 0, backwards = 0;
+};
+TcAttentionCalls CudaTcAttentionCalls(Device& device);
 
 }  // namespace shardgpt
