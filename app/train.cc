@@ -34,6 +34,7 @@
 #include "io/token_shard.h"
 #include "io/tokenizer.h"
 #include "model/compute_precision.h"
+#include "model/device_factory.h"
 #include "model/gpt.h"
 #include "model/kernels_cpu.h"
 #include "model/sampler.h"
@@ -732,12 +733,14 @@ class Trainer {
     float loss, lr, norm;
     double seconds;
     DeviceCounters device;  // what the step cost the device: differences of counters()
+    uint64_t attention_tc_calls = 0;  // the step's attention calls on the tensor-core kernels
   };
   // One optimizer step over grad_accum micro-batches; the loss is the mean over ranks.
   StepResult TrainStep(int step) {
     const int B = o_.micro_batch, T = o_.seq_len, A = o_.grad_accum;
     x_.resize(static_cast<size_t>(B) * T), y_.resize(x_.size());
     const DeviceCounters c0 = device_.counters();
+    const uint64_t tc0 = TensorCoreAttentionCalls(device_);
     const double t0 = MonotonicSeconds();
     StepResult r;
     r.lr = o_.schedule.At(step);
@@ -780,6 +783,7 @@ class Trainer {
     r.device = c1;
     r.device.allocations = c1.allocations - c0.allocations, r.device.frees = c1.frees - c0.frees;
     r.device.host_syncs = c1.host_syncs - c0.host_syncs;
+    r.attention_tc_calls = TensorCoreAttentionCalls(device_) - tc0;
     last_loss_ = r.loss;
     return r;
   }
@@ -924,6 +928,10 @@ class Trainer {
       j["host_syncs"] = r.device.host_syncs;
       j["host_syncs_per_rank"] = syncs;
     }
+    // This rank's attention calls (forward and backward, recompute included) that ran the bf16
+    // tensor-core kernels in the step (CUDA only; 0 where fp32 products, other head sizes or
+    // cuDNN take attention).
+    if (device_.is_cuda()) j["attention_tc_calls"] = r.attention_tc_calls;
     if (eval_now) j["val_loss"] = last_val_;
     if (!resume_record_.is_null()) j["resume"] = std::move(resume_record_), resume_record_ = nullptr;  // first row only
     // what checkpointing cost since the previous row (the save of a step comes after its row)

@@ -66,4 +66,14 @@ Status ApplyAttentionChoice(const std::string& attention, Device& device) {
 #endif
 }
 
+uint64_t TensorCoreAttentionCalls(Device& device) {
+#ifdef SHARDGPT_HAVE_CUDA
+  const TcAttentionCalls c = CudaTcAttentionCalls(device);
+  return c.forwards + c.backwards;
+#else
+  (void)device;
+  return 0;
+#endif
+}
+
 }  // namespace shardgpt

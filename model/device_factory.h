@@ -1,6 +1,7 @@
 // Picks and creates this rank's device from the --device flag.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -29,5 +30,9 @@ StatusOr<std::unique_ptr<Device>> CreateDevice(const std::string& kind, int loca
 Status CheckAttentionChoice(const std::string& attention, const std::string& device_kind);
 // Applies a checked choice to the device made for it (cudnn: the CUDA kernels switch to cuDNN).
 Status ApplyAttentionChoice(const std::string& attention, Device& device);
+
+// attention_forward + attention_backward calls on a CUDA device that ran the bf16 tensor-core
+// kernels (model/cuda/attention_tc_cuda.cu); 0 for any other device or build.
+uint64_t TensorCoreAttentionCalls(Device& device);
 
 }  // namespace shardgpt

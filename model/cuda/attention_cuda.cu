@@ -381,6 +381,7 @@ void CudaKernels::attention_forward(void* out_v, float* lse, const void* qkv_v, 
     else
       cuda::AttentionForwardTc(static_cast<float*>(out_v), lse, static_cast<const float*>(qkv_v), B, T, C, NH, a.scale,
                                stream_);
+    tc_attention_forwards_++;
     return;
   }
   float* out = static_cast<float*>(out_v);
@@ -452,6 +453,7 @@ void CudaKernels::attention_backward(void* dqkv_v, const void* dout_v, const voi
     else
       cuda::AttentionBackwardTc(static_cast<float*>(dqkv_v), static_cast<const float*>(dout_v),
                                 static_cast<const float*>(qkv_v), lse, D, B, T, C, NH, a.scale, stream_);
+    tc_attention_backwards_++;
     return;
   }
   float* dqkv = static_cast<float*>(dqkv_v);

@@ -510,6 +510,13 @@ uint64_t CudaGemmFallbacks(Device& device) {
   return cuda ? static_cast<CudaKernels&>(cuda->kernels()).gemm_fallbacks() : 0;
 }
 
+TcAttentionCalls CudaTcAttentionCalls(Device& device) {
+  auto* cuda = dynamic_cast<CudaDevice*>(&device);
+  if (!cuda) return {};
+  const auto& k = static_cast<CudaKernels&>(cuda->kernels());
+  return {k.tc_attention_forwards(), k.tc_attention_backwards()};
+}
+
 int CudaDeviceOrdinal(Device& device) {
   auto* cuda = dynamic_cast<CudaDevice*>(&device);
   return cuda ? cuda->ordinal() : -1;

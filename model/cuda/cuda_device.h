@@ -50,5 +50,12 @@ uint64_t CudaGeluEpilogueCalls(Device& device);
 // Matmul calls that took a fallback (cuBLASLt's heuristic failed or had no algorithm, or one was
 // refused at its call) on this device since it was made; 0 for a non-CUDA device (tests).
 uint64_t CudaGemmFallbacks(Device& device);
+// The attention_forward / attention_backward calls on a device made by CreateCudaDevice that ran
+// the bf16 tensor-core kernels (attention_tc_cuda.cu); 0 for any other device. For tests and
+// train's --log rows (attention_tc_calls).
+struct TcAttentionCalls {
+  uint64_t forwards = 0, backwards = 0;
+};
+TcAttentionCalls CudaTcAttentionCalls(Device& device);
 
 }  // namespace shardgpt

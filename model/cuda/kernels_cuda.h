@@ -132,6 +132,10 @@ class CudaKernels final : public Kernels {
   // Matmul calls that took a fallback because cuBLASLt's heuristic failed or had no algorithm,
   // or an algorithm was refused at its call (tests).
   uint64_t gemm_fallbacks() const { return gemm_fallbacks_.load(); }
+  // attention_forward / attention_backward calls that ran the bf16 tensor-core kernels
+  // (attention_tc_cuda.cu; not cuDNN, not the fp32 CUDA-core kernels) (tests, train's --log rows).
+  uint64_t tc_attention_forwards() const { return tc_attention_forwards_.load(); }
+  uint64_t tc_attention_backwards() const { return tc_attention_backwards_.load(); }
 
   // --attention cudnn: attention through cuDNN's SDPA (attention_cudnn.cc; bf16 products
   // at every precision). Only where CudnnAttentionBuilt() (attention_cudnn.h).
@@ -242,6 +246,7 @@ class CudaKernels final : public Kernels {
   mutable std::atomic<uint64_t> biases_from_stored_{0};
   mutable std::atomic<uint64_t> gemm_fallbacks_{0};
   mutable std::atomic<uint64_t> gelu_in_epilogue_{0};
+  mutable std::atomic<uint64_t> tc_attention_forwards_{0}, tc_attention_backwards_{0};
   bool cudnn_attention_ = false;
   mutable void* scratch_[kNumSlots] = {};
   mutable size_t scratch_bytes_[kNumSlots] = {};

@@ -103,6 +103,10 @@ class NcclCommunicator final : public Communicator {
     }
     cv_.notify_all();
     watchdog_.join();
+    if (held_queued_at_ >= 0)
+      std::fprintf(stderr,
+                   "nccl watchdog: rank %d: the held collective waited %.2f s to start, watched (--comm-timeout %g s)\n",
+                   rank_, TestHold().released_at.load() - held_queued_at_, timeout_s_);
     for (const InFlight& f : inflight_) {
       cudaEventDestroy(f.started);
       cudaEventDestroy(f.done);
@@ -260,6 +264,8 @@ class NcclCommunicator final : public Communicator {
     for (cudaEvent_t* e : events)
       if (cudaEventCreateWithFlags(e, cudaEventDisableTiming) != cudaSuccess)
         Fatal(rank_, std::string(name) + ": cannot create a CUDA event: " + cudaGetErrorString(cudaGetLastError()));
+    const double queued_at = MonotonicSeconds();
+    const bool held = HoldComputeOnce(queued_at);
     cudaEventRecord(ready, compute_);
     cudaStreamWaitEvent(stream_, ready, 0);
     cudaEventDestroy(ready);  // destruction is deferred until the wait has been satisfied
@@ -276,7 +282,8 @@ class NcclCommunicator final : public Communicator {
     cudaEventRecord(watch, stream_);  // the watchdog's own event: the Work's may die before it is queried
     {
       std::lock_guard<std::mutex> lock(mu_);
-      inflight_.push_back(InFlight{started, watch, -1.0, name, seq});
+      inflight_.push_back(InFlight{started, watch, -1.0, name, seq, held});
+      if (held) held_queued_at_ = queued_at;
     }
     cv_.notify_all();
     return std::make_shared<NcclWork>(done, compute_);
@@ -318,6 +325,7 @@ class NcclCommunicator final : public Communicator {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
       cv_.wait_for(lock, std::chrono::milliseconds(100));
+      if (!inflight_.empty() && inflight_.front().held) TestHold().watched = true;  // before any query may block
       while (!inflight_.empty()) {
         const cudaError_t q = cudaEventQuery(inflight_.front().done);
         if (q == cudaErrorNotReady) break;
@@ -361,7 +369,40 @@ class NcclCommunicator final : public Communicator {
     double started_at;    // when the watchdog first saw `started` complete; < 0: not yet
     const char* name;
     uint64_t seq;         // its flight recorder entry (0: none)
+    bool held;            // the test hook's held collective (HoldComputeOnce)
   };
+
+  // Test hook (SHARDGPT_TEST_NCCL_HOLD_COMPUTE_S=S): the process's first collective is queued
+  // behind a host function on the compute stream that returns only when S seconds have passed
+  // since the collective was queued and the watchdog has seen that collective in flight, so it
+  // waits at least S seconds to start under the watchdog's eyes, whatever the machine's speed.
+  // The communicator that issued it prints that wait on destruction (the watchdog test holds it
+  // above --comm-timeout: its premise). Returns whether this collective is the held one.
+  struct Hold {
+    std::atomic<bool> taken{false}, watched{false};
+    std::atomic<double> released_at{-1};
+    double until = 0;
+  };
+  static Hold& TestHold() {
+    static Hold h;
+    return h;
+  }
+  bool HoldComputeOnce(double queued_at) {
+    const char* env = std::getenv("SHARDGPT_TEST_NCCL_HOLD_COMPUTE_S");
+    Hold& h = TestHold();
+    if (!env || h.taken.exchange(true)) return false;
+    h.until = queued_at + std::atof(env);
+    cudaLaunchHostFunc(
+        compute_,
+        [](void*) {
+          Hold& h = TestHold();
+          while (MonotonicSeconds() < h.until || !h.watched.load())
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          h.released_at = MonotonicSeconds();
+        },
+        nullptr);
+    return true;
+  }
 
   std::unique_ptr<MpiCommunicator> control_;
   ncclComm_t nccl_;
@@ -375,6 +416,7 @@ class NcclCommunicator final : public Communicator {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<InFlight> inflight_;  // guarded by mu_
+  double held_queued_at_ = -1;     // when the test hook's held collective was queued (mu_); < 0: none
   bool stop_ = false;              // guarded by mu_
   std::unique_ptr<FlightRing> ring_;  // null when the recorder is off
   std::thread watchdog_;

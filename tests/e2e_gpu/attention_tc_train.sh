@@ -3,7 +3,9 @@
 # head size 64 (--n-embd 128 --n-head 2) and a sequence length that is not a multiple of the
 # 64-row tile, --dtype bf16 --compute-dtype bf16 on --device cuda (a GPU, or the CUDA emulation)
 # against --device cpu with the same flags (the bf16 CPU kernels): every step's loss within
-# 2e-2 (the bf16 band of train_cuda.sh); two CUDA runs give bitwise equal losses.
+# 2e-2 (the bf16 band of train_cuda.sh); two CUDA runs give bitwise equal losses; every CUDA
+# row's attention_tc_calls (the step's attention calls on the tensor-core kernels) is 2: one
+# layer, one micro-batch, one forward and one backward, so the tensor-core path is the one run.
 # Exits 77 (skipped) where `--device cuda` has no GPU.
 set -euo pipefail
 source "$(dirname "$0")/../e2e/lib/common.sh"  # BIN, T, fail, mpirun as root
@@ -23,10 +25,14 @@ train "$T/cuda2.jsonl" --device cuda
 train "$T/cpu.jsonl" --device cpu
 /usr/bin/python3 - "$T/cuda1.jsonl" "$T/cuda2.jsonl" "$T/cpu.jsonl" <<'PY'
 import json, sys
-a, b, c = ({r["step"]: r["loss"] for r in map(json.loads, open(f))} for f in sys.argv[1:4])
+rows = [list(map(json.loads, open(f))) for f in sys.argv[1:4]]
+for f, rs in zip(sys.argv[1:3], rows[:2]):
+    calls = [r.get("attention_tc_calls") for r in rs]
+    assert calls and all(n == 2 for n in calls), "%s: attention_tc_calls per step %s, expected 2 (the tensor-core path)" % (f, calls)
+a, b, c = ({r["step"]: r["loss"] for r in rs} for rs in rows)
 assert sorted(a) == sorted(b) == sorted(c) and len(a) == 3, (sorted(a), sorted(b), sorted(c))
 assert a == b, "two CUDA runs differ: %s vs %s" % (a, b)
 worst = max(abs(a[s] - c[s]) for s in a)
 assert worst <= 2e-2, "max |loss - cpu| %.3g > 2e-2: %s vs %s" % (worst, a, c)
-print("tensor-core attention, bf16: max |loss - cpu| = %.2e over %d steps; two CUDA runs bitwise equal" % (worst, len(a)))
+print("tensor-core attention, bf16: max |loss - cpu| = %.2e over %d steps; two CUDA runs bitwise equal; 2 tensor-core attention calls per step" % (worst, len(a)))
 PY

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The NCCL watchdog (parallel/nccl/nccl_communicator.cc) under the CUDA emulation.
 # 0. --comm-timeout counts from when a collective starts, not from when it was queued: on 1
-#    rank (no peer to wait for), steps whose compute takes longer than a 1 s timeout (a couple
-#    of seconds each under the emulation, whose streams run only when waited on) complete:
-#    an all-reduce queued behind that compute does not time out.
+#    rank (no peer to wait for), the first collective is queued behind compute that outlives a
+#    1 s timeout by construction (SHARDGPT_TEST_NCCL_HOLD_COMPUTE_S=2: a host function on the
+#    compute stream that returns only after 2 s and after the watchdog has seen the collective
+#    in flight), and the run completes. The premise is asserted from the communicator's report
+#    of that collective's wait to start (> the timeout), so no machine speed can make it vacuous.
 # 1. An NCCL failure mid-run ends the job on every rank with one line, no hang: 2 ranks, --comm
 #    nccl, the emulation's failure injection
 # (SHARDGPT_NCCL_EMU_FAIL_AT=N: this process's N-th NCCL operation does not run and sets the
@@ -25,10 +27,14 @@ if ! grep -q "CUDA emulation" <<<"$probe"; then
 fi
 
 # 0. compute longer than the timeout in front of a collective
-out0=$(timeout 300 "$BIN" train --data "$T/data/train.bin" --seq-len 64 --n-layer 2 --n-embd 128 --n-head 4 \
-  --micro-batch 16 --steps 2 --threads 1 --device cuda --comm nccl --comm-timeout 1 2>&1) ||
+out0=$(SHARDGPT_TEST_NCCL_HOLD_COMPUTE_S=2 timeout 300 "$BIN" train $MODEL --steps 2 --device cuda --comm nccl \
+  --comm-timeout 1 2>&1) ||
   { echo "FAIL: a collective waiting behind compute was timed out"; echo "$out0"; exit 1; }
-echo "0. 1 s --comm-timeout, steps of $(grep -o '[0-9.]* ms' <<<"$out0" | tail -1) of compute: completed"
+wait0=$(sed -n 's/^nccl watchdog: rank 0: the held collective waited \([0-9.]*\) s to start, watched.*/\1/p' <<<"$out0")
+[ -n "$wait0" ] || { echo "FAIL: no report of the held collective's wait (the premise)"; echo "$out0"; exit 1; }
+/usr/bin/python3 -c "import sys; sys.exit(0 if float('$wait0') > 1 else 1)" ||
+  { echo "FAIL: the held collective waited $wait0 s to start, not more than the 1 s timeout"; exit 1; }
+echo "0. 1 s --comm-timeout, a collective queued behind $wait0 s of compute, watched meanwhile: completed"
 
 # 1. the 40th NCCL operation of each rank fails (mid-run: a step has a dozen at stage 3)
 start=$SECONDS

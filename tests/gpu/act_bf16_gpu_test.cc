@@ -278,12 +278,17 @@ TEST_P(GpuBf16Act, Attention) {
     const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
     auto qkv = Act(nq, 28, -1.5f, 1.5f), out = Act(no, 29), dout = Act(no, 30), dqkv = Act(nq, 31);
     auto lse = F32(std::vector<float>((size_t)B * NH * T));
+    const bool tc = hs == 64 && GetParam() == MatmulPrecision::kBf16;
+    const TcAttentionCalls tc0 = CudaTcAttentionCalls(*gpu_);
     for (bool g : {true, false}) k(g).attention_forward(out.p(g), lse.p(g), qkv.p(g), B, T, C, NH);
     Near(out, ProductTol(), "attention out");
     ExpectNear(lse.Get(true), lse.Get(false), GetParam() == MatmulPrecision::kBf16 ? 1e-2 : 1e-5, "attention lse");
     out.Set(out.Get(false)), lse.Set(lse.Get(false));  // both backwards read the CPU's forward
     for (bool g : {true, false})
       k(g).attention_backward(dqkv.p(g), dout.p(g), qkv.p(g), out.p(g), lse.p(g), B, T, C, NH);
+    const TcAttentionCalls tc1 = CudaTcAttentionCalls(*gpu_);
+    EXPECT_EQ(tc1.forwards - tc0.forwards, tc ? 1u : 0u) << "tensor-core forwards";
+    EXPECT_EQ(tc1.backwards - tc0.backwards, tc ? 1u : 0u) << "tensor-core backwards";
     Near(dqkv, GetParam() == MatmulPrecision::kBf16 ? 2e-2 + std::ldexp(1.0, -8) : kTolAct, "attention dqkv");
   }
 }
@@ -302,8 +307,13 @@ TEST_P(GpuBf16Act, AttentionIsTheFp32ActivationResultRoundedOnce) {
   auto bf = [&](const std::vector<uint16_t>& v) { return Pair<uint16_t>(*gpu_, *cpu_, v); };
   auto out16 = bf(std::vector<uint16_t>(no)), q16 = bf(qkv), d16 = bf(dout), dq16 = bf(dqkv0);
   auto lse16 = F32(std::vector<float>((size_t)B * NH * T)), lse32 = F32(std::vector<float>((size_t)B * NH * T));
+  const TcAttentionCalls tc0 = CudaTcAttentionCalls(*gpu_);
   g.attention_forward(out16.p(true), lse16.p(true), q16.p(true), B, T, C, NH);
   g.attention_backward(dq16.p(true), d16.p(true), q16.p(true), out16.p(true), lse16.p(true), B, T, C, NH);
+  const TcAttentionCalls tc1 = CudaTcAttentionCalls(*gpu_);
+  const uint64_t want = GetParam() == MatmulPrecision::kBf16 ? 1 : 0;  // hs 64: the tensor cores at kBf16
+  EXPECT_EQ(tc1.forwards - tc0.forwards, want) << "tensor-core forward at bf16 activations";
+  EXPECT_EQ(tc1.backwards - tc0.backwards, want) << "tensor-core backward at bf16 activations";
 
   g.set_activation_dtype(DType::kF32);
   auto out32 = F32(std::vector<float>(no)), q32 = F32(Widen(qkv)), d32 = F32(Widen(dout));

@@ -19,8 +19,10 @@
 //       CPU's exp; a GPU's mma may sum in another order).
 //     lse 1e-5: fp32 only (same bf16 inputs to q k^T, fp32 sums in another order, exp2f vs the
 //       CPU's exp polynomial; under the emulation: 1e-7).
-//   The tensor-core path is checked to be the one running: it differs from the fp32 twin by more
-//   than 1e-4 normwise (bf16 rounding of the inputs) and agrees with the bf16 twin.
+//   The tensor-core path is checked to be the one running: CudaTcAttentionCalls counts its
+//   forward and backward calls, it differs from the fp32 twin by more than 1e-4 normwise (bf16
+//   rounding of the inputs) and agrees with the bf16 twin. The twin and reproducibility tests
+//   run at fp32 and at bf16 activations (the cp.async loads of bf16 tensors).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -160,41 +162,68 @@ class TcAttentionTest : public ::testing::Test {
   }
   void TearDown() override { SetBf16AttentionProducts(saved_bf16_attention_); }
   bool saved_bf16_attention_ = false;
-  // A buffer on `d` holding v.
-  DeviceBuffer Upload(Device& d, const std::vector<float>& v, const char* what) {
-    DeviceBuffer b(&d, nullptr, MemKind::kParams, v.size() * 4, what);
-    d.CopyToDevice(b.data(), v.data(), v.size() * 4);
+  // A buffer on `d` holding v, in dtype `act` (bf16: v rounded).
+  DeviceBuffer Upload(Device& d, const std::vector<float>& v, const char* what, DType act = DType::kF32) {
+    const bool bf = act == DType::kBF16;
+    DeviceBuffer b(&d, nullptr, MemKind::kParams, v.size() * (bf ? 2 : 4), what);
+    if (bf) {
+      std::vector<uint16_t> h(v.size());
+      FloatToBf16(v.data(), h.data(), v.size());
+      d.CopyToDevice(b.data(), h.data(), h.size() * 2);
+    } else {
+      d.CopyToDevice(b.data(), v.data(), v.size() * 4);
+    }
     return b;
   }
-  std::vector<float> Read(Device& d, const DeviceBuffer& b) {
+  // b's values (widened where act is bf16).
+  std::vector<float> Read(Device& d, const DeviceBuffer& b, DType act = DType::kF32) {
+    if (act == DType::kBF16) {
+      std::vector<uint16_t> h(b.bytes() / 2);
+      d.CopyToHost(h.data(), b.data(), b.bytes());
+      std::vector<float> v(h.size());
+      Bf16ToFloat(h.data(), v.data(), h.size());
+      return v;
+    }
     std::vector<float> v(b.bytes() / 4);
     d.CopyToHost(v.data(), b.data(), b.bytes());
     return v;
   }
   struct Result {
     std::vector<float> out, lse, dqkv1, dqkv2;  // dqkv after one and two backward calls
+    TcAttentionCalls tc;                        // of the run: tensor-core forwards and backwards
   };
   // Forward, then backward twice into one zeroed dqkv (the second checks the +=), on device d
-  // at precision p. The backward reads `fwd_out`/`fwd_lse` when given (so that two devices'
-  // backwards see the same forward), else this device's own forward.
+  // at precision p with activations (qkv, out, dout, dqkv) in dtype act; lse fp32. The backward
+  // reads `fwd_out`/`fwd_lse` when given (so that two devices' backwards see the same forward),
+  // else this device's own forward.
   Result Run(Device& d, MatmulPrecision p, int B, int T, int C, int NH, const std::vector<float>& qkv,
-             const std::vector<float>& dout, const Result* fwd = nullptr) {
+             const std::vector<float>& dout, const Result* fwd = nullptr, DType act = DType::kF32) {
     Kernels& k = d.kernels();
     k.set_matmul_precision(p);
-    auto q = Upload(d, qkv, "qkv"), g = Upload(d, dout, "dout");
-    DeviceBuffer out(&d, nullptr, MemKind::kParams, (size_t)B * T * C * 4, "out");
+    k.set_activation_dtype(act);
+    const TcAttentionCalls tc0 = CudaTcAttentionCalls(d);
+    auto q = Upload(d, qkv, "qkv", act), g = Upload(d, dout, "dout", act);
+    auto out = Upload(d, std::vector<float>((size_t)B * T * C), "out", act);
     DeviceBuffer lse(&d, nullptr, MemKind::kParams, (size_t)B * NH * T * 4, "lse");
-    k.attention_forward(out.as<float>(), lse.as<float>(), q.as<float>(), B, T, C, NH);
+    k.attention_forward(out.data(), lse.as<float>(), q.data(), B, T, C, NH);
     Result r;
-    r.out = Read(d, out), r.lse = Read(d, lse);
-    if (fwd) out = Upload(d, fwd->out, "out"), lse = Upload(d, fwd->lse, "lse");
-    auto dqkv = Upload(d, std::vector<float>(qkv.size(), 0.0f), "dqkv");
-    k.attention_backward(dqkv.as<float>(), g.as<float>(), q.as<float>(), out.as<float>(), lse.as<float>(), B, T, C, NH);
-    r.dqkv1 = Read(d, dqkv);
-    k.attention_backward(dqkv.as<float>(), g.as<float>(), q.as<float>(), out.as<float>(), lse.as<float>(), B, T, C, NH);
-    r.dqkv2 = Read(d, dqkv);
+    r.out = Read(d, out, act), r.lse = Read(d, lse);
+    if (fwd) out = Upload(d, fwd->out, "out", act), lse = Upload(d, fwd->lse, "lse");
+    auto dqkv = Upload(d, std::vector<float>(qkv.size(), 0.0f), "dqkv", act);
+    k.attention_backward(dqkv.data(), g.data(), q.data(), out.data(), lse.as<float>(), B, T, C, NH);
+    r.dqkv1 = Read(d, dqkv, act);
+    k.attention_backward(dqkv.data(), g.data(), q.data(), out.data(), lse.as<float>(), B, T, C, NH);
+    r.dqkv2 = Read(d, dqkv, act);
+    const TcAttentionCalls tc1 = CudaTcAttentionCalls(d);
+    r.tc = {tc1.forwards - tc0.forwards, tc1.backwards - tc0.backwards};
     k.set_matmul_precision(MatmulPrecision::kExact);
+    k.set_activation_dtype(DType::kF32);
     return r;
+  }
+  // The run went through the tensor-core kernels: one forward, two backwards.
+  static void ExpectTensorCores(const Result& r) {
+    EXPECT_EQ(r.tc.forwards, 1u) << "the forward did not run the tensor-core kernel";
+    EXPECT_EQ(r.tc.backwards, 2u) << "the backwards did not run the tensor-core kernels";
   }
   std::unique_ptr<Device> gpu_, cpu_;
 };
@@ -207,17 +236,20 @@ std::string Name(const Shape& s) {
          " hs=" + std::to_string(s.hs);
 }
 
+const Shape kTwinShapes[] = {Shape{2, 80, 2, 64}, Shape{1, 128, 1, 64}, Shape{1, 70, 2, 128}, Shape{1, 17, 1, 64},
+                              Shape{1, 200, 1, 64}};
+
 // Against the bf16 CPU twin; T a multiple of the 64-row tile and not (causal tails), B, NH > 1,
 // and T = 200: four tiles, so the double-buffered loop refills a buffer it used before.
 TEST_F(TcAttentionTest, MatchesTheBf16CpuTwin) {
-  for (const Shape& s : {Shape{2, 80, 2, 64}, Shape{1, 128, 1, 64}, Shape{1, 70, 2, 128}, Shape{1, 17, 1, 64},
-                         Shape{1, 200, 1, 64}}) {
+  for (const Shape& s : kTwinShapes) {
     SCOPED_TRACE(Name(s));
     const int C = s.NH * s.hs;
     const auto qkv = RandomFloats((size_t)s.B * s.T * 3 * C, 7, -1.5f, 1.5f);
     const auto dout = RandomFloats((size_t)s.B * s.T * C, 8);
     const Result cpu = Run(*cpu_, MatmulPrecision::kBf16, s.B, s.T, C, s.NH, qkv, dout);
     const Result gpu = Run(*gpu_, MatmulPrecision::kBf16, s.B, s.T, C, s.NH, qkv, dout, &cpu);
+    ExpectTensorCores(gpu);
     EXPECT_LE(Normwise(gpu.out, cpu.out), kTolBf16) << "out";
     EXPECT_LE(Normwise(gpu.lse, cpu.lse), kTolLse) << "lse";
     EXPECT_LE(Normwise(gpu.dqkv1, cpu.dqkv1), kTolGrad) << "dqkv";
@@ -234,20 +266,53 @@ TEST_F(TcAttentionTest, MatchesTheBf16CpuTwin) {
   }
 }
 
-// Two runs on the GPU (the emulation shuffles block and thread order per launch): the same bits.
+// The same at bf16 activations (the kernels' cp.async loads of bf16 q, k, v and dO; out and
+// dqkv = bf16(dqkv + gradient) rounded in registers), against the CPU twin at bf16 activations
+// (the same rounding of its fp32 results): the tolerances above plus one bf16 rounding (2^-8)
+// of out and dqkv, where the two sides' fp32 values fall either side of a rounding boundary.
+// Both backwards read the CPU's (bf16) forward.
+TEST_F(TcAttentionTest, MatchesTheBf16CpuTwinAtBf16Activations) {
+  const double ulp = std::ldexp(1.0, -8);
+  for (const Shape& s : kTwinShapes) {
+    SCOPED_TRACE(Name(s));
+    const int C = s.NH * s.hs;
+    const auto qkv = RandomFloats((size_t)s.B * s.T * 3 * C, 7, -1.5f, 1.5f);
+    const auto dout = RandomFloats((size_t)s.B * s.T * C, 8);
+    const Result cpu = Run(*cpu_, MatmulPrecision::kBf16, s.B, s.T, C, s.NH, qkv, dout, nullptr, DType::kBF16);
+    const Result gpu = Run(*gpu_, MatmulPrecision::kBf16, s.B, s.T, C, s.NH, qkv, dout, &cpu, DType::kBF16);
+    ExpectTensorCores(gpu);
+    EXPECT_LE(Normwise(gpu.out, cpu.out), kTolBf16 + ulp) << "out";
+    EXPECT_LE(Normwise(gpu.lse, cpu.lse), kTolLse) << "lse";
+    EXPECT_LE(Normwise(gpu.dqkv1, cpu.dqkv1), kTolGrad + ulp) << "dqkv";
+    EXPECT_LE(Normwise(gpu.dqkv2, cpu.dqkv2), kTolGrad + ulp) << "dqkv, second call (+=)";
+    EXPECT_NE(gpu.dqkv2, gpu.dqkv1) << "the second backward added nothing";
+    std::printf("[ info ] %s, bf16 activations: normwise vs bf16 twin out %.2e lse %.2e dqkv %.2e (second %.2e)\n",
+                Name(s).c_str(), Normwise(gpu.out, cpu.out), Normwise(gpu.lse, cpu.lse),
+                Normwise(gpu.dqkv1, cpu.dqkv1), Normwise(gpu.dqkv2, cpu.dqkv2));
+  }
+}
+
+// Two runs on the GPU (the emulation shuffles block and thread order per launch): the same bits,
+// at fp32 and at bf16 activations.
 TEST_F(TcAttentionTest, BitwiseReproducible) {
   const Shape s{2, 100, 2, 64};
   const int C = s.NH * s.hs;
   const auto qkv = RandomFloats((size_t)s.B * s.T * 3 * C, 17, -1.5f, 1.5f);
   const auto dout = RandomFloats((size_t)s.B * s.T * C, 18);
-  const Result a = Run(*gpu_, MatmulPrecision::kBf16, s.B, s.T, C, s.NH, qkv, dout);
-  const Result b = Run(*gpu_, MatmulPrecision::kBf16, s.B, s.T, C, s.NH, qkv, dout);
   auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
     return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
   };
-  EXPECT_TRUE(same(a.out, b.out)) << "out";
-  EXPECT_TRUE(same(a.lse, b.lse)) << "lse";
-  EXPECT_TRUE(same(a.dqkv1, b.dqkv1)) << "dqkv";
+  for (DType act : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(act == DType::kBF16 ? "bf16 activations" : "fp32 activations");
+    const Result a = Run(*gpu_, MatmulPrecision::kBf16, s.B, s.T, C, s.NH, qkv, dout, nullptr, act);
+    const Result b = Run(*gpu_, MatmulPrecision::kBf16, s.B, s.T, C, s.NH, qkv, dout, nullptr, act);
+    ExpectTensorCores(a);
+    ExpectTensorCores(b);
+    EXPECT_TRUE(same(a.out, b.out)) << "out";
+    EXPECT_TRUE(same(a.lse, b.lse)) << "lse";
+    EXPECT_TRUE(same(a.dqkv1, b.dqkv1)) << "dqkv";
+    EXPECT_TRUE(same(a.dqkv2, b.dqkv2)) << "dqkv, second call";
+  }
 }
 
 // Head sizes without a tensor-core kernel, and kExact, keep the fp32 kernels (fp32 products).
@@ -260,6 +325,7 @@ TEST_F(TcAttentionTest, OtherHeadSizesAndExactStayFp32) {
     const auto dout = RandomFloats((size_t)s.B * s.T * C, 28);
     const Result cpu = Run(*cpu_, MatmulPrecision::kExact, s.B, s.T, C, s.NH, qkv, dout);
     const Result gpu = Run(*gpu_, p, s.B, s.T, C, s.NH, qkv, dout, &cpu);
+    EXPECT_EQ(gpu.tc.forwards + gpu.tc.backwards, 0u) << "a tensor-core kernel ran";
     EXPECT_LE(Normwise(gpu.out, cpu.out), 1e-5) << "out";
     EXPECT_LE(Normwise(gpu.dqkv1, cpu.dqkv1), 1e-5) << "dqkv";
   }
