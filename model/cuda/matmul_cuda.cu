@@ -56,6 +56,17 @@ __global__ void broadcast_bias_kernel(T* out, const T* bias, int N, int OC) {
     out[i] = bias[i % OC];
 }
 
+// D[m x n] (contiguous, D's type) = bias[m] broadcast to every column.
+void BroadcastBias(void* D, DType d_type, const void* bias, int m, int n, cudaStream_t stream) {
+  if (d_type == DType::kF32)
+    SHARDGPT_LAUNCH(broadcast_bias_kernel<float>, cuda::GridFor((size_t)m * n, 256), 256, 0, stream)(
+        static_cast<float*>(D), static_cast<const float*>(bias), n, m);
+  else
+    SHARDGPT_LAUNCH(broadcast_bias_kernel<uint16_t>, cuda::GridFor((size_t)m * n, 256), 256, 0, stream)(
+        static_cast<uint16_t*>(D), static_cast<const uint16_t*>(bias), n, m);
+  SHARDGPT_CUDA_CHECK_LAUNCH("broadcast_bias_kernel");
+}
+
 // Partial column sums of X[N, OC] over one chunk of kRowsPerChunk rows (blockIdx.y) for 32
 // columns (blockIdx.x). Block (32, 8): thread (x, y) sums rows y, y+8, ... of the chunk in order,
 // then row y = 0 adds the 8 sums in order.  partial[chunk][o] = sum_{n in chunk} X[n, o]
@@ -190,13 +201,7 @@ bool CudaKernels::GemmWidened(bool trans_a, bool trans_b, int m, int n, int k, c
   const void* b32 = b_type == DType::kBF16 ? F32Copy(static_cast<const uint16_t*>(B), b_rows, b_cols, ldb, kOperandB) : B;
   const size_t span = (size_t)(n - 1) * ldd + m;  // D's elements, column-major with leading dimension ldd
   if (bias) {  // D = bias (D's type), then D += A B: as the bias fallback below (ldd == m)
-    if (d_type == DType::kF32)
-      SHARDGPT_LAUNCH(broadcast_bias_kernel<float>, cuda::GridFor((size_t)m * n, 256), 256, 0, stream_)(
-          static_cast<float*>(D), static_cast<const float*>(bias), n, m);
-    else
-      SHARDGPT_LAUNCH(broadcast_bias_kernel<uint16_t>, cuda::GridFor((size_t)m * n, 256), 256, 0, stream_)(
-          static_cast<uint16_t*>(D), static_cast<const uint16_t*>(bias), n, m);
-    SHARDGPT_CUDA_CHECK_LAUNCH("broadcast_bias_kernel");
+    BroadcastBias(D, d_type, bias, m, n, stream_);
     beta = 1.0f;
   }
   void* d32 = D;
@@ -265,13 +270,7 @@ bool CudaKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const vo
     // No epilogue algorithm for this shape: D = bias broadcast (D is contiguous: ldd == m, as in
     // matmul_forward, the only caller with a bias), then D += A B (rounded once: a bf16 bias is
     // exactly representable in the bf16 D it is broadcast into).
-    if (d_type == DType::kF32)
-      SHARDGPT_LAUNCH(broadcast_bias_kernel<float>, cuda::GridFor((size_t)m * n, 256), 256, 0, stream_)(
-          static_cast<float*>(D), static_cast<const float*>(bias), n, m);
-    else
-      SHARDGPT_LAUNCH(broadcast_bias_kernel<uint16_t>, cuda::GridFor((size_t)m * n, 256), 256, 0, stream_)(
-          static_cast<uint16_t*>(D), static_cast<const uint16_t*>(bias), n, m);
-    SHARDGPT_CUDA_CHECK_LAUNCH("broadcast_bias_kernel");
+    BroadcastBias(D, d_type, bias, m, n, stream_);
     gemm_fallbacks_++;
     return Gemm(trans_a, trans_b, m, n, k, A, a_type, lda, B, b_type, ldb, D, d_type, ldd, 1.0f, nullptr);
   }
