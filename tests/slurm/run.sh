@@ -40,7 +40,7 @@ A="$FLAGS --micro-batch 6 --zero-stage 1"  # 2 ranks x 6 = 12 sequences per step
 reference() {  # reference FLAGS LOG: the uninterrupted mpirun run; sets t_ref_ms
   local t0_ns; t0_ns=$(date +%s%N)
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 \
-    mpirun -np 2 --oversubscribe "$BIN" train $1 --threads 1 --log "$2" >/dev/null || fail "mpirun reference run"
+    mpirun -np 2 --oversubscribe "$BIN" train $1 --threads 1 --log "$2" --log-overwrite >/dev/null || fail "mpirun reference run"
   t_ref_ms=$((($(date +%s%N) - t0_ns) / 1000000))
 }
 reference "$A" "$T/ref.jsonl"
