@@ -204,9 +204,11 @@ class CudaKernels final : public Kernels {
     std::vector<cublasLtMatmulAlgo_t> algos;
     cublasStatus_t heuristic_status = CUBLAS_STATUS_SUCCESS;  // for the error line
   };
-  // Runs D = A B (+ beta D) with the plan's algorithms in order until one is accepted; false
-  // when none is (the plan is then empty).
-  bool RunPlan(GemmPlan& plan, const void* a_op, const void* b_op, void* D, float beta) const;
+  // Runs D = A B (+ beta D) with the plan's algorithms in order until one is accepted, with
+  // this call's bias and GELU aux pointers (null: none) set on the plan's descriptor; false
+  // when none is accepted (the plan is then empty).
+  bool RunPlan(GemmPlan& plan, const void* a_op, const void* b_op, void* D, float beta, const void* bias,
+               const void* aux) const;
   // The product on fp32 copies of bf16 operands into an fp32 result (rounded into a bf16 D):
   // the path where cuBLASLt has no bf16 algorithm for a call on bf16 activations.
   bool GemmWidened(bool trans_a, bool trans_b, int m, int n, int k, const void* A, DType a_type, int lda,

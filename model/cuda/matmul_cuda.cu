@@ -177,7 +177,15 @@ CudaKernels::GemmPlan& CudaKernels::Plan(const GemmKey& key, const void* bias, c
   return p;
 }
 
-bool CudaKernels::RunPlan(GemmPlan& plan, const void* a_op, const void* b_op, void* D, float beta) const {
+bool CudaKernels::RunPlan(GemmPlan& plan, const void* a_op, const void* b_op, void* D, float beta, const void* bias,
+                          const void* aux) const {
+  if (plan.algos.empty()) return false;
+  // this call's pointers: the plan's descriptor is shared by every call of its key
+  if (bias)
+    SHARDGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  if (aux)
+    SHARDGPT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
   const float alpha = 1.0f;
   while (!plan.algos.empty()) {
     const cublasStatus_t s = cublasLtMatmul(lt_, plan.desc, &alpha, a_op, plan.a, b_op, plan.b, &beta, D, plan.d, D,
@@ -212,7 +220,7 @@ bool CudaKernels::GemmWidened(bool trans_a, bool trans_b, int m, int n, int k, c
   GemmKey key{trans_a, trans_b, m, n, k, lda, ldb, ldd, MatmulPrecision::kExact, false, beta != 0.0f,
               std::min(std::min(Alignment(a32), Alignment(b32)), Alignment(d32)), 256u, false, GeluEpilogue::kNone,
               256u};
-  if (!RunPlan(Plan(key, nullptr, nullptr), a32, b32, d32, beta)) return false;
+  if (!RunPlan(Plan(key, nullptr, nullptr), a32, b32, d32, beta, nullptr, nullptr)) return false;
   if (d_type == DType::kBF16) convert(d32, DType::kF32, D, DType::kBF16, span);
   return true;
 }
@@ -239,12 +247,7 @@ bool CudaKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const vo
   GemmKey key{trans_a, trans_b, m, n, k, lda, ldb, ldd, precision_, bias != nullptr, beta != 0.0f, align, bias_align,
               d_type == DType::kBF16, gelu, with_gelu ? Alignment(aux) : 256u};
   GemmPlan* found = &Plan(key, bias, aux);
-  if (bias) SHARDGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(found->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                                                 sizeof(bias)));
-  if (with_gelu)
-    SHARDGPT_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(found->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-  if (RunPlan(*found, a_op, b_op, D, beta)) return true;
+  if (RunPlan(*found, a_op, b_op, D, beta, bias, with_gelu ? aux : nullptr)) return true;
   const std::string heuristic = cuda::CublasText(found->heuristic_status);
   if (key.precision == MatmulPrecision::kBf16) {
     // No bf16 algorithm for this configuration: this shape runs on fp32 operands, into an fp32
@@ -261,9 +264,7 @@ bool CudaKernels::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const vo
     key.alignment = std::min(std::min(Alignment(A), Alignment(B)), Alignment(D));
     a_op = A, b_op = B;
     found = &Plan(key, bias, aux);
-    if (bias) SHARDGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(found->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                                   &bias, sizeof(bias)));
-    if (RunPlan(*found, a_op, b_op, D, beta)) return true;
+    if (RunPlan(*found, a_op, b_op, D, beta, bias, nullptr)) return true;
   }
   if (with_gelu) return false;
   if (bias) {
