@@ -12,9 +12,11 @@ e2e_prepare 200 "In the beginning God created the heaven and the earth."
   --micro-batch 1 --steps 1 --threads 1 --save-model "$T/m.bin" --quiet >/dev/null || fail "train"
 "$BIN" export "$T/m.bin" --hf "$T/good" >/dev/null || fail "export --hf"
 "$BIN" eval "$T/good" --data "$T/data/train.bin" --seq-len 16 --threads 1 >/dev/null || fail "eval of the good export"
-/usr/bin/python3 - "$T" <<'PY' || fail "making the bad inputs"
+/usr/bin/python3 - "$T" "$(dirname "$0")/lib" <<'PY' || fail "making the bad inputs"
 import json, os, shutil, struct, sys
 T = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+from byte_level import byte_vocab
 cases = {  # name: config.json fields to set
     "tie_yes": {"tie_word_embeddings": "yes"}, "act_null": {"activation_function": None},
     "act_int": {"activation_function": 1}, "inv_null": {"scale_attn_by_inverse_layer_idx": None},
@@ -41,12 +43,7 @@ h["lm_head.weight"] = {"dtype": w["dtype"], "shape": w["shape"], "data_offsets":
 hb = json.dumps(h).encode()
 open(d + "/model.safetensors", "wb").write(struct.pack("<Q", len(hb)) + hb + bytes(data) + bytes(head))
 # tokenizer.json: a byte-level BPE with one merge, then fields of the wrong type
-bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-cs, k = bs[:], 0
-for x in range(256):
-    if x not in bs:
-        bs.append(x); cs.append(256 + k); k += 1
-vocab = {chr(c): x for x, c in zip(bs, cs)}
+vocab = byte_vocab()
 vocab["th"] = 256
 tok = {"added_tokens": [{"id": 257, "content": "<|endoftext|>", "special": True}], "normalizer": None,
        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},

@@ -8,14 +8,11 @@
 set -uo pipefail
 source "$(dirname "$0")/lib/common.sh"
 # a tiny byte-level BPE tokenizer.json (GPT-2's byte symbols, two merges), Python's json only
-/usr/bin/python3 - "$T/tok.json" <<'PY'
+/usr/bin/python3 - "$T/tok.json" "$(dirname "$0")/lib" <<'PY'
 import json, sys
-bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-cs, n = bs[:], 0
-for b in range(256):
-    if b not in bs:
-        bs.append(b); cs.append(256 + n); n += 1
-vocab = {chr(c): b for b, c in zip(bs, cs)}
+sys.path.insert(0, sys.argv[2])
+from byte_level import byte_vocab
+vocab = byte_vocab()
 vocab["th"] = 256; vocab["the"] = 257
 json.dump({"added_tokens": [{"id": 258, "content": "<|endoftext|>", "special": True}], "normalizer": None,
            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
