@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Checks the code generation of the CPU kernels for several x86 targets, whatever CPU runs it:
-# compiles model/kernels_cpu.cc, kernels_cpu_bf16.cc, optimizer.cc and attention_cpu_tiled.cc
-# with the flags CMake gives them (root CMakeLists.txt: -O3, -fopenmp, -fno-math-errno and
-# -mprefer-vector-width=512 for the fp32 files, -fno-trapping-math for the bf16 file and, on
+# compiles model/kernels_cpu.cc, kernels_cpu_bf16.cc, optimizer.cc, attention_cpu_tiled.cc and
+# kernels_cpu_llama.cc with the flags CMake gives them (root CMakeLists.txt: -O3, -fopenmp,
+# -fno-math-errno and -mprefer-vector-width=512 for the fp32 files, kernels_cpu_llama.cc
+# included, -fno-trapping-math for the bf16 file and, on
 # targets without AVX-512, for the fp32 files too) for each target below, and checks GCC's
 # optimization record (-fsave-optimization-record) against the loops marked in the sources.
 #
@@ -46,7 +47,7 @@ declare -a TARGETS=(
   "zen4|-march=znver3 -mtune=znver3 -mavx512f -mavx512dq -mavx512bw -mavx512vl -mavx512cd -mavx512ifma -mavx512vbmi -mavx512vbmi2 -mavx512vnni -mavx512bitalg -mavx512vpopcntdq -mavx512bf16 -mgfni"
   "sapphirerapids|-march=sapphirerapids"
 )
-FP32_FILES=(kernels_cpu.cc optimizer.cc attention_cpu_tiled.cc)
+FP32_FILES=(kernels_cpu.cc optimizer.cc attention_cpu_tiled.cc kernels_cpu_llama.cc)
 BF16_FILES=(kernels_cpu_bf16.cc)
 
 work=$(mktemp -d)
@@ -84,8 +85,8 @@ import glob, gzip, json, os, re, sys
 
 root, work = sys.argv[1], sys.argv[2]
 model = os.path.join(root, "model")
-units = ["kernels_cpu.cc", "kernels_cpu_bf16.cc", "optimizer.cc", "attention_cpu_tiled.cc"]
-fp32_units = {"kernels_cpu.cc", "optimizer.cc", "attention_cpu_tiled.cc"}
+units = ["kernels_cpu.cc", "kernels_cpu_bf16.cc", "optimizer.cc", "attention_cpu_tiled.cc", "kernels_cpu_llama.cc"]
+fp32_units = {"kernels_cpu.cc", "optimizer.cc", "attention_cpu_tiled.cc", "kernels_cpu_llama.cc"}
 marked_files = units + ["kernels_cpu_internal.h", "attention_cpu_tiled.h"]
 
 # Markers: name, file, first and last line of the loop.
