@@ -31,6 +31,9 @@ void rmsnorm_backward(uint16_t* dinp, float* dw, const uint16_t* dout, const uin
 // untouched), Hugging Face's rotate-half pairing: for i < hs/2, with the angle
 // a = t * inv_freq[i], inv_freq[i] = 1 / theta^(2i/hs) (both computed in fp32, as transformers):
 //   x'[i] = x[i] cos a - x[i + hs/2] sin a;   x'[i + hs/2] = x[i + hs/2] cos a + x[i] sin a.
+// cos and sin are fp32 (of the fp32 angle) at both dtypes, and the bf16 overload rounds only the
+// result: transformers on bf16 tensors rounds cos/sin to bf16 and each product and sum too, so
+// the two differ by about a bf16 ulp.
 void rope_forward(float* qkv, int B, int T, int NH, int KV, int hs, float theta);
 void rope_forward(uint16_t* qkv, int B, int T, int NH, int KV, int hs, float theta);
 // The transpose (rotation by -a), in place on the gradient dqkv[B*T, W]: the rotation is
