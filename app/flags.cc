@@ -72,6 +72,18 @@ void ModelFlags::Add(CLI::App* app_in) {
       ->check(Finite(0, false));
   app->add_option("--vocab-size", vocab_size, "override the preset's vocabulary (256 for byte-level data)")
       ->check(Finite(0, false));
+  app->add_option("--arch", arch, "block architecture: gpt2 (LayerNorm, learned positions, GELU, tied head) or "
+                                  "llama (RMSNorm, rotary positions, SwiGLU, grouped-query attention, no biases)")
+      ->check(CLI::IsMember({"gpt2", "llama"}))->capture_default_str();
+  app->add_option("--n-kv-head", n_kv_head, "llama: key/value heads, dividing --n-head (1 = multi-query; "
+                                            "default --n-head)")->check(Finite(0, false));
+  app->add_option("--ffn-hidden", ffn_hidden, "llama: SwiGLU hidden width (default 8/3 x n_embd rounded up to a "
+                                              "multiple of 256)")->check(Finite(0, false));
+  app->add_option("--rope-theta", rope_theta, "llama: rotary base theta (default 10000; Llama 3: 500000)")
+      ->check(Finite(1, false));
+  app->add_option("--norm-eps", norm_eps, "llama: RMSNorm epsilon (default 1e-5)")->check(Finite(0, false, 1));
+  app->add_flag("--tie-embeddings", tie_embeddings, "llama: the LM head is the token embedding (default: its own "
+                                                   "lm_head; gpt2 is always tied)");
 }
 
 StatusOr<GPTConfig> ModelFlags::Resolve() const {
@@ -83,6 +95,15 @@ StatusOr<GPTConfig> ModelFlags::Resolve() const {
   if (n_embd) cfg.n_embd = n_embd;
   if (vocab_size) cfg.vocab_size = vocab_size;
   if (max_seq_len) cfg.max_seq_len = max_seq_len;
+  if (arch == "llama") {
+    cfg.arch = Arch::kLlama;
+    cfg.tie_embeddings = tie_embeddings;
+  } else if (tie_embeddings) {
+    return Status::InvalidArgument("--tie-embeddings is a llama option: gpt2's head is always tied (use --arch llama)");
+  }
+  cfg.n_kv_head = n_kv_head, cfg.ffn_hidden = ffn_hidden;
+  if (rope_theta != 0) cfg.rope_theta = static_cast<float>(rope_theta);
+  if (norm_eps != 0) cfg.norm_eps = static_cast<float>(norm_eps);
   SHARDGPT_RETURN_IF_ERROR(cfg.Validate());
   return cfg;
 }

@@ -33,6 +33,11 @@ CLI::Validator IntOrAuto(long long lo, long long hi, const std::string& what);
 struct ModelFlags {
   std::string preset = "tiny";
   int n_layer = 0, n_head = 0, n_embd = 0, max_seq_len = 0, vocab_size = 0;
+  // --arch and the llama options (0 / false: the architecture's default)
+  std::string arch = "gpt2";
+  int n_kv_head = 0, ffn_hidden = 0;
+  double rope_theta = 0, norm_eps = 0;
+  bool tie_embeddings = false;
   CLI::App* app = nullptr;  // set by Add
   void Add(CLI::App* app);
   // The shape flags given on the command line (--model and the overrides), e.g. "--n-layer 3",

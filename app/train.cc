@@ -239,6 +239,10 @@ namespace {
 // Setup phase 1: the model config, from --init or the flags, agreed on by every rank.
 Status ResolveModel(TrainOptions& o, Communicator& comm, std::unique_ptr<LlmcModelReader>* init) {
   if (!o.init_file.empty()) {  // the header now; each rank reads its owned ranges in Setup
+    if (o.model.llama())
+      return Status::Unimplemented("--init " + o.init_file + " with --arch llama: --init reads GPT-2 models only "
+                                   "(llm.c files, Hugging Face GPT-2 directories); a llama run starts from random "
+                                   "weights or resumes from its own checkpoints");
     auto m = LlmcModelReader::Open(o.init_file);
     SHARDGPT_RETURN_IF_ERROR(Agree(comm, m.status()));
     *init = std::move(m.value());
@@ -326,6 +330,11 @@ Status ValidateLoopOptions(TrainOptions& o, int world) {
     return Status::InvalidArgument("--gelu fused with --recompute gelu: the fused forward's GELU reads the fc "
                                    "matmul's unrounded result, which the backward cannot recompute from the stored "
                                    "input (use --recompute none or block with --gelu fused)");
+  if (o.model.llama() && o.gelu_fused)
+    return Status::InvalidArgument("--gelu fused is a gpt2 option: llama's MLP is SwiGLU (drop --gelu)");
+  if (o.model.llama() && !o.save_model.empty())
+    return Status::Unimplemented("--save-model " + o.save_model + " with --arch llama: the llm.c model format holds "
+                                 "GPT-2 models only (keep --ckpt-dir checkpoints of a llama run)");
   o.schedule.total_steps = o.steps;
   return Status::OK();
 }
@@ -373,6 +382,9 @@ class Trainer {
     if (!act.value().line.empty()) compute_line_ += (compute_line_.empty() ? "" : "\n") + act.value().line;
     if (o_.micro_batch_auto) SHARDGPT_RETURN_IF_ERROR(Agree(comm_, ResolveAutoMicroBatch()));
     SHARDGPT_RETURN_IF_ERROR(ValidateLoopOptions(o_, comm_.world_size()));
+    if (o_.model.llama() && !device_.kernels().has_llama_kernels())
+      return Status::Unimplemented("--arch llama with --device cuda: the CUDA backend has no Llama kernels yet "
+                                   "(--arch llama trains on --device cpu)");
     layout_ = std::make_unique<ParamLayout>(o_.model);
     SHARDGPT_RETURN_IF_ERROR(Agree(comm_, AllocateOnDevice()));
     if (init) {  // only this rank's owned ranges are read: no full model on any rank (ZeRO-3)

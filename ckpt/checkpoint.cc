@@ -733,7 +733,8 @@ Status WriteFullModelH5(const std::string& path, const ParamLayout& layout, cons
               h5::WriteAttrI64(file.get(), "n_embd", c.n_embd) &&
               h5::WriteAttrI64(file.get(), "max_seq_len", c.max_seq_len) &&
               h5::WriteAttrI64(file.get(), "vocab_size", c.vocab_size) &&
-              h5::WriteAttrI64(file.get(), "padded_vocab_size", c.padded_vocab());
+              h5::WriteAttrI64(file.get(), "padded_vocab_size", c.padded_vocab()) &&
+              h5::WriteLlamaConfig(file.get(), c);
     for (const TensorInfo& t : layout.tensors()) {
       if (!ok) break;
       std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());

@@ -118,5 +118,14 @@ bool WriteAttrStr(hid_t obj, const char* name, const std::string& v) {
   return WriteAttr(obj, name, type.get(), buf.data());
 }
 
+bool WriteAttrF64(hid_t obj, const char* name, double v) { return WriteAttr(obj, name, H5T_NATIVE_DOUBLE, &v); }
+
+bool WriteLlamaConfig(hid_t obj, const GPTConfig& c) {
+  if (!c.llama()) return true;
+  return WriteAttrStr(obj, "arch", "llama") && WriteAttrI64(obj, "n_kv_head", c.kv_heads()) &&
+         WriteAttrI64(obj, "ffn_hidden", c.ffn()) && WriteAttrF64(obj, "rope_theta", c.rope_theta) &&
+         WriteAttrF64(obj, "norm_eps", c.norm_eps) && WriteAttrI64(obj, "tie_embeddings", c.tie_embeddings ? 1 : 0);
+}
+
 }  // namespace h5
 }  // namespace shardgpt

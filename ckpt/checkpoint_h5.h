@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "base/status.h"
+#include "model/config.h"
 
 namespace shardgpt {
 namespace h5 {
@@ -76,6 +77,10 @@ class Id {
 bool WriteAttrI64(hid_t obj, const char* name, int64_t v);
 bool WriteAttrU64(hid_t obj, const char* name, uint64_t v);
 bool WriteAttrStr(hid_t obj, const char* name, const std::string& v);
+bool WriteAttrF64(hid_t obj, const char* name, double v);
+// A llama config's fields beside the common ones (arch "llama", n_kv_head, ffn_hidden,
+// rope_theta, norm_eps, tie_embeddings); nothing for gpt2, whose files stay as they were.
+bool WriteLlamaConfig(hid_t obj, const GPTConfig& c);
 
 }  // namespace h5
 }  // namespace shardgpt

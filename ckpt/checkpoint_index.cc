@@ -331,6 +331,27 @@ Status FromJson(const json& root, const std::string& path, CheckpointIndex* idx)
   }
   idx->config = GPTConfig{static_cast<int>(v[0]), static_cast<int>(v[1]), static_cast<int>(v[2]),
                           static_cast<int>(v[3]), static_cast<int>(v[4])};
+  // The architecture (absent: gpt2, as every index written before llama) and llama's fields.
+  std::string arch = "gpt2";
+  if ((m = Member(*config, "arch")) && !AsString(*m, &arch, 16)) return r.Bad("/config arch", "a short string");
+  if (arch == "llama") {
+    GPTConfig& c = idx->config;
+    c.arch = Arch::kLlama;
+    double theta = 0, eps = 0;
+    int64_t tied = 0;
+    if (!(m = Member(*config, "n_kv_head")) || !AsInt(*m, &c.n_kv_head)) return r.Bad("/config n_kv_head", "an integer");
+    if (!(m = Member(*config, "ffn_hidden")) || !AsInt(*m, &c.ffn_hidden))
+      return r.Bad("/config ffn_hidden", "an integer");
+    if (!(m = Member(*config, "rope_theta")) || !m->is_number()) return r.Bad("/config rope_theta", "a number");
+    theta = m->get<double>();
+    if (!(m = Member(*config, "norm_eps")) || !m->is_number()) return r.Bad("/config norm_eps", "a number");
+    eps = m->get<double>();
+    if (!(m = Member(*config, "tie_embeddings")) || !AsI64(*m, &tied) || (tied != 0 && tied != 1))
+      return r.Bad("/config tie_embeddings", "0 or 1");
+    c.rope_theta = static_cast<float>(theta), c.norm_eps = static_cast<float>(eps), c.tie_embeddings = tied == 1;
+  } else if (arch != "gpt2") {
+    return Status::Corruption(path + ": /config arch " + Quoted(arch) + " (expected gpt2 or llama)");
+  }
   SHARDGPT_RETURN_IF_ERROR(CheckFileConfig(idx->config, path + ": /config"));
   if (v[5] != idx->config.padded_vocab())
     return Status::Corruption(path + ": /config padded_vocab_size " + std::to_string(v[5]) + " (expected " +
@@ -489,6 +510,13 @@ json ToJson(const CheckpointIndex& idx) {
             {"padded_vocab_size", c.padded_vocab()}}},
           {"layout", {{"tensors", tensors}, {"units", units}}},
           {"plan", {{"chunks", pieces}, {"files", files}}}};
+  if (c.llama())  // a gpt2 index stays as it was: no arch field means gpt2
+    out["config"].update({{"arch", "llama"},
+                          {"n_kv_head", c.kv_heads()},
+                          {"ffn_hidden", c.ffn()},
+                          {"rope_theta", static_cast<double>(c.rope_theta)},
+                          {"norm_eps", static_cast<double>(c.norm_eps)},
+                          {"tie_embeddings", c.tie_embeddings ? 1 : 0}});
   const TrainState& st = idx.state;
   if (st.batch_samples > 0) {  // recorded by training runs (app/train.cc); tests may leave it out
     json data = json::array();
@@ -558,7 +586,8 @@ Status ValidateCheckpointIndex(const CheckpointIndex& idx, const std::string& wh
   const GPTConfig& c = idx.config;
   uint64_t params = 0;
   if (!FileParamCount(c, &params)) return bad("/config " + c.ToString() + " describes more than 2^50 parameters");
-  const uint64_t want_tensors = 12 * static_cast<uint64_t>(c.n_layer) + 4;
+  const uint64_t want_tensors = c.llama() ? 9 * static_cast<uint64_t>(c.n_layer) + 2 + (c.tie_embeddings ? 0 : 1)
+                                          : 12 * static_cast<uint64_t>(c.n_layer) + 4;
   const uint64_t want_units = static_cast<uint64_t>(c.n_layer) + 2;
   if (idx.tensors.size() != want_tensors || idx.units.size() != want_units)
     return bad("/layout has " + std::to_string(idx.tensors.size()) + " tensors in " +
@@ -727,7 +756,7 @@ Status WriteHdf5(const std::string& path, const CheckpointIndex& idx, uint64_t u
        h5::WriteAttrI64(config.get(), "n_head", c.n_head) && h5::WriteAttrI64(config.get(), "n_embd", c.n_embd) &&
        h5::WriteAttrI64(config.get(), "max_seq_len", c.max_seq_len) &&
        h5::WriteAttrI64(config.get(), "vocab_size", c.vocab_size) &&
-       h5::WriteAttrI64(config.get(), "padded_vocab_size", c.padded_vocab());
+       h5::WriteAttrI64(config.get(), "padded_vocab_size", c.padded_vocab()) && h5::WriteLlamaConfig(config.get(), c);
   std::vector<TensorRec> trecs;
   for (const TensorInfo& t : idx.tensors) {
     TensorRec r{};

@@ -13,6 +13,10 @@ Status CheckFileConfig(const GPTConfig& c, const std::string& where) {
     return bad("n_embd", c.n_embd, "a multiple of n_head " + std::to_string(c.n_head));
   if (c.max_seq_len < 1) return bad("max_seq_len", c.max_seq_len, ">= 1");
   if (c.vocab_size < 2 || c.vocab_size > 65536) return bad("vocab_size", c.vocab_size, "2 to 65536");
+  if (c.llama()) {  // the llama fields as the flags would have them
+    Status v = c.Validate();
+    if (!v.ok()) return Status::Corruption(where + " " + v.message());
+  }
   return Status::OK();
 }
 
@@ -23,7 +27,11 @@ bool FileParamCount(const GPTConfig& c, uint64_t* count) {
   // Every factor is below 2^31, so no term can overflow 128 bits.
   const unsigned __int128 C = static_cast<unsigned>(c.n_embd), L = static_cast<unsigned>(c.n_layer);
   const unsigned __int128 Vp = static_cast<unsigned>(c.padded_vocab()), T = static_cast<unsigned>(c.max_seq_len);
-  const unsigned __int128 n = Vp * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
+  // llama: embed Vp*C; each block C*W + C^2 + 3*C*F + 2*C; final C (+ Vp*C untied).
+  const unsigned __int128 W = static_cast<unsigned>(c.qkv_width()), F = static_cast<unsigned>(c.ffn());
+  const unsigned __int128 n = c.llama() ? Vp * C + L * (C * W + C * C + 3 * C * F + 2 * C) + C +
+                                              (c.tie_embeddings ? 0 : Vp * C)
+                                        : Vp * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
   if (n > kMaxFileParams) return false;
   *count = static_cast<uint64_t>(n);
   return true;

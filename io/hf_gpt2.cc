@@ -160,6 +160,9 @@ bool IsHfGpt2Path(const std::string& path) {
 
 Status WriteHfGpt2(const std::string& dir, const ParamLayout& layout, const float* params, bool bf16) {
   const GPTConfig& c = layout.config();
+  if (c.llama())
+    return Status::Unimplemented(dir + ": Hugging Face export writes GPT2LMHeadModel directories only; an --arch "
+                                       "llama model is not exported yet");
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return Status::IOError(dir + ": cannot create directory (" + ec.message() + ")");

@@ -175,6 +175,8 @@ StatusOr<LlmcModel> ReadLlmcModel(const std::string& path) {
 }
 
 Status WriteLlmcModel(const std::string& path, const ParamLayout& layout, const float* params) {
+  if (layout.config().llama())
+    return Status::Unimplemented(path + ": the llm.c model format holds GPT-2 models only, not --arch llama");
   const std::string tmp = path + ".tmp";
   std::unique_ptr<FILE, FileCloser> f(std::fopen(tmp.c_str(), "wb"));
   if (!f) return Status::IOError(tmp + ": cannot create: " + std::strerror(errno));

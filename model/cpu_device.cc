@@ -19,6 +19,7 @@
 #include "model/kernels_cpu.h"
 #include "model/kernels_cpu_bf16.h"
 #include "model/kernels_cpu_internal.h"
+#include "model/kernels_cpu_llama.h"
 
 namespace shardgpt {
 
@@ -126,6 +127,41 @@ class CpuKernels final : public Kernels {
       return shardgpt::residual_layernorm_forward(H(res_out), H(ln_out), mean, rstd, H(a), H(b), w, bias, N, C);
     shardgpt::residual_layernorm_forward(F(res_out), F(ln_out), mean, rstd, F(a), F(b), w, bias, N, C);
   }
+  void rmsnorm_forward(void* out, float* rstd, const void* inp, const float* w, int N, int C,
+                       float eps) const override {
+    if (act16()) return shardgpt::rmsnorm_forward(H(out), rstd, H(inp), w, N, C, eps);
+    shardgpt::rmsnorm_forward(F(out), rstd, F(inp), w, N, C, eps);
+  }
+  void rmsnorm_backward(void* dinp, float* dw, const void* dout, const void* inp, const float* w, const float* rstd,
+                        int N, int C) const override {
+    if (act16()) return shardgpt::rmsnorm_backward(H(dinp), dw, H(dout), H(inp), w, rstd, N, C);
+    shardgpt::rmsnorm_backward(F(dinp), dw, F(dout), F(inp), w, rstd, N, C);
+  }
+  void rope_forward(void* qkv, int B, int T, int NH, int KV, int hs, float theta) const override {
+    if (act16()) return shardgpt::rope_forward(H(qkv), B, T, NH, KV, hs, theta);
+    shardgpt::rope_forward(F(qkv), B, T, NH, KV, hs, theta);
+  }
+  void rope_backward(void* dqkv, int B, int T, int NH, int KV, int hs, float theta) const override {
+    if (act16()) return shardgpt::rope_backward(H(dqkv), B, T, NH, KV, hs, theta);
+    shardgpt::rope_backward(F(dqkv), B, T, NH, KV, hs, theta);
+  }
+  void swiglu_forward(void* out, const void* gate_up, int N, int Fh) const override {
+    if (act16()) return shardgpt::swiglu_forward(H(out), H(gate_up), N, Fh);
+    shardgpt::swiglu_forward(F(out), F(gate_up), N, Fh);
+  }
+  void swiglu_backward(void* dgate_up, const void* gate_up, const void* dout, int N, int Fh) const override {
+    if (act16()) return shardgpt::swiglu_backward(H(dgate_up), H(gate_up), H(dout), N, Fh);
+    shardgpt::swiglu_backward(F(dgate_up), F(gate_up), F(dout), N, Fh);
+  }
+  void kv_repeat_forward(void* out, const void* qkv, int N, int NH, int KV, int hs) const override {
+    if (act16()) return shardgpt::kv_repeat_forward(H(out), H(qkv), N, NH, KV, hs);
+    shardgpt::kv_repeat_forward(F(out), F(qkv), N, NH, KV, hs);
+  }
+  void kv_repeat_backward(void* dqkv, const void* dout, int N, int NH, int KV, int hs) const override {
+    if (act16()) return shardgpt::kv_repeat_backward(H(dqkv), H(dout), N, NH, KV, hs);
+    shardgpt::kv_repeat_backward(F(dqkv), F(dout), N, NH, KV, hs);
+  }
+  bool has_llama_kernels() const override { return true; }
   double crossentropy_softmax(void* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                               float dloss_scale) const override {
     if (act16()) return shardgpt::crossentropy_softmax(H(logits), losses, targets, N, V, Vp, dloss_scale);

@@ -36,6 +36,11 @@ GPT::GPT(const GPTConfig& config, int B, int T, Device& device, MemoryLedger* le
   assert(T <= config.max_seq_len);
   const size_t N = static_cast<size_t>(B) * T, C = config.n_embd, NH = config.n_head;
   const size_t Vp = config.padded_vocab();
+  const bool llama = config.llama();
+  // The MLP's widths: its first matmul's output (gpt2 fc 4C, llama gate|up 2F) and its
+  // activation's (gpt2 GELU 4C, llama SwiGLU F).
+  const size_t FC = llama ? 2 * static_cast<size_t>(config.ffn()) : 4 * C;
+  const size_t FA = llama ? static_cast<size_t>(config.ffn()) : 4 * C;
   // Every activation is carved out of one allocation: list the slots, then assign them, the
   // activation-dtype slots first, then the fp32 ones (statistics, lse, losses), then the ids.
   std::vector<void**> slots;
@@ -43,26 +48,35 @@ GPT::GPT(const GPTConfig& config, int B, int T, Device& device, MemoryLedger* le
   std::vector<size_t> sizes, fsizes;
   auto take = [&](void** p, size_t n) { slots.push_back(p), sizes.push_back(n); };
   auto takef = [&](float** p, size_t n) { fslots.push_back(p), fsizes.push_back(n); };
-  take(&encoded_, N * C), take(&lnf_, N * C), takef(&lnf_mean_, N), takef(&lnf_rstd_, N), take(&logits_, N * Vp);
+  take(&encoded_, N * C), take(&lnf_, N * C);
+  if (!llama) takef(&lnf_mean_, N);  // RMSNorm keeps no mean
+  takef(&lnf_rstd_, N), take(&logits_, N * Vp);
   takef(&losses_, N), take(&scratch_, N * C);
   // A layer's activations; `output` and `gelu`: whether this set holds its own res3, fch_gelu.
   auto take_layer = [&](LayerActs& a, bool output, bool gelu) {
-    take(&a.ln1, N * C), takef(&a.ln1_mean, N), takef(&a.ln1_rstd, N), take(&a.qkv, N * 3 * C);
+    take(&a.ln1, N * C);
+    if (!llama) takef(&a.ln1_mean, N);
+    takef(&a.ln1_rstd, N), take(&a.qkv, N * 3 * C);
     take(&a.atty, N * C), takef(&a.lse, N * NH), take(&a.res2, N * C), take(&a.ln2, N * C);
-    takef(&a.ln2_mean, N), takef(&a.ln2_rstd, N), take(&a.fch, N * 4 * C);
-    if (gelu) take(&a.fch_gelu, N * 4 * C);
+    if (!llama) takef(&a.ln2_mean, N);
+    takef(&a.ln2_rstd, N), take(&a.fch, N * FC);
+    if (gelu) take(&a.fch_gelu, N * FA);
     if (output) take(&a.res3, N * C);
   };
   layers_.resize(config.n_layer);
   LayerActs shared{};  // kBlock: the working set; kGelu: its fch_gelu is the shared scratch
   if (recompute_ == Recompute::kBlock) take_layer(shared, false, true);
-  if (recompute_ == Recompute::kGelu) take(&shared.fch_gelu, N * 4 * C);
+  if (recompute_ == Recompute::kGelu) take(&shared.fch_gelu, N * FA);
   for (LayerActs& a : layers_) {
     if (recompute_ == Recompute::kBlock) take(&a.res3, N * C);
     else take_layer(a, true, recompute_ == Recompute::kNone);
   }
   take(&dres_, N * C), take(&dln_, N * C), take(&dqkv_, N * 3 * C), take(&datty_, N * C);
-  take(&dfch_, N * 4 * C), take(&dfch_gelu_, N * 4 * C);
+  take(&dfch_, N * FC), take(&dfch_gelu_, N * FA);
+  if (llama) {
+    take(&qkv_packed_, N * config.qkv_width());
+    takef(&zero_pos_, static_cast<size_t>(T) * C), takef(&dpos_discard_, static_cast<size_t>(T) * C);
+  }
   size_t act_elems = 0, f32_elems = 0;
   for (size_t n : sizes) act_elems += n;
   for (size_t n : fsizes) f32_elems += n;
@@ -83,6 +97,7 @@ GPT::GPT(const GPTConfig& config, int B, int T, Device& device, MemoryLedger* le
     }
     if (recompute_ == Recompute::kGelu) a.fch_gelu = shared.fch_gelu;
   }
+  if (llama) device_.Zero(zero_pos_, static_cast<size_t>(T) * C * sizeof(float));
 }
 
 size_t GPT::activation_bytes() const { return acts_.bytes(); }
@@ -125,12 +140,24 @@ std::vector<float> GPT::LogitsRow(int n) const {
 // the backward. It is still bf16 (llm.c's choice too): each rounding is one relative 2^-8 of
 // the running sum, not of a small increment lost against a large total, and the end-to-end test
 // (tests/unit/gpt_bf16_act_test.cc) bounds the loss against the fp32-activation run.
+//
+// llama (F the SwiGLU width, W = (NH + 2 KV) hs the packed q|k|v width, norms keep rstd only):
+//   always:  encoded, lnf, scratch, dres, dln, datty NC each; dqkv 3NC; dfch 2NF; dfch_gelu NF;
+//            the packed qkv NW; logits N*Vp;  fp32: lnf rstd, losses 2N, the zero position table
+//            and its discarded gradient 2TC
+//   a layer: ln1, atty, res2, ln2, res3 NC each; qkv 3NC; fch 2NF; fch_gelu NF: 8NC + 3NF;
+//            fp32: 2 rstd of N, lse N*NH
+//   the modes as above, with fch_gelu NF instead of 4NC.
 size_t GPT::ActivationBytes(const GPTConfig& c, int B, int T, Recompute recompute, DType act_dtype) {
   const size_t N = static_cast<size_t>(B) * T, C = c.n_embd, NH = c.n_head, Vp = c.padded_vocab(), L = c.n_layer;
-  const size_t top = N * C * 17 + N * Vp, top_f32 = N * 3;
-  const size_t layer = N * C * 16, layer_f32 = N * 4 + N * NH;
+  const size_t F = c.ffn(), W = c.qkv_width();
+  const size_t top = c.llama() ? N * C * 9 + 3 * N * F + N * W + N * Vp : N * C * 17 + N * Vp;
+  const size_t top_f32 = c.llama() ? N * 2 + 2 * static_cast<size_t>(T) * C : N * 3;
+  const size_t layer = c.llama() ? N * C * 8 + 3 * N * F : N * C * 16;
+  const size_t layer_f32 = (c.llama() ? N * 2 : N * 4) + N * NH;
+  const size_t gelu = c.llama() ? N * F : 4 * N * C;  // the MLP activation's elements
   size_t layers = layer * L, layers_f32 = layer_f32 * L;
-  if (recompute == Recompute::kGelu) layers = (layer - 4 * N * C) * L + 4 * N * C;
+  if (recompute == Recompute::kGelu) layers = (layer - gelu) * L + gelu;
   if (recompute == Recompute::kBlock) layers = N * C * L + (layer - N * C), layers_f32 = layer_f32;
   return ActRegionBytes(top + layers, DTypeSize(act_dtype)) + (top_f32 + layers_f32) * sizeof(float) +
          2 * N * sizeof(int32_t);  // + inputs, targets
@@ -139,18 +166,21 @@ size_t GPT::ActivationBytes(const GPTConfig& c, int B, int T, Recompute recomput
 // Per token: qkv 3C^2, attention projection C^2, fc 4C^2, fc projection 4C^2 multiply-adds per
 // layer; the causal attention's scores and weighted sum T/2 x C each on average (bench_train's
 // 6LCT per token for a whole step); the LM head C x Vp. Two FLOPs per multiply-add.
+// llama: q|k|v C x W, o_proj C^2, gate|up 2CF, down FC multiply-adds per token and layer, the
+// attention as above (every query head attends over T/2 keys whatever the kv heads).
 double GPT::ForwardFlops(const GPTConfig& c, int B, int T) {
-  const double N = static_cast<double>(B) * T, C = c.n_embd;
-  const double block = 2 * (12 * C * C + 1.0 * T * C);
+  const double N = static_cast<double>(B) * T, C = c.n_embd, F = c.ffn(), W = c.qkv_width();
+  const double block = c.llama() ? 2 * (C * W + C * C + 3 * C * F + 1.0 * T * C) : 2 * (12 * C * C + 1.0 * T * C);
   return N * (c.n_layer * block + 2 * C * c.padded_vocab());
 }
 
 double GPT::RecomputeFlops(const GPTConfig& c, int B, int T, Recompute recompute) {
-  const double N = static_cast<double>(B) * T, C = c.n_embd;
-  if (recompute == Recompute::kGelu) return N * 4 * C * c.n_layer;
+  const double N = static_cast<double>(B) * T, C = c.n_embd, F = c.ffn(), W = c.qkv_width();
+  if (recompute == Recompute::kGelu) return N * (c.llama() ? F : 4 * C) * c.n_layer;
   if (recompute != Recompute::kBlock || c.n_layer < 1) return 0;
-  // the last block's working set is still the forward's; no block re-runs its fc projection
-  return N * (c.n_layer - 1) * 2 * (8 * C * C + 1.0 * T * C);
+  // the last block's working set is still the forward's; no block re-runs its last projection
+  const double block = c.llama() ? C * W + C * C + 2 * C * F + 1.0 * T * C : 8 * C * C + 1.0 * T * C;
+  return N * (c.n_layer - 1) * 2 * block;
 }
 
 // One transformer block, pre-LayerNorm:
@@ -213,6 +243,60 @@ void GPT::BlockBackward(const float* p, float* g, void* dres, const void* x, con
                      a.ln1_rstd, N, C);  // dres is now dL/dx
 }
 
+// One Llama block, pre-RMSNorm (F = the SwiGLU width, W = the packed q|k|v width):
+//   q|k|v = rmsnorm_1(x) @ [Wq; Wk; Wv]^T  (one matmul, [N, W]), rotary on q and k, each kv head
+//   repeated for its group of query heads ([N, 3C], what attention reads), then
+//   res2 = x + o_proj(attention(...));  res3 = res2 + down(silu(gate) * up), gate|up = rmsnorm_2(res2) @ [Wg; Wu]^T
+// output = false: stop after the SwiGLU (kBlock's re-forward); else a.res3 is written here.
+void GPT::LlamaBlockForward(const float* p, const void* x, LayerActs& a, int B, int T, bool output) {
+  const LlamaBlockOffsets& o = layout_.llama_block();
+  const int C = config_.n_embd, N = B * T, NH = config_.n_head, KV = config_.kv_heads(), hs = config_.head_size();
+  const int F = config_.ffn(), W = config_.qkv_width();
+  const size_t NC = static_cast<size_t>(N) * C;
+  k_.rmsnorm_forward(a.ln1, a.ln1_rstd, x, p + o.attn_norm_w, N, C, config_.norm_eps);
+  k_.matmul_forward(qkv_packed_, a.ln1, p + o.qkv_w, nullptr, N, C, W);
+  k_.rope_forward(qkv_packed_, B, T, NH, KV, hs, config_.rope_theta);
+  k_.kv_repeat_forward(a.qkv, qkv_packed_, N, NH, KV, hs);
+  k_.attention_forward(a.atty, a.lse, a.qkv, B, T, C, NH);
+  k_.matmul_forward(scratch_, a.atty, p + o.o_w, nullptr, N, C, C);
+  k_.residual_forward(a.res2, x, scratch_, NC);
+  k_.rmsnorm_forward(a.ln2, a.ln2_rstd, a.res2, p + o.mlp_norm_w, N, C, config_.norm_eps);
+  k_.matmul_forward(a.fch, a.ln2, p + o.gate_up_w, nullptr, N, C, 2 * F);
+  k_.swiglu_forward(a.fch_gelu, a.fch, N, F);
+  if (!output) return;
+  k_.matmul_forward(scratch_, a.fch_gelu, p + o.down_w, nullptr, N, F, C);
+  k_.residual_forward(a.res3, a.res2, scratch_, NC);
+}
+
+// Reverse of LlamaBlockForward; dres holds dL/dres3 on entry and dL/dx on exit.
+void GPT::LlamaBlockBackward(const float* p, float* g, void* dres, const void* x, const LayerActs& a, int B,
+                             int T) {
+  const LlamaBlockOffsets& o = layout_.llama_block();
+  const int C = config_.n_embd, N = B * T, NH = config_.n_head, KV = config_.kv_heads(), hs = config_.head_size();
+  const int F = config_.ffn(), W = config_.qkv_width();
+  const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * F;
+  // res3 = res2 + down(swiglu(gate_up)): the MLP branch
+  if (recompute_ == Recompute::kGelu) k_.swiglu_forward(a.fch_gelu, a.fch, N, F);  // into the shared scratch
+  Zero(dfch_gelu_, NF);
+  k_.matmul_backward(dfch_gelu_, g + o.down_w, nullptr, dres, a.fch_gelu, p + o.down_w, N, F, C);
+  Zero(dfch_, 2 * NF);
+  k_.swiglu_backward(dfch_, a.fch, dfch_gelu_, N, F);
+  Zero(dln_, NC);
+  k_.matmul_backward(dln_, g + o.gate_up_w, nullptr, dfch_, a.ln2, p + o.gate_up_w, N, C, 2 * F);
+  k_.rmsnorm_backward(dres, g + o.mlp_norm_w, dln_, a.res2, p + o.mlp_norm_w, a.ln2_rstd, N, C);  // dL/dres2
+  // res2 = x + o_proj(attention(...)): the attention branch
+  Zero(datty_, NC);
+  k_.matmul_backward(datty_, g + o.o_w, nullptr, dres, a.atty, p + o.o_w, N, C, C);
+  Zero(dqkv_, NC * 3);
+  k_.attention_backward(dqkv_, datty_, a.qkv, a.atty, a.lse, B, T, C, NH);
+  Zero(qkv_packed_, static_cast<size_t>(N) * W);  // now the packed q|k|v's gradient
+  k_.kv_repeat_backward(qkv_packed_, dqkv_, N, NH, KV, hs);
+  k_.rope_backward(qkv_packed_, B, T, NH, KV, hs, config_.rope_theta);
+  Zero(dln_, NC);
+  k_.matmul_backward(dln_, g + o.qkv_w, nullptr, qkv_packed_, a.ln1, p + o.qkv_w, N, C, W);
+  k_.rmsnorm_backward(dres, g + o.attn_norm_w, dln_, x, p + o.attn_norm_w, a.ln1_rstd, N, C);  // dL/dx
+}
+
 namespace {
 // Defence in depth at the device boundary (see Forward in gpt.h): one pass over the ids.
 void CheckTokenIds(const int32_t* ids, int n, int vocab, const char* what) {
@@ -232,6 +316,10 @@ void GPT::ForwardToLogits(UnitHooks& hooks, const int32_t* inputs, const int32_t
   if (k_.gelu_fused() && recompute_ == Recompute::kGelu)  // the CLI refuses it first (CheckGeluChoice)
     throw std::logic_error("GPT: --gelu fused with --recompute gelu: a GELU recomputed by the separate kernel "
                            "would not be the fused one's (use --recompute none or block)");
+  if (k_.gelu_fused() && config_.llama())  // the CLI refuses it first
+    throw std::logic_error("GPT: --gelu fused is a gpt2 option (llama's MLP is SwiGLU)");
+  if (config_.llama() && !k_.has_llama_kernels())  // the CLI refuses it first
+    throw std::logic_error("GPT: --arch llama needs the Llama kernels, which this device's kernel set lacks");
   B_ = B, T_ = T;
   const int C = config_.n_embd, N = B * T, L = config_.n_layer;
   CheckTokenIds(inputs, N, config_.vocab_size, "input");
@@ -242,6 +330,10 @@ void GPT::ForwardToLogits(UnitHooks& hooks, const int32_t* inputs, const int32_t
 
   const int E = ParamLayout::kEmbedUnit, F = layout_.final_unit();
   const float* pe = hooks.PreForward(E);
+  if (config_.llama()) {
+    LlamaForwardToLogits(hooks, pe, B, T);
+    return;
+  }
   k_.encoder_forward(encoded_, inputs_, pe + layout_.wte_offset(), pe + layout_.wpe_offset(), B, T, C);
   const void* x = encoded_;
   // The block whose res3 = res2 + scratch_ is still to be written, with the LayerNorm after it.
@@ -271,6 +363,62 @@ void GPT::ForwardToLogits(UnitHooks& hooks, const int32_t* inputs, const int32_t
   hooks.PostForward(E);
 }
 
+// ForwardToLogits' llama part, from the embedding on (E's parameters at pe): the blocks, the
+// final RMSNorm and the LM head (embed_tokens when tied, else the final unit's lm_head).
+void GPT::LlamaForwardToLogits(UnitHooks& hooks, const float* pe, int B, int T) {
+  const int C = config_.n_embd, N = B * T, L = config_.n_layer;
+  const int E = ParamLayout::kEmbedUnit, F = layout_.final_unit();
+  k_.encoder_forward(encoded_, inputs_, pe + layout_.wte_offset(), zero_pos_, B, T, C);
+  const void* x = encoded_;
+  for (int l = 0; l < L; l++) {
+    const int u = layout_.block_unit(l);
+    LlamaBlockForward(hooks.PreForward(u), x, layers_[l], B, T, /*output=*/true);
+    hooks.PostForward(u);
+    x = layers_[l].res3;
+  }
+  const float* pf = hooks.PreForward(F);
+  k_.rmsnorm_forward(lnf_, lnf_rstd_, x, pf, N, C, config_.norm_eps);
+  // tied: the hooks keep E's parameters until PostBackward(E); untied: Backward reads the
+  // head from PreBackward(F)'s parameters
+  const float* head = config_.tie_embeddings ? pe + layout_.wte_offset() : pf + layout_.head_offset();
+  k_.matmul_forward(logits_, lnf_, head, nullptr, N, C, config_.padded_vocab());
+  head_w_ = config_.tie_embeddings ? head : nullptr;
+  hooks.PostForward(F);
+  hooks.PostForward(E);
+}
+
+// Backward's llama part (same hook order as the gpt2 part in Backward).
+void GPT::LlamaBackward(UnitHooks& hooks) {
+  const int B = B_, T = T_, C = config_.n_embd, N = B * T, L = config_.n_layer, Vp = config_.padded_vocab();
+  const int E = ParamLayout::kEmbedUnit, F = layout_.final_unit();
+  const bool tied = config_.tie_embeddings;
+  UnitBuffers f = hooks.PreBackward(F);
+  // logits = lnf @ head^T (logits_ holds dlogits): dlnf now; an untied head's gradient too,
+  // a tied one's with the embedding's at the end (as gpt2's)
+  Zero(dln_, static_cast<size_t>(N) * C);
+  k_.matmul_backward(dln_, tied ? nullptr : f.grads + layout_.head_offset(), nullptr, logits_, lnf_,
+                     tied ? head_w_ : f.params + layout_.head_offset(), N, C, Vp);
+  const void* xL = L > 0 ? layers_[L - 1].res3 : encoded_;
+  Zero(dres_, static_cast<size_t>(N) * C);
+  k_.rmsnorm_backward(dres_, f.grads, dln_, xL, f.params, lnf_rstd_, N, C);
+  hooks.PostBackward(F);
+  for (int l = L - 1; l >= 0; l--) {
+    const int u = layout_.block_unit(l);
+    UnitBuffers b = hooks.PreBackward(u);
+    const void* x = l > 0 ? layers_[l - 1].res3 : encoded_;
+    if (recompute_ == Recompute::kBlock && l < L - 1) LlamaBlockForward(b.params, x, layers_[l], B, T, false);
+    LlamaBlockBackward(b.params, b.grads, dres_, x, layers_[l], B, T);
+    hooks.PostBackward(u);
+  }
+  UnitBuffers e = hooks.PreBackward(E);
+  if (tied)
+    k_.matmul_backward(nullptr, e.grads + layout_.wte_offset(), nullptr, logits_, lnf_,
+                       e.params + layout_.wte_offset(), N, C, Vp);
+  device_.Zero(dpos_discard_, static_cast<size_t>(T) * C * sizeof(float));
+  k_.encoder_backward(e.grads + layout_.wte_offset(), dpos_discard_, dres_, inputs_, B, T, C);
+  hooks.PostBackward(E);
+}
+
 float GPT::Forward(UnitHooks& hooks, const int32_t* inputs, const int32_t* targets, int B, int T, float grad_scale) {
   ForwardToLogits(hooks, inputs, targets, B, T);
   const int N = B * T;
@@ -297,6 +445,7 @@ void GPT::ForwardAcc(UnitHooks& hooks, const int32_t* inputs, const int32_t* tar
 void GPT::Backward(UnitHooks& hooks) {
   assert(have_grad_);
   have_grad_ = false;
+  if (config_.llama()) return LlamaBackward(hooks);
   const int B = B_, T = T_, C = config_.n_embd, N = B * T, L = config_.n_layer;
   const int E = ParamLayout::kEmbedUnit, F = layout_.final_unit();
   UnitBuffers f = hooks.PreBackward(F);

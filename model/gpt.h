@@ -1,4 +1,5 @@
-// GPT: the forward and backward pass of a GPT-2 model over one micro-batch.
+// GPT: the forward and backward pass of a GPT-2 or Llama model (GPTConfig::arch) over one
+// micro-batch.
 //
 // The model owns only activations. Parameters and gradient buffers are handed to it unit by
 // unit through UnitHooks, which the parallel engine implements (gathering, freeing and
@@ -13,7 +14,8 @@
 //   backward: PreBackward(F)  LM head (dlnf)  ln_f  PostBackward(F)
 //             [PreBackward(l) block l PostBackward(l)] for l = L..1
 //             PreBackward(E)  LM head (dwte)  encoder  PostBackward(E)
-// E stays in use through the whole forward because the LM head is tied to wte, and E's
+// (llama: the final unit's RMSNorm, and its lm_head when the head is untied; the hooks' order is
+// the same.) E stays in use through the whole forward because the LM head is tied to wte, and E's
 // parameters as PreForward(E) returned them must stay valid until PostBackward(E): the head's
 // input gradient needs wte at the start of backward, but E's gradient buffer is asked for only
 // at the end, so it is not held through every block's backward (a V x C buffer: 88% of the
@@ -126,6 +128,11 @@ class GPT {
   // last residual add). With output, the block's res3 is left to the caller (see gpt.cc).
   void BlockForward(const float* p, const void* x, LayerActs& a, int B, int T, bool output, bool ln1_ready);
   void BlockBackward(const float* p, float* g, void* dres, const void* x, const LayerActs& a, int B, int T);
+  void LlamaForwardToLogits(UnitHooks& hooks, const float* pe, int B, int T);
+  void LlamaBackward(UnitHooks& hooks);
+  // The llama block (no fusion with the next unit's norm: output writes a.res3).
+  void LlamaBlockForward(const float* p, const void* x, LayerActs& a, int B, int T, bool output);
+  void LlamaBlockBackward(const float* p, float* g, void* dres, const void* x, const LayerActs& a, int B, int T);
   void Zero(void* p, size_t n) { device_.Zero(p, n * act_size_); }  // n activation elements
 
   GPTConfig config_;
@@ -142,12 +149,17 @@ class GPT {
   DeviceBuffer acts_;  // every activation below, one allocation
   int32_t *inputs_ = nullptr, *targets_ = nullptr;
   void *encoded_, *lnf_, *logits_, *scratch_;
-  float *lnf_mean_, *lnf_rstd_, *losses_;
+  float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *losses_ = nullptr;
   // Per layer; with kBlock every layer's pointers but res3 name the one working set, with
   // kGelu every layer's fch_gelu names one shared scratch.
   std::vector<LayerActs> layers_;
   // backward scratch
   void *dres_, *dln_, *dqkv_, *datty_, *dfch_, *dfch_gelu_;
+  // llama only: the packed q|k|v projection [N, (NH + 2 KV) hs] before its kv heads are repeated
+  // (its gradient in backward), and the encoder's position table: all zeros (llama has no learned
+  // positions, so the shared encoder kernels add 0) and a discarded gradient for it, fp32 [T, C].
+  void* qkv_packed_ = nullptr;
+  float *zero_pos_ = nullptr, *dpos_discard_ = nullptr;
 };
 
 // LocalParams: all parameters and gradients of a model in two flat buffers (one process).

@@ -15,6 +15,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "base/dtype.h"
 #include "model/optimizer.h"
@@ -88,6 +90,38 @@ class Kernels {
   virtual void crossentropy_softmax_acc(void* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                                         float dloss_scale, double* loss_acc) const = 0;
 
+  // ---- the Llama block (--arch llama): maths and shapes at the CPU twins, model/kernels_cpu_llama.h ----
+  // A kernel set without them (a device that does not train llama yet) throws std::logic_error
+  // naming the kernel; the CLI refuses that combination first.
+  virtual void rmsnorm_forward(void* out, float* rstd, const void* inp, const float* w, int N, int C,
+                               float eps) const {
+    Missing("rmsnorm_forward"), (void)out, (void)rstd, (void)inp, (void)w, (void)N, (void)C, (void)eps;
+  }
+  virtual void rmsnorm_backward(void* dinp, float* dw, const void* dout, const void* inp, const float* w,
+                                const float* rstd, int N, int C) const {
+    Missing("rmsnorm_backward"), (void)dinp, (void)dw, (void)dout, (void)inp, (void)w, (void)rstd, (void)N, (void)C;
+  }
+  virtual void rope_forward(void* qkv, int B, int T, int NH, int KV, int hs, float theta) const {
+    Missing("rope_forward"), (void)qkv, (void)B, (void)T, (void)NH, (void)KV, (void)hs, (void)theta;
+  }
+  virtual void rope_backward(void* dqkv, int B, int T, int NH, int KV, int hs, float theta) const {
+    Missing("rope_backward"), (void)dqkv, (void)B, (void)T, (void)NH, (void)KV, (void)hs, (void)theta;
+  }
+  virtual void swiglu_forward(void* out, const void* gate_up, int N, int F) const {
+    Missing("swiglu_forward"), (void)out, (void)gate_up, (void)N, (void)F;
+  }
+  virtual void swiglu_backward(void* dgate_up, const void* gate_up, const void* dout, int N, int F) const {
+    Missing("swiglu_backward"), (void)dgate_up, (void)gate_up, (void)dout, (void)N, (void)F;
+  }
+  virtual void kv_repeat_forward(void* out, const void* qkv, int N, int NH, int KV, int hs) const {
+    Missing("kv_repeat_forward"), (void)out, (void)qkv, (void)N, (void)NH, (void)KV, (void)hs;
+  }
+  virtual void kv_repeat_backward(void* dqkv, const void* dout, int N, int NH, int KV, int hs) const {
+    Missing("kv_repeat_backward"), (void)dqkv, (void)dout, (void)N, (void)NH, (void)KV, (void)hs;
+  }
+  // Whether this kernel set has the Llama block's kernels above.
+  virtual bool has_llama_kernels() const { return false; }
+
   // ---- engine: dtype conversion, gradient accumulation, norm, optimizer ----
   // dst (to) = src (from), n elements; bf16 narrowing rounds to nearest even. src != dst.
   virtual void convert(const void* src, DType from, void* dst, DType to, size_t n) const = 0;
@@ -148,6 +182,9 @@ class Kernels {
   bool gelu_fused() const { return gelu_fused_; }
 
  protected:
+  [[noreturn]] static void Missing(const char* kernel) {
+    throw std::logic_error(std::string("this device's kernel set has no ") + kernel + " (--arch llama)");
+  }
   MatmulPrecision precision_ = MatmulPrecision::kExact;
   DType act_dtype_ = DType::kF32;
   bool gelu_fused_ = false;

@@ -24,6 +24,34 @@ ParamLayout::ParamLayout(const GPTConfig& config) : config_(config) {
   };
   auto end_unit = [&]() { unit_offset += units_.back().numel; };
 
+  if (config.llama()) {
+    const int64_t hs = config.head_size(), NH = config.n_head, KV = config.kv_heads(), F = config.ffn();
+    begin_unit("embed");
+    add("embed_tokens.weight", {Vp, C}, true);
+    end_unit();
+    for (int l = 0; l < config.n_layer; l++) {
+      const std::string p = "layers." + std::to_string(l) + ".";
+      begin_unit("h." + std::to_string(l));
+      LlamaBlockOffsets b;
+      b.attn_norm_w = add(p + "input_layernorm.weight", {C}, false);
+      b.qkv_w = add(p + "self_attn.q_proj.weight", {NH * hs, C}, true);
+      add(p + "self_attn.k_proj.weight", {KV * hs, C}, true);
+      add(p + "self_attn.v_proj.weight", {KV * hs, C}, true);
+      b.o_w = add(p + "self_attn.o_proj.weight", {C, NH * hs}, true);
+      b.mlp_norm_w = add(p + "post_attention_layernorm.weight", {C}, false);
+      b.gate_up_w = add(p + "mlp.gate_proj.weight", {F, C}, true);
+      add(p + "mlp.up_proj.weight", {F, C}, true);
+      b.down_w = add(p + "mlp.down_proj.weight", {C, F}, true);
+      llama_block_ = b;  // identical for every block
+      end_unit();
+    }
+    begin_unit("final");
+    add("norm.weight", {C}, false);
+    if (!config.tie_embeddings) add("lm_head.weight", {Vp, C}, true);
+    end_unit();
+    total_numel_ = unit_offset;
+    return;
+  }
   begin_unit("embed");
   add("wte.weight", {Vp, C}, true);
   add("wpe.weight", {maxT, C}, true);
@@ -85,12 +113,15 @@ void InitParameterRange(const ParamLayout& layout, uint64_t seed, int unit, size
     if (lo >= hi) continue;
     float* p = out + (lo - begin);
     const size_t first = lo - t.offset, count = hi - lo;  // element range inside the tensor
-    const bool is_ln_weight = t.name.find("ln_") != std::string::npos && t.name.find(".weight") != std::string::npos;
+    const bool is_ln_weight = (t.name.find("ln_") != std::string::npos || t.name.find("norm") != std::string::npos) &&
+                              t.name.find(".weight") != std::string::npos;
     if (t.shape.size() == 1) {
       std::fill(p, p + count, is_ln_weight ? 1.0f : 0.0f);
       continue;
     }
-    const bool residual_proj = t.name.find("c_proj.weight") != std::string::npos;
+    const bool residual_proj = t.name.find("c_proj.weight") != std::string::npos ||
+                               t.name.find("o_proj.weight") != std::string::npos ||
+                               t.name.find("down_proj.weight") != std::string::npos;
     const float std = residual_proj ? residual_std : 0.02f;
     // One RNG stream per tensor, so a tensor's values do not depend on the others' sizes.
     // splitmix64 is a counter (+gamma per draw) and Normal() takes two draws per element, so
@@ -99,7 +130,8 @@ void InitParameterRange(const ParamLayout& layout, uint64_t seed, int unit, size
     Rng rng(seed, StableHash(t.name.c_str()));
     rng.set_state(rng.state() + 2 * first * 0x9E3779B97F4A7C15ull);
     for (size_t i = 0; i < count; i++) p[i] = rng.Normal() * std;
-    if (t.name == "wte.weight") {  // padded vocabulary rows stay zero
+    if (t.name == "wte.weight" || t.name == "embed_tokens.weight" || t.name == "lm_head.weight") {
+      // padded vocabulary rows stay zero
       const size_t real = static_cast<size_t>(cfg.vocab_size) * cfg.n_embd;
       for (size_t i = std::max(first, real); i < first + count; i++) p[i - first] = 0.0f;
     }
