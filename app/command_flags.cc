@@ -12,22 +12,26 @@
 namespace shardgpt {
 
 void PrepareFlags::Register(CLI::App& app) {
-  command = app.add_subcommand("prepare", "turn text files into byte-level token shards train.bin / val.bin");
-  command->add_option("--input", inputs, "text files")->required()->expected(1, -1);
+  command = app.add_subcommand("prepare", "turn text or JSONL files (gzip'd or not) into token shards train.bin / val.bin");
+  command->add_option("--input", inputs, "text files (one document each) or JSON Lines files .jsonl, .jsonl.gz, "
+                                         ".json.gz (one document per line); any gzip'd file is read decompressed")
+      ->required()->expected(1, -1);
   command->add_option("--output", out, "output directory")->required();
   command->add_option("--val-fraction", val_fraction, "share of tokens (the end of the text) for val.bin")->capture_default_str();
   command->add_option("--tokenizer", tokenizer, "a Hugging Face byte-level BPE tokenizer.json (GPT-2's kind); "
                                                 "default: byte-level tokens");
   command->add_option("--threads", threads, "encoding threads with --tokenizer (default: the cores)")
       ->check(CLI::Range(1, 1024));
+  command->add_option("--text-field", text_field, "the string field of each JSONL record that holds its text")
+      ->capture_default_str();
 }
 
 Status PrepareFlags::Run(const Launcher& launcher) const {
   if (launcher.rank() != 0) return Status::OK();
   if (!tokenizer.empty())
     return RunPrepareTokenizer(tokenizer, inputs, out, val_fraction,
-                               threads > 0 ? threads : std::max(1u, std::thread::hardware_concurrency()));
-  return RunPrepare(inputs, out, val_fraction);
+                               threads > 0 ? threads : std::max(1u, std::thread::hardware_concurrency()), text_field);
+  return RunPrepare(inputs, out, val_fraction, text_field);
 }
 
 void SampleFlags::Register(CLI::App& app) {

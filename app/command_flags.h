@@ -19,6 +19,7 @@ namespace shardgpt {
 struct PrepareFlags {
   std::vector<std::string> inputs;
   std::string out, tokenizer;
+  std::string text_field = "text";
   double val_fraction = 0.05;
   int threads = 0;  // 0: the cores
   CLI::App* command = nullptr;

@@ -20,7 +20,8 @@
 
 namespace shardgpt {
 
-Status RunPrepare(const std::vector<std::string>& inputs, const std::string& out_dir, double val_fraction) {
+Status RunPrepare(const std::vector<std::string>& inputs, const std::string& out_dir, double val_fraction,
+                  const std::string& text_field) {
   {  // the shards it writes may not replace a text it reads
     std::vector<NamedPath> in;
     for (const std::string& f : inputs) in.push_back({"--input", f});
@@ -28,7 +29,7 @@ Status RunPrepare(const std::vector<std::string>& inputs, const std::string& out
         {{"--output", out_dir + "/train.bin"}, {"--output", out_dir + "/val.bin"}}, in, {}));
   }
   PrepareStats stats;
-  SHARDGPT_RETURN_IF_ERROR(PrepareByteLevel(inputs, out_dir, val_fraction, &stats));
+  SHARDGPT_RETURN_IF_ERROR(PrepareByteLevel(inputs, out_dir, val_fraction, &stats, text_field));
   std::printf("prepared %llu byte-level tokens: %s (%llu), %s (%llu)\n",
               static_cast<unsigned long long>(stats.total_tokens), stats.train_path.c_str(),
               static_cast<unsigned long long>(stats.train_tokens), stats.val_path.c_str(),

@@ -12,7 +12,10 @@
 
 namespace shardgpt {
 
-Status RunPrepare(const std::vector<std::string>& inputs, const std::string& out_dir, double val_fraction);
+// Byte-level prepare (PrepareByteLevel), local, rank 0 only; `text_field` is the JSONL field of
+// each document. Prints the split.
+Status RunPrepare(const std::vector<std::string>& inputs, const std::string& out_dir, double val_fraction,
+                  const std::string& text_field);
 
 struct SampleOptions {
   std::string model_file;

@@ -22,7 +22,8 @@
 namespace shardgpt {
 
 Status RunPrepareTokenizer(const std::string& tokenizer_json, const std::vector<std::string>& inputs,
-                           const std::string& out_dir, double val_fraction, int threads) {
+                           const std::string& out_dir, double val_fraction, int threads,
+                           const std::string& text_field) {
   {  // the shards it writes may not replace a text or the tokenizer it reads
     std::vector<NamedPath> in{{"--tokenizer", tokenizer_json}};
     for (const std::string& f : inputs) in.push_back({"--input", f});
@@ -31,22 +32,20 @@ Status RunPrepareTokenizer(const std::string& tokenizer_json, const std::vector<
   }
   auto tok = BpeTokenizer::Load(tokenizer_json);
   if (!tok.ok()) return tok.status();
-  if (tok.value()->vocab_size() > 65535)
-    return Status::InvalidArgument(tokenizer_json + ": vocabulary of " + std::to_string(tok.value()->vocab_size()) +
-                                   " ids does not fit uint16 token shards (expected at most 65535)");
   BpePrepareOptions o;
   o.val_fraction = val_fraction;
   o.threads = threads;
   o.progress = true;
+  o.text_field = text_field;
   PrepareStats stats;
   SHARDGPT_RETURN_IF_ERROR(PrepareBpe(*tok.value(), inputs, out_dir, o, &stats));
   const double s = std::max(stats.seconds, 1e-9);
   std::printf("prepared %llu tokens (vocab %d, BPE from %s) of %.2f MB of text in %.2f s: %.0f tokens/s, %.2f MB/s on "
-              "%d thread(s); %s (%llu), %s (%llu)\n",
+              "%d thread(s); %s (%llu), %s (%llu), uint%d tokens\n",
               static_cast<unsigned long long>(stats.total_tokens), tok.value()->vocab_size(), tokenizer_json.c_str(),
               stats.input_bytes / 1e6, stats.seconds, stats.total_tokens / s, stats.input_bytes / 1e6 / s, threads,
               stats.train_path.c_str(), static_cast<unsigned long long>(stats.train_tokens), stats.val_path.c_str(),
-              static_cast<unsigned long long>(stats.val_tokens));
+              static_cast<unsigned long long>(stats.val_tokens), 8 * stats.token_bytes);
   return Status::OK();
 }
 

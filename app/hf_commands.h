@@ -14,7 +14,8 @@ namespace shardgpt {
 
 // Local, rank 0 only. Prints the split and tokens/s.
 Status RunPrepareTokenizer(const std::string& tokenizer_json, const std::vector<std::string>& inputs,
-                           const std::string& out_dir, double val_fraction, int threads);
+                           const std::string& out_dir, double val_fraction, int threads,
+                           const std::string& text_field);
 
 struct EvalOptions {
   std::string model;  // llm.c .bin, HF GPT-2 directory / model.safetensors, checkpoint or --ckpt-dir

@@ -88,11 +88,11 @@ StatusOr<DataLoader> DataLoader::Open(const DataLoaderOptions& options) {
   for (const std::string& file : loader.files_) {
     auto tokens = ReadTokenShard(file);
     if (!tokens.ok()) return tokens.status();
-    const std::vector<uint16_t>& v = tokens.value();
-    if (MaxTokenId(v) >= options.vocab_size) {
+    const std::vector<uint32_t>& v = tokens->ids;
+    if (MaxTokenId(v) >= static_cast<uint32_t>(options.vocab_size)) {
       // Find the first offender so the message points at it.
       for (size_t i = 0; i < v.size(); ++i) {
-        if (v[i] >= options.vocab_size) {
+        if (v[i] >= static_cast<uint32_t>(options.vocab_size)) {
           return Status::InvalidArgument(file + ": token " + std::to_string(v[i]) + " at index " + std::to_string(i) +
                                          " is out of range (expected < vocab_size " +
                                          std::to_string(options.vocab_size) + ")");
@@ -103,7 +103,14 @@ StatusOr<DataLoader> DataLoader::Open(const DataLoaderOptions& options) {
     const uint64_t windows = n == 0 ? 0 : (n - 1) / T;
     total_tokens += n;
     loader.sample_start_.push_back(loader.sample_start_.back() + windows);
-    loader.shards_.push_back(std::move(tokens).value());
+    Shard shard;
+    shard.token_bytes = tokens->token_bytes;
+    if (shard.token_bytes == 2) {
+      shard.u16.assign(v.begin(), v.end());  // every id < 65536: the file held uint16
+    } else {
+      shard.u32 = std::move(tokens->ids);
+    }
+    loader.shards_.push_back(std::move(shard));
   }
   loader.num_samples_ = loader.sample_start_.back();
 
@@ -145,10 +152,17 @@ void DataLoader::SampleTokens(uint64_t k, int32_t* inputs, int32_t* targets) con
   const size_t s = static_cast<size_t>(
       std::upper_bound(sample_start_.begin(), sample_start_.end(), k) - sample_start_.begin() - 1);
   const uint64_t T = static_cast<uint64_t>(options_.T);
-  const uint16_t* w = shards_[s].data() + (k - sample_start_[s]) * T;
-  for (uint64_t t = 0; t < T; ++t) {
-    inputs[t] = w[t];
-    targets[t] = w[t + 1];
+  const uint64_t first = (k - sample_start_[s]) * T;
+  auto copy = [&](const auto* w) {
+    for (uint64_t t = 0; t < T; ++t) {
+      inputs[t] = static_cast<int32_t>(w[t]);
+      targets[t] = static_cast<int32_t>(w[t + 1]);
+    }
+  };
+  if (shards_[s].token_bytes == 2) {
+    copy(shards_[s].u16.data() + first);
+  } else {
+    copy(shards_[s].u32.data() + first);
   }
 }
 

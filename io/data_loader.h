@@ -1,5 +1,5 @@
-// DataLoader: turns a set of token shards into [B, T] input/target batches for one rank,
-// in an order fixed by (files, T, seed, shuffle) alone.
+// DataLoader: turns a set of token shards (uint16 or uint32, mixed freely) into [B, T]
+// input/target batches for one rank, in an order fixed by (files, T, seed, shuffle) alone.
 //
 // The order is defined on a global stream of samples shared by all ranks, and the only
 // state is the stream position. Because each rank's slice of a global micro-batch is a
@@ -63,6 +63,8 @@ class DataLoader {
   const std::vector<std::string>& files() const { return files_; }
   // Tokens in files()[i].
   uint64_t file_tokens(size_t i) const { return shards_[i].size(); }
+  // Bytes per token of files()[i]: 2 (uint16 shard) or 4 (uint32 shard).
+  int file_token_bytes(size_t i) const { return shards_[i].token_bytes; }
   const DataLoaderOptions& options() const { return options_; }
 
   // The global sample index (in [0, S)) at stream position p: perm_e[p % S], e = p / S.
@@ -76,7 +78,15 @@ class DataLoader {
 
   DataLoaderOptions options_;
   std::vector<std::string> files_;
-  std::vector<std::vector<uint16_t>> shards_;
+  // One shard's ids at the width of its file (memory as on disk): u16 when token_bytes is 2,
+  // else u32.
+  struct Shard {
+    int token_bytes = 2;
+    std::vector<uint16_t> u16;
+    std::vector<uint32_t> u32;
+    uint64_t size() const { return token_bytes == 2 ? u16.size() : u32.size(); }
+  };
+  std::vector<Shard> shards_;
   // sample_start_[s] = first global sample index of shard s; sample_start_.back() == S.
   std::vector<uint64_t> sample_start_;
   uint64_t num_samples_ = 0;

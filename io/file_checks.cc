@@ -12,7 +12,7 @@ Status CheckFileConfig(const GPTConfig& c, const std::string& where) {
   if (c.n_embd % c.n_head != 0)
     return bad("n_embd", c.n_embd, "a multiple of n_head " + std::to_string(c.n_head));
   if (c.max_seq_len < 1) return bad("max_seq_len", c.max_seq_len, ">= 1");
-  if (c.vocab_size < 2 || c.vocab_size > 65536) return bad("vocab_size", c.vocab_size, "2 to 65536");
+  if (c.vocab_size < 2 || c.vocab_size > 2000000) return bad("vocab_size", c.vocab_size, "2 to 2000000");
   if (c.llama()) {  // the llama fields as the flags would have them
     Status v = c.Validate();
     if (!v.ok()) return Status::Corruption(where + " " + v.message());

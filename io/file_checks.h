@@ -19,7 +19,8 @@ namespace shardgpt {
 constexpr uint64_t kMaxFileParams = uint64_t{1} << 50;
 
 // The config's fields as a file stores them: n_layer, n_head, n_embd, max_seq_len >= 1,
-// n_embd divisible by n_head, vocab_size in [2, 65536]. The message starts with `where`
+// n_embd divisible by n_head, vocab_size in [2, 2000000] (ids of a uint32 token shard, a
+// bound that keeps the vocabulary's tables and logits within memory). The message starts with `where`
 // and names the field ("x.bin: header n_embd 0 (expected >= 1)").
 Status CheckFileConfig(const GPTConfig& c, const std::string& where);
 

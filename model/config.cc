@@ -25,8 +25,8 @@ Status GPTConfig::Validate() const {
   if (n_embd % n_head != 0)
     return bad("--n-embd " + std::to_string(n_embd) + " must be divisible by --n-head " + std::to_string(n_head));
   if (max_seq_len < 1) return bad("--seq-len must be >= 1, got " + std::to_string(max_seq_len));
-  if (vocab_size < 2 || vocab_size > 65536)
-    return bad("--vocab-size must be in [2, 65536] (tokens are uint16), got " + std::to_string(vocab_size));
+  if (vocab_size < 2 || vocab_size > 2000000)
+    return bad("--vocab-size must be in [2, 2000000], got " + std::to_string(vocab_size));
   if (!llama()) {  // the Llama-only fields keep their defaults
     const GPTConfig d;
     if (n_kv_head != 0) return bad("--n-kv-head is a llama option (use --arch llama)");

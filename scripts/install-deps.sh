@@ -5,7 +5,7 @@
 # Called by the README commands, the Makefile and .ci/run.
 set -euo pipefail
 DEMO_PKGS=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev libopenblas-dev libdnnl-dev
-           libcli11-dev nlohmann-json3-dev libpcre2-dev bible-kjv)  # PCRE2: the BPE pre-tokenizer
+           libcli11-dev nlohmann-json3-dev libpcre2-dev zlib1g-dev bible-kjv)  # PCRE2: the BPE pre-tokenizer; zlib: gzip'd prepare inputs
 # The rest: GoogleTest and Google Benchmark, Boost.Context (the CUDA emulation's fibers), the
 # tests' Python (numpy, h5py, matplotlib; torch + venv for the Hugging Face tests, scripts/hf-venv.sh).
 ALL_PKGS=("${DEMO_PKGS[@]}" hdf5-tools libgtest-dev googletest libbenchmark-dev libboost-context-dev

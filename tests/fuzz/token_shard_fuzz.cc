@@ -1,6 +1,7 @@
 // Fuzz target: llm.c token shards (io/token_shard.h) and the DataLoader over one shard.
 // Contract: any file gives either an error naming it, or exactly what the format says (the
-// 1024-byte header with magic, version and count, and a size of exactly 1024 + 2 * count)
+// 1024-byte header with magic and version of one of the two formats and count, and a size of
+// exactly 1024 + width * count)
 // with the tokens equal to the file's bytes; the loader over a valid shard yields windows
 // of the file, within the vocabulary. No allocation beyond the file's size (libFuzzer's
 // -malloc_limit_mb catches one).
@@ -22,20 +23,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fuzz::CheckError(tokens.status(), path);
     return 0;
   }
-  FUZZ_CHECK(size >= 1024 && fuzz::LE32(data) == 20240520 && fuzz::LE32(data + 4) == 1, "accepted a bad header");
+  const bool u16 = size >= 1024 && fuzz::LE32(data) == 20240520 && fuzz::LE32(data + 4) == 1;
+  const bool u32 = size >= 1024 && fuzz::LE32(data) == 20240801 && fuzz::LE32(data + 4) == 7;
+  FUZZ_CHECK(u16 || u32, "accepted a bad header");
+  const uint64_t w = u16 ? 2 : 4;
   const uint64_t n = fuzz::LE32(data + 8);
-  FUZZ_CHECK(size == 1024 + 2 * n && info->num_tokens == n && info->file_bytes == size && tokens->size() == n,
+  FUZZ_CHECK(size == 1024 + w * n && info->num_tokens == n && info->file_bytes == size && tokens->ids.size() == n &&
+                 tokens->token_bytes == static_cast<int>(w) && info->token_bytes == static_cast<int>(w),
              "size %zu for %llu tokens", size, static_cast<unsigned long long>(n));
-  for (uint64_t i = 0; i < n; i++)
-    FUZZ_CHECK((*tokens)[i] == (data[1024 + 2 * i] | (data[1024 + 2 * i + 1] << 8)), "token %llu differs",
-               static_cast<unsigned long long>(i));
+  for (uint64_t i = 0; i < n; i++) {
+    uint32_t v = 0;
+    for (uint64_t b = 0; b < w; b++) v |= static_cast<uint32_t>(data[1024 + w * i + b]) << (8 * b);
+    FUZZ_CHECK(tokens->ids[i] == v, "token %llu differs", static_cast<unsigned long long>(i));
+  }
 
   // The loader over this shard, with parameters that vary with the input.
   DataLoaderOptions o;
   o.pattern = path;
   o.B = 1 + static_cast<int>(size % 3);
   o.T = 1 + static_cast<int>((size / 3) % 16);
-  o.vocab_size = (n > 0 && ((*tokens)[0] & 1)) ? 256 : 65536;
+  o.vocab_size = (n > 0 && (tokens->ids[0] & 1)) ? 256 : 65536;
   o.seed = size;
   o.shuffle = (size & 2) != 0;
   auto loader = DataLoader::Open(o);

@@ -178,7 +178,7 @@ TEST(CheckpointIndex, InconsistentFieldsAreRefusedByName) {
       {"dtype 'f16'", [](CheckpointIndex& i) { i.dtype = "f16"; }},
       {"checkpoint_id 0", [](CheckpointIndex& i) { i.checkpoint_id = 0; }},
       {"/config n_embd 7 (expected a multiple of n_head 2)", [](CheckpointIndex& i) { i.config.n_embd = 7; }},
-      {"/config vocab_size 70000", [](CheckpointIndex& i) { i.config.vocab_size = 70000; }},
+      {"/config vocab_size 2000001", [](CheckpointIndex& i) { i.config.vocab_size = 2000001; }},
       {"/layout has 28 tensors in 4 units, /config n_layer 100000000 implies 1200000004 in 100000002",
        [](CheckpointIndex& i) { i.config.n_layer = 100000000; }},
       {"describes more than 2^50 parameters", [](CheckpointIndex& i) { i.config.n_embd = 1 << 30; }},

@@ -18,6 +18,7 @@ namespace shardgpt {
 namespace {
 
 using testutil::TestDir;
+namespace fs = std::filesystem;
 
 using Window = std::vector<int32_t>;  // T inputs followed by the last target: T+1 tokens
 
@@ -322,6 +323,54 @@ TEST(DataLoader, TokenOutsideVocabIsAnError) {
   EXPECT_NE(msg.find("vocab_size 256"), std::string::npos) << msg;
   o.vocab_size = 301;
   EXPECT_TRUE(DataLoader::Open(o).ok());
+}
+
+// The same ids in uint32 shards and in uint16 shards give the same windows in the same order
+// (shuffled, 2 ranks, across an epoch), also with the two formats mixed in one pattern.
+TEST(DataLoader, Uint32ShardsGiveTheSameWindowsAsUint16) {
+  const std::string dir = TestDir();
+  std::vector<std::vector<uint16_t>> raw;
+  for (int s = 0; s < 3; ++s) {
+    raw.push_back(RandomTokens(150 + 37 * s, 20 + s));
+    const std::vector<uint32_t> wide(raw.back().begin(), raw.back().end());
+    const std::string name = "/train_" + std::to_string(s) + ".bin";
+    fs::create_directories(dir + "/a");
+    fs::create_directories(dir + "/b");
+    fs::create_directories(dir + "/mixed");
+    ASSERT_TRUE(WriteTokenShard(dir + "/a" + name, raw.back()).ok());
+    ASSERT_TRUE(WriteTokenShard(dir + "/b" + name, wide, 4).ok());
+    ASSERT_TRUE(WriteTokenShard(dir + "/mixed" + name, wide, s == 1 ? 2 : 4).ok());
+  }
+  for (const char* other : {"/b", "/mixed"}) {
+    for (int rank = 0; rank < 2; ++rank) {
+      DataLoader a = MustOpen(Opts(dir + "/a/train_*.bin", 3, 8, true, 7, rank, 2));
+      DataLoader b = MustOpen(Opts(dir + other + "/train_*.bin", 3, 8, true, 7, rank, 2));
+      ASSERT_EQ(a.num_samples(), b.num_samples());
+      EXPECT_EQ(b.file_token_bytes(0), 4);
+      EXPECT_EQ(b.file_token_bytes(1), other == std::string("/b") ? 4 : 2);
+      for (int step = 0; step < 20; ++step) ASSERT_EQ(Next(&a), Next(&b)) << other << " rank " << rank << " step " << step;
+    }
+  }
+}
+
+// Ids above 65535 (a Llama 3-sized vocabulary) reach the batches whole, and the vocabulary
+// check sees them.
+TEST(DataLoader, IdsAbove65535) {
+  const std::string dir = TestDir();
+  std::vector<uint32_t> ids(100);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = 65530 + static_cast<uint32_t>(i) * 631;
+  ASSERT_TRUE(WriteTokenShard(dir + "/train.bin", ids, 4).ok());
+  auto o = Opts(dir + "/train.bin", 2, 8, false);
+  o.vocab_size = 128256;
+  DataLoader loader = MustOpen(o);
+  const auto w = Next(&loader);
+  ASSERT_EQ(w.size(), 2u);
+  for (int b = 0; b < 2; ++b)
+    for (int t = 0; t <= 8; ++t) EXPECT_EQ(w[b][t], static_cast<int32_t>(ids[b * 8 + t]));
+  o.vocab_size = 100000;
+  auto r = DataLoader::Open(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message().rfind(dir + "/train.bin: token 100235 at index 55", 0), 0u) << r.status().message();
 }
 
 TEST(DataLoader, BadShardOrOptionsAreErrors) {

@@ -135,12 +135,13 @@ TEST(Prepare, SplitsTrainAndValWithReadableHeaders) {
   ASSERT_TRUE(train.ok()) << train.status().ToString();
   ASSERT_TRUE(val.ok()) << val.status().ToString();
   const std::string all = a + b;  // concatenated in argument order, nothing in between
-  std::vector<uint16_t> expect_train, expect_val;
+  std::vector<uint32_t> expect_train, expect_val;
   for (size_t i = 0; i < all.size(); ++i) {
     (i < 950 ? expect_train : expect_val).push_back(static_cast<unsigned char>(all[i]));
   }
-  EXPECT_EQ(train.value(), expect_train);
-  EXPECT_EQ(val.value(), expect_val);
+  EXPECT_EQ(train->ids, expect_train);
+  EXPECT_EQ(val->ids, expect_val);
+  EXPECT_EQ(train->token_bytes, 2);
   // Raw header check: magic, version, count as little-endian int32.
   const std::string raw = ReadFile(out + "/val.bin");
   ASSERT_EQ(raw.size(), 1024u + 100u);
@@ -162,7 +163,7 @@ TEST(Prepare, ValFractionRoundsDown) {
   EXPECT_EQ(stats.val_tokens, 0u);
   auto val = ReadTokenShard(dir + "/val.bin");
   ASSERT_TRUE(val.ok());
-  EXPECT_TRUE(val->empty());
+  EXPECT_TRUE(val->ids.empty());
 }
 
 TEST(Prepare, BadInputsNameTheFile) {
