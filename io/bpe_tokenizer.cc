@@ -117,7 +117,6 @@ bool OnigToPcre2(const std::string& in, std::string* out, std::string* why) {
 struct StageSpec {
   std::string pattern;
   bool literal = false;
-  bool remove = false;
   bool cut_safe = false;  // SafeCut's rule holds for the pattern
   std::string where;      // its JSON path, for errors
 };
@@ -216,7 +215,7 @@ Status FlattenPreTokenizer(const std::string& what, const nlohmann::json& p, con
       return Status::InvalidArgument(what + ": " + where + "add_prefix_space true is not supported (expected false)");
     if (*byte_levels > 0) *after_byte_level = true;
     ++*byte_levels;
-    if (use_regex.value()) stages->push_back(StageSpec{kPattern, false, false, true, at});
+    if (use_regex.value()) stages->push_back(StageSpec{kPattern, false, true, at});
     return Status::OK();
   }
   if (type == "Split") {
@@ -227,10 +226,9 @@ Status FlattenPreTokenizer(const std::string& what, const nlohmann::json& p, con
     if (!invert.ok()) return invert.status();
     if (!behavior.ok()) return behavior.status();
     if (invert.value()) return Status::InvalidArgument(what + ": " + where + "invert true is not supported (expected false)");
-    if (behavior.value() != "Isolated" && behavior.value() != "Removed")
+    if (behavior.value() != "Isolated")
       return Status::InvalidArgument(what + ": " + where + "behavior " + Quoted(behavior.value()) +
-                                     " is not supported (expected \"Isolated\" or \"Removed\")");
-    st.remove = behavior.value() == "Removed";
+                                     " is not supported (expected \"Isolated\")");
     const nlohmann::json* pat = JsonMember(p, "pattern");
     const nlohmann::json* regex = pat ? JsonMember(*pat, "Regex") : nullptr;
     const nlohmann::json* literal = pat ? JsonMember(*pat, "String") : nullptr;
@@ -526,7 +524,7 @@ StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Parse(const std::str
       return Status::InvalidArgument(what + ": " + spec.where + " pattern " + Quoted(spec.pattern) + " does not compile: " +
                                      reinterpret_cast<char*>(msg));
     }
-    t->stages_.push_back(Stage{code, spec.remove});  // freed by ~BpeTokenizer from here on
+    t->stages_.push_back(Stage{code});  // freed by ~BpeTokenizer from here on
     uint32_t min_length = 0;
     if (pcre2_pattern_info(code, PCRE2_INFO_MINLENGTH, &min_length) != 0 || min_length == 0)
       return Status::InvalidArgument(what + ": " + spec.where + " pattern " + Quoted(spec.pattern) +
@@ -612,7 +610,6 @@ Status BpeTokenizer::Session::PreTokenize(size_t stage, const std::string& what,
     return Status::OK();
   }
   auto* code = static_cast<pcre2_code*>(tok_.stages_[stage].code);
-  const bool remove = tok_.stages_[stage].remove;
   auto* md = static_cast<pcre2_match_data*>(match_data_[stage]);
   auto* ctx = static_cast<pcre2_match_context*>(match_ctx_);
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text);
@@ -630,7 +627,7 @@ Status BpeTokenizer::Session::PreTokenize(size_t stage, const std::string& what,
     if (ov[1] == ov[0]) break;  // patterns that may match empty are refused; guard against a loop anyway
     // bytes no alternative took: tokenizers keeps them as a piece of their own
     SHARDGPT_RETURN_IF_ERROR(PreTokenize(stage + 1, what, text + at, ov[0] - at, base_offset + at, out));
-    if (!remove) SHARDGPT_RETURN_IF_ERROR(PreTokenize(stage + 1, what, text + ov[0], ov[1] - ov[0], base_offset + ov[0], out));
+    SHARDGPT_RETURN_IF_ERROR(PreTokenize(stage + 1, what, text + ov[0], ov[1] - ov[0], base_offset + ov[0], out));
     at = ov[1];
   }
   return PreTokenize(stage + 1, what, text + at, n - at, base_offset + at, out);

@@ -6,8 +6,8 @@
 // `tokenizers`; used by `prepare --tokenizer` and `sample --tokenizer`.
 //
 // pre_tokenizer: ByteLevel (add_prefix_space false; use_regex true splits by GPT-2's regex,
-// false not at all), or a Sequence of Split pre-tokenizers (behavior Isolated or Removed, invert
-// false, a String or an Oniguruma Regex pattern translated to PCRE2) ending in one ByteLevel.
+// false not at all), or a Sequence of Split pre-tokenizers (behavior Isolated, invert false, a
+// String or an Oniguruma Regex pattern translated to PCRE2) ending in one ByteLevel.
 // post_processor: null, ByteLevel, TemplateProcessing (its "single" template: special tokens
 // around the text, see text_prefix) or a Sequence of those.
 //
@@ -18,7 +18,7 @@
 //
 // What is refused, with one error naming the field: a model type other than BPE, a normalizer,
 // other pre-tokenizer types, orders or options (add_prefix_space, Split behaviors other than
-// Isolated/Removed, invert, regex constructs whose Oniguruma and PCRE2 meanings differ or that
+// Isolated, invert, regex constructs whose Oniguruma and PCRE2 meanings differ or that
 // may match the empty string), other post-processors or templates, dropout, byte_fallback,
 // subword prefixes/suffixes, added tokens with lstrip/rstrip/single_word, a vocabulary without
 // all 256 byte symbols, merges of symbols not in the vocabulary.
@@ -128,8 +128,7 @@ class BpeTokenizer {
   bool added_have_newline_ = false;
   // The pre-tokenizer as regex splits applied in order, each to the pieces of the one before.
   struct Stage {
-    void* code;        // pcre2_code_8, JIT-compiled
-    bool remove;       // Split "Removed": matches are dropped (else "Isolated": kept as pieces)
+    void* code;  // pcre2_code_8, JIT-compiled; matches and the text between them are pieces
   };
   std::vector<Stage> stages_;
   bool cuts_safe_ = false;  // every stage's pattern is one SafeCut's rule holds for

@@ -345,17 +345,18 @@ TEST(BpeTokenizer, Llama3PreTokenizerAndIgnoreMergesMatchTokenizers) {
   EXPECT_TRUE(t.value()->text_suffix().empty());
 }
 
-// Split with a String pattern and behavior Removed (tokenizers 0.21.4's ids, as above): the
-// matches are dropped, the rest goes on to ByteLevel's GPT-2 regex.
-TEST(BpeTokenizer, SplitRemovedWithAStringPattern) {
+// Split with a String pattern (tokenizers 0.21.4's ids, as above): the spaces are pieces of their
+// own, the rest goes on to ByteLevel's GPT-2 regex.
+TEST(BpeTokenizer, SplitWithAStringPattern) {
   nlohmann::json j = LlamaStyleTokenizer();
   j["pre_tokenizer"]["pretokenizers"] = {
-      {{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Removed"}, {"invert", false}},
+      {{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Isolated"}, {"invert", false}},
       {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}};
   auto t = BpeTokenizer::Parse("tok.json", j.dump());
   ASSERT_TRUE(t.ok()) << t.status().message();
-  EXPECT_EQ(Pieces(j, Encode(*t.value(), "hello  world's x")), (Strings{"hell", "o", "w", "or", "l", "d", "'s", "x"}));
-  EXPECT_EQ(Pieces(j, Encode(*t.value(), " hello")), (Strings{"hell", "o"}));
+  const std::string sp = ByteSymbol(' ');
+  EXPECT_EQ(Pieces(j, Encode(*t.value(), "hello  world's x")), (Strings{"hell", "o", sp, sp, "w", "or", "l", "d", "'s", sp, "x"}));
+  EXPECT_EQ(Pieces(j, Encode(*t.value(), " hello")), (Strings{sp, "hell", "o"}));
   EXPECT_EQ(t.value()->SafeCut("ab\ncd", 0, 5), 0u);  // not a pattern SafeCut's rule is known for
 }
 
@@ -370,7 +371,7 @@ TEST(BpeTokenizer, RefusesUnsupportedPreTokenizersAndTemplatesWithOneLine) {
   const std::vector<Case> cases = {
       {[&](nlohmann::json& j) { split(j)["behavior"] = "MergedWithPrevious"; },
        "pre_tokenizer.pretokenizers[0].behavior \"MergedWithPrevious\" is not supported"},
-      {[&](nlohmann::json& j) { split(j)["behavior"] = "Contiguous"; }, "behavior \"Contiguous\" is not supported"},
+      {[&](nlohmann::json& j) { split(j)["behavior"] = "Removed"; }, "behavior \"Removed\" is not supported"},
       {[&](nlohmann::json& j) { split(j)["invert"] = true; }, "pre_tokenizer.pretokenizers[0].invert true is not supported"},
       {[&](nlohmann::json& j) { split(j) = {{"type", "Digits"}, {"individual_digits", true}}; },
        "pre_tokenizer.pretokenizers[0] type \"Digits\" is not supported"},
