@@ -370,6 +370,9 @@ StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Parse(const std::str
   const std::string type = m.contains("type") ? m["type"].get<std::string>() : (m.contains("merges") ? "BPE" : "");
   if (type != "BPE")
     return Status::InvalidArgument(what + ": unsupported model type " + Quoted(type) + " (expected \"BPE\", byte-level)");
+  for (const char* k : {"truncation", "padding"})  // tokenizers' encode would cut or pad the ids
+    if (j.contains(k) && !j[k].is_null())
+      return Status::InvalidArgument(what + ": " + k + " " + TypeOf(j[k]) + " is not supported (expected null)");
   if (j.contains("normalizer") && !j["normalizer"].is_null())
     return Status::InvalidArgument(what + ": normalizer " + TypeOf(j["normalizer"]) + " is not supported (expected null)");
   if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null())

@@ -369,6 +369,8 @@ TEST(BpeTokenizer, RefusesUnsupportedPreTokenizersAndTemplatesWithOneLine) {
   };
   auto split = [](nlohmann::json& j) -> nlohmann::json& { return j["pre_tokenizer"]["pretokenizers"][0]; };
   const std::vector<Case> cases = {
+      {[&](nlohmann::json& j) { j["truncation"] = {{"max_length", 512}}; }, "truncation an object of 1 is not supported"},
+      {[&](nlohmann::json& j) { j["padding"] = {{"strategy", "BatchLongest"}}; }, "padding an object of 1 is not supported"},
       {[&](nlohmann::json& j) { split(j)["behavior"] = "MergedWithPrevious"; },
        "pre_tokenizer.pretokenizers[0].behavior \"MergedWithPrevious\" is not supported"},
       {[&](nlohmann::json& j) { split(j)["behavior"] = "Removed"; }, "behavior \"Removed\" is not supported"},
