@@ -187,7 +187,7 @@ std::string TypeOf(const nlohmann::json& j) {
 // model reads. *byte_levels counts the ByteLevels seen, *after_byte_level anything after one.
 Status FlattenPreTokenizer(const std::string& what, const nlohmann::json& p, const std::string& where, int depth,
                            std::vector<StageSpec>* stages, int* byte_levels, bool* after_byte_level) {
-  const std::string at = where.empty() ? "pre_tokenizer" : where.substr(0, where.size() - 1);
+  const std::string at = where.substr(0, where.size() - 1);  // the path without its final '.'
   const std::string expected = " (expected ByteLevel, or a Sequence of Split pre-tokenizers ending in ByteLevel)";
   if (!p.is_object() || !p.contains("type") || !p["type"].is_string())
     return Status::InvalidArgument(what + ": " + at + " " + TypeOf(p) + " is not supported" + expected);
@@ -213,7 +213,6 @@ Status FlattenPreTokenizer(const std::string& what, const nlohmann::json& p, con
     if (!trim_offsets.ok()) return trim_offsets.status();
     if (add_prefix_space.value())
       return Status::InvalidArgument(what + ": " + where + "add_prefix_space true is not supported (expected false)");
-    if (*byte_levels > 0) *after_byte_level = true;
     ++*byte_levels;
     if (use_regex.value()) stages->push_back(StageSpec{kPattern, false, true, at});
     return Status::OK();
@@ -275,7 +274,7 @@ Status TemplateSpecialIds(const std::string& what, const nlohmann::json& p, cons
 Status ParsePostProcessor(const std::string& what, const nlohmann::json& p, const std::string& where, int depth,
                           int vocab_size, std::vector<int32_t>* prefix, std::vector<int32_t>* suffix, int* templates) {
   if (p.is_null()) return Status::OK();
-  const std::string at = where.substr(0, where.size() - 1);
+  const std::string at = where.substr(0, where.size() - 1);  // the path without its final '.'
   const std::string expected = " (expected null, ByteLevel, TemplateProcessing or a Sequence of those)";
   if (!p.is_object() || !p.contains("type") || !p["type"].is_string())
     return Status::InvalidArgument(what + ": " + at + " " + TypeOf(p) + " is not supported" + expected);
