@@ -21,7 +21,105 @@ namespace {
 // \s under UCP leaves out U+0085.
 #define WS "\\t-\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
 const char kPattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS "\\p{L}\\p{N}]+|[" WS "]+(?![^" WS "])|[" WS "]+";
+const char kWhiteSpace[] = WS;  // the members of a character class
 #undef WS
+
+// Llama 3's Split pattern (Oniguruma syntax, as in its tokenizer.json). Like GPT-2's, none of
+// its pre-tokens crosses a '\n' between ASCII non-space bytes (SafeCut's rule).
+const char kLlama3Pattern[] =
+    R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re";
+
+bool IsAlnum(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+bool IsHex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+
+// An Oniguruma pattern (tokenizers' regex engine, Ruby syntax) as a PCRE2 pattern with the same
+// matches under PCRE2_UTF | PCRE2_UCP: \s and \S as Unicode's White_Space set, \d as \p{Nd},
+// \uHHHH as \x{HHHH}, '.' as [^\n], {,n} as {0,n}; the rest of the syntax both share is copied.
+// Constructs whose meanings differ or that are not listed here (\w, \b, \h, \v, anchors,
+// backreferences, options other than i, nested classes, class intersection) give false and
+// *why naming the construct.
+bool OnigToPcre2(const std::string& in, std::string* out, std::string* why) {
+  const std::string ws = kWhiteSpace;
+  out->clear();
+  bool in_class = false;
+  size_t class_start = 0;  // the offset just after "[" or "[^": a ']' there is a literal
+  const size_t n = in.size();
+  for (size_t i = 0; i < n; i++) {
+    const char c = in[i];
+    if (c == '\\') {
+      if (i + 1 >= n) return *why = "a trailing backslash", false;
+      const char e = in[++i];
+      if (e == 's') {
+        *out += in_class ? ws : "[" + ws + "]";
+      } else if (e == 'S') {
+        if (in_class) return *why = "\\S inside a character class", false;
+        *out += "[^" + ws + "]";
+      } else if (e == 'd' || e == 'D') {
+        *out += e == 'd' ? "\\p{Nd}" : "\\P{Nd}";
+      } else if (e == 'p' || e == 'P') {
+        const size_t close = in.find('}', i);
+        if (i + 1 >= n || in[i + 1] != '{' || close == std::string::npos)
+          return *why = std::string("\\") + e + " without {name}", false;
+        std::string name = in.substr(i + 2, close - i - 2);
+        const bool negated = !name.empty() && name[0] == '^';
+        if (negated) name.erase(0, 1);
+        if (name.empty() || !std::all_of(name.begin(), name.end(), [](char x) { return IsAlnum(x) || x == '_'; }))
+          return *why = "the property \\" + std::string(1, e) + "{" + in.substr(i + 2, close - i - 2) + "}", false;
+        *out += ((e == 'P') != negated ? "\\P{" : "\\p{") + name + "}";
+        i = close;
+      } else if (e == 'u') {
+        if (i + 4 >= n || !std::all_of(in.begin() + i + 1, in.begin() + i + 5, IsHex))
+          return *why = "\\u without 4 hex digits", false;
+        *out += "\\x{" + in.substr(i + 1, 4) + "}";
+        i += 4;
+      } else if (e == 'x' || e == 't' || e == 'n' || e == 'r' || e == 'f' || e == 'e' || e == 'a' || !IsAlnum(e)) {
+        out->push_back('\\');
+        out->push_back(e);  // \xHH and \x{H..} read alike; escaped punctuation is itself
+      } else {
+        return *why = std::string("the escape \\") + e, false;
+      }
+      continue;
+    }
+    if (in_class) {
+      if (c == '[') return *why = "a nested character class or POSIX bracket", false;
+      if (c == '&' && i + 1 < n && in[i + 1] == '&') return *why = "a class intersection &&", false;
+      if (c == ']' && i != class_start) in_class = false;
+      out->push_back(c);
+      continue;
+    }
+    if (c == '[') {
+      in_class = true;
+      out->push_back('[');
+      if (i + 1 < n && in[i + 1] == '^') out->push_back('^'), i++;
+      class_start = i + 1;
+    } else if (c == '.') {
+      *out += "[^\\n]";
+    } else if (c == '^' || c == '$') {
+      return *why = std::string("the anchor ") + c, false;
+    } else if (c == '(' && i + 1 < n && in[i + 1] == '?') {
+      const std::string rest = in.substr(i + 2, 4);
+      static const char* const kGroups[] = {":", "=", "!", ">", "<=", "<!", "i:", "i)", "-i:", "-i)"};
+      const bool known = std::any_of(std::begin(kGroups), std::end(kGroups), [&](const char* g) { return rest.rfind(g, 0) == 0; }) ||
+                         (rest.size() >= 2 && rest[0] == '<' && IsAlnum(rest[1]));  // (?<name>
+      if (!known) return *why = "the group (?" + rest.substr(0, 2), false;
+      out->push_back(c);
+    } else if (c == '{' && i + 1 < n && in[i + 1] == ',') {
+      *out += "{0";
+    } else {
+      out->push_back(c);
+    }
+  }
+  if (in_class) return *why = "an unclosed character class", false;
+  return true;
+}
+
+// One split of the pre-tokenizer, before compiling: a PCRE2 pattern (or a literal string).
+struct StageSpec {
+  std::string pattern;
+  bool literal = false;
+  bool cut_safe = false;  // SafeCut's rule holds for the pattern
+  std::string where;      // its JSON path, for errors
+};
 
 // GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68 bytes
 // for U+0100 onwards, so that every byte is one visible code point in vocab/merges strings.
@@ -83,6 +181,142 @@ std::string TypeOf(const nlohmann::json& j) {
   return j.is_object() && j.contains("type") ? JsonBrief(j["type"]) : JsonBrief(j);
 }
 
+// The pre-tokenizer p (JSON path `where`, e.g. "pre_tokenizer.") as splits in order: a Sequence's
+// members in order (nested ones flattened), a Split's pattern, the ByteLevel's GPT-2 regex
+// (use_regex true). ByteLevel must come once, last: it maps the bytes to the symbols the BPE
+// model reads. *byte_levels counts the ByteLevels seen, *after_byte_level anything after one.
+Status FlattenPreTokenizer(const std::string& what, const nlohmann::json& p, const std::string& where, int depth,
+                           std::vector<StageSpec>* stages, int* byte_levels, bool* after_byte_level) {
+  const std::string at = where.substr(0, where.size() - 1);  // the path without its final '.'
+  const std::string expected = " (expected ByteLevel, or a Sequence of Split pre-tokenizers ending in ByteLevel)";
+  if (!p.is_object() || !p.contains("type") || !p["type"].is_string())
+    return Status::InvalidArgument(what + ": " + at + " " + TypeOf(p) + " is not supported" + expected);
+  if (*byte_levels > 0) *after_byte_level = true;
+  const std::string type = p["type"].get<std::string>();
+  if (type == "Sequence") {
+    const nlohmann::json* list = JsonMember(p, "pretokenizers");
+    if (!list || !list->is_array())
+      return Status::InvalidArgument(what + ": " + where + "pretokenizers is " + (list ? JsonBrief(*list) : "missing") +
+                                     " (expected an array)");
+    if (depth > 8) return Status::InvalidArgument(what + ": " + at + ": Sequences nested deeper than 8 are not supported");
+    for (size_t k = 0; k < list->size(); k++)
+      SHARDGPT_RETURN_IF_ERROR(FlattenPreTokenizer(what, (*list)[k], where + "pretokenizers[" + std::to_string(k) + "].",
+                                                   depth + 1, stages, byte_levels, after_byte_level));
+    return Status::OK();
+  }
+  if (type == "ByteLevel") {
+    const StatusOr<bool> add_prefix_space = JsonOptionalBool(what, p, where, "add_prefix_space", false);
+    const StatusOr<bool> use_regex = JsonOptionalBool(what, p, where, "use_regex", true);
+    const StatusOr<bool> trim_offsets = JsonOptionalBool(what, p, where, "trim_offsets", true);  // offsets only
+    if (!add_prefix_space.ok()) return add_prefix_space.status();
+    if (!use_regex.ok()) return use_regex.status();
+    if (!trim_offsets.ok()) return trim_offsets.status();
+    if (add_prefix_space.value())
+      return Status::InvalidArgument(what + ": " + where + "add_prefix_space true is not supported (expected false)");
+    ++*byte_levels;
+    if (use_regex.value()) stages->push_back(StageSpec{kPattern, false, true, at});
+    return Status::OK();
+  }
+  if (type == "Split") {
+    StageSpec st;
+    st.where = at;
+    const StatusOr<bool> invert = JsonOptionalBool(what, p, where, "invert", false);
+    const StatusOr<std::string> behavior = JsonOptionalString(what, p, where, "behavior", "");
+    if (!invert.ok()) return invert.status();
+    if (!behavior.ok()) return behavior.status();
+    if (invert.value()) return Status::InvalidArgument(what + ": " + where + "invert true is not supported (expected false)");
+    if (behavior.value() != "Isolated")
+      return Status::InvalidArgument(what + ": " + where + "behavior " + Quoted(behavior.value()) +
+                                     " is not supported (expected \"Isolated\")");
+    const nlohmann::json* pat = JsonMember(p, "pattern");
+    const nlohmann::json* regex = pat ? JsonMember(*pat, "Regex") : nullptr;
+    const nlohmann::json* literal = pat ? JsonMember(*pat, "String") : nullptr;
+    if (!pat || !pat->is_object() || pat->size() != 1 || !((regex && regex->is_string()) || (literal && literal->is_string())))
+      return Status::InvalidArgument(what + ": " + where + "pattern is " + (pat ? JsonBrief(*pat) : "missing") +
+                                     " (expected {\"Regex\": string} or {\"String\": string})");
+    if (literal) {
+      st.pattern = literal->get<std::string>();
+      st.literal = true;
+    } else {
+      const std::string& onig = regex->get_ref<const std::string&>();
+      std::string why;
+      if (!OnigToPcre2(onig, &st.pattern, &why))
+        return Status::InvalidArgument(what + ": " + where + "pattern.Regex " + JsonBrief(*regex) + ": " + why +
+                                       " is not supported (Oniguruma's and PCRE2's meanings differ or it is not implemented)");
+      st.cut_safe = onig == kLlama3Pattern;
+    }
+    stages->push_back(std::move(st));
+    return Status::OK();
+  }
+  return Status::InvalidArgument(what + ": " + at + " type " + Quoted(type) + " is not supported" + expected);
+}
+
+// The ids special token `name` of a TemplateProcessing stands for (its special_tokens entry).
+Status TemplateSpecialIds(const std::string& what, const nlohmann::json& p, const std::string& where,
+                          const nlohmann::json& name, int vocab_size, std::vector<int32_t>* out) {
+  const nlohmann::json* table = JsonMember(p, "special_tokens");
+  const nlohmann::json* entry = table && name.is_string() ? JsonMember(*table, name.get_ref<const std::string&>().c_str()) : nullptr;
+  const nlohmann::json* ids = entry ? JsonMember(*entry, "ids") : nullptr;
+  if (!ids || !ids->is_array())
+    return Status::InvalidArgument(what + ": " + where + "special_tokens has no ids for " + JsonBrief(name));
+  for (const nlohmann::json& id : *ids) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab_size)
+      return Status::InvalidArgument(what + ": " + where + "special_tokens " + JsonBrief(name) + " has id " + JsonBrief(id) +
+                                     " (expected an id of the vocabulary)");
+    out->push_back(id.get<int32_t>());
+  }
+  return Status::OK();
+}
+
+// The post-processor p (JSON path `where`): null, ByteLevel (offsets only), TemplateProcessing
+// (its "single" template: special tokens, then $A, then special tokens, into *prefix and
+// *suffix; "pair" is for pairs of texts, which are never encoded here), or a Sequence of those.
+Status ParsePostProcessor(const std::string& what, const nlohmann::json& p, const std::string& where, int depth,
+                          int vocab_size, std::vector<int32_t>* prefix, std::vector<int32_t>* suffix, int* templates) {
+  if (p.is_null()) return Status::OK();
+  const std::string at = where.substr(0, where.size() - 1);  // the path without its final '.'
+  const std::string expected = " (expected null, ByteLevel, TemplateProcessing or a Sequence of those)";
+  if (!p.is_object() || !p.contains("type") || !p["type"].is_string())
+    return Status::InvalidArgument(what + ": " + at + " " + TypeOf(p) + " is not supported" + expected);
+  const std::string type = p["type"].get<std::string>();
+  if (type == "ByteLevel") return Status::OK();
+  if (type == "Sequence") {
+    const nlohmann::json* list = JsonMember(p, "processors");
+    if (!list || !list->is_array())
+      return Status::InvalidArgument(what + ": " + where + "processors is " + (list ? JsonBrief(*list) : "missing") +
+                                     " (expected an array)");
+    if (depth > 8) return Status::InvalidArgument(what + ": " + at + ": Sequences nested deeper than 8 are not supported");
+    for (size_t k = 0; k < list->size(); k++)
+      SHARDGPT_RETURN_IF_ERROR(ParsePostProcessor(what, (*list)[k], where + "processors[" + std::to_string(k) + "].",
+                                                  depth + 1, vocab_size, prefix, suffix, templates));
+    return Status::OK();
+  }
+  if (type != "TemplateProcessing")
+    return Status::InvalidArgument(what + ": " + at + " type " + Quoted(type) + " is not supported" + expected);
+  if (++*templates > 1) return Status::InvalidArgument(what + ": " + at + ": a second TemplateProcessing is not supported");
+  const nlohmann::json* single = JsonMember(p, "single");
+  if (!single || !single->is_array())
+    return Status::InvalidArgument(what + ": " + where + "single is " + (single ? JsonBrief(*single) : "missing") +
+                                   " (expected an array)");
+  int texts = 0;
+  for (size_t k = 0; k < single->size(); k++) {
+    const nlohmann::json& piece = (*single)[k];
+    const std::string here = where + "single[" + std::to_string(k) + "]";
+    const nlohmann::json* special = JsonMember(piece, "SpecialToken");
+    const nlohmann::json* seq = JsonMember(piece, "Sequence");
+    if (special && special->is_object() && JsonMember(*special, "id")) {
+      SHARDGPT_RETURN_IF_ERROR(TemplateSpecialIds(what, p, where, (*special)["id"], vocab_size, texts ? suffix : prefix));
+    } else if (seq && seq->is_object() && JsonMember(*seq, "id") && (*seq)["id"] == "A" && texts == 0) {
+      texts++;
+    } else {
+      return Status::InvalidArgument(what + ": " + here + " " + JsonBrief(piece) +
+                                     " is not supported (expected {\"SpecialToken\": ...} or one {\"Sequence\": {\"id\": \"A\"}})");
+    }
+  }
+  if (texts != 1) return Status::InvalidArgument(what + ": " + where + "single has no {\"Sequence\": {\"id\": \"A\"}} (expected one)");
+  return Status::OK();
+}
+
 // The offset of the first byte that is not part of valid UTF-8 (overlong forms, surrogates and
 // code points above U+10FFFF included), or n.
 size_t FirstInvalidUtf8(const unsigned char* s, size_t n) {
@@ -121,7 +355,7 @@ StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Load(const std::stri
 }
 
 BpeTokenizer::~BpeTokenizer() {
-  if (code_) pcre2_code_free(static_cast<pcre2_code*>(code_));
+  for (const Stage& st : stages_) pcre2_code_free(static_cast<pcre2_code*>(st.code));
 }
 
 StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Parse(const std::string& what, const std::string& text) {
@@ -135,25 +369,25 @@ StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Parse(const std::str
   const std::string type = m.contains("type") ? m["type"].get<std::string>() : (m.contains("merges") ? "BPE" : "");
   if (type != "BPE")
     return Status::InvalidArgument(what + ": unsupported model type " + Quoted(type) + " (expected \"BPE\", byte-level)");
+  for (const char* k : {"truncation", "padding"})  // tokenizers' encode would cut or pad the ids
+    if (j.contains(k) && !j[k].is_null())
+      return Status::InvalidArgument(what + ": " + k + " " + TypeOf(j[k]) + " is not supported (expected null)");
   if (j.contains("normalizer") && !j["normalizer"].is_null())
     return Status::InvalidArgument(what + ": normalizer " + TypeOf(j["normalizer"]) + " is not supported (expected null)");
-  if (!j.contains("pre_tokenizer") || !j["pre_tokenizer"].is_object() ||
-      !TypeIs(j["pre_tokenizer"], "ByteLevel"))
-    return Status::InvalidArgument(what + ": pre_tokenizer " + (j.contains("pre_tokenizer") ? TypeOf(j["pre_tokenizer"]) : "missing") +
-                                   " is not supported (expected ByteLevel, GPT-2's)");
-  const nlohmann::json& pre = j["pre_tokenizer"];
-  const StatusOr<bool> add_prefix_space = JsonOptionalBool(what, pre, "pre_tokenizer.", "add_prefix_space", false);
-  const StatusOr<bool> use_regex = JsonOptionalBool(what, pre, "pre_tokenizer.", "use_regex", true);
-  if (!add_prefix_space.ok()) return add_prefix_space.status();
-  if (!use_regex.ok()) return use_regex.status();
-  if (add_prefix_space.value() || !use_regex.value())
-    return Status::InvalidArgument(what + ": ByteLevel pre_tokenizer with add_prefix_space true or use_regex false is "
-                                   "not supported (expected GPT-2's: false, true)");
+  if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null())
+    return Status::InvalidArgument(what + ": pre_tokenizer missing is not supported (expected ByteLevel, or a Sequence of "
+                                   "Split pre-tokenizers ending in ByteLevel)");
+  std::vector<StageSpec> stage_specs;
+  int byte_levels = 0;
+  bool after_byte_level = false;
+  SHARDGPT_RETURN_IF_ERROR(
+      FlattenPreTokenizer(what, j["pre_tokenizer"], "pre_tokenizer.", 0, &stage_specs, &byte_levels, &after_byte_level));
+  if (byte_levels != 1 || after_byte_level)
+    return Status::InvalidArgument(what + ": pre_tokenizer with " + std::to_string(byte_levels) + " ByteLevel" +
+                                   (after_byte_level ? " and pre-tokenizers after it" : "") +
+                                   " is not supported (expected exactly one ByteLevel, last)");
   if (!IsNullOrType(j, "decoder", "ByteLevel"))
     return Status::InvalidArgument(what + ": decoder " + TypeOf(j["decoder"]) + " is not supported (expected ByteLevel)");
-  if (!IsNullOrType(j, "post_processor", "ByteLevel"))
-    return Status::InvalidArgument(what + ": post_processor " + TypeOf(j["post_processor"]) +
-                                   " is not supported (expected ByteLevel or null: no tokens added around the text)");
   if (m.contains("dropout") && !m["dropout"].is_null())
     return Status::InvalidArgument(what + ": model.dropout " + JsonBrief(m["dropout"]) + " is not supported (expected null)");
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
@@ -274,20 +508,39 @@ StatusOr<std::shared_ptr<const BpeTokenizer>> BpeTokenizer::Parse(const std::str
     for (const auto& [s, id] : vocab)
       if (SymbolsToBytesStrict(s, inverse, &bytes)) t->word_ids_[bytes] = id;
   }
-  int err = 0;
-  PCRE2_SIZE erroff = 0;
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
-                                   &err, &erroff, nullptr);
-  if (!code) return Status::Internal("the GPT-2 pre-tokenization regex does not compile with this PCRE2");
-  pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // without JIT (unsupported CPU) the interpreter runs it
-  t->code_ = code;
+  if (j.contains("post_processor")) {
+    int templates = 0;
+    SHARDGPT_RETURN_IF_ERROR(ParsePostProcessor(what, j["post_processor"], "post_processor.", 0, t->vocab_size_,
+                                                &t->text_prefix_, &t->text_suffix_, &templates));
+  }
+  t->cuts_safe_ = !stage_specs.empty();
+  for (const StageSpec& spec : stage_specs) {
+    int err = 0;
+    PCRE2_SIZE erroff = 0;
+    const uint32_t options = PCRE2_UTF | (spec.literal ? PCRE2_LITERAL : PCRE2_UCP);
+    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(spec.pattern.data()), spec.pattern.size(), options,
+                                     &err, &erroff, nullptr);
+    if (!code) {
+      PCRE2_UCHAR msg[120];
+      pcre2_get_error_message(err, msg, sizeof(msg));
+      return Status::InvalidArgument(what + ": " + spec.where + " pattern " + Quoted(spec.pattern) + " does not compile: " +
+                                     reinterpret_cast<char*>(msg));
+    }
+    t->stages_.push_back(Stage{code});  // freed by ~BpeTokenizer from here on
+    uint32_t min_length = 0;
+    if (pcre2_pattern_info(code, PCRE2_INFO_MINLENGTH, &min_length) != 0 || min_length == 0)
+      return Status::InvalidArgument(what + ": " + spec.where + " pattern " + Quoted(spec.pattern) +
+                                     " may match the empty string, which is not supported");
+    pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // without JIT (unsupported CPU) the interpreter runs it
+    t->cuts_safe_ = t->cuts_safe_ && spec.cut_safe;
+  }
   return std::shared_ptr<const BpeTokenizer>(t);
 }
 
 Tokenizer BpeTokenizer::DecodeTable() const { return Tokenizer::FromPieces(pieces_, eot_); }
 
 size_t BpeTokenizer::SafeCut(const char* s, size_t lo, size_t hi) const {
-  if (added_have_newline_) return 0;
+  if (added_have_newline_ || !cuts_safe_) return 0;
   // a cut at p: s[p-1] == '\n', s[p-2] and s[p] ASCII non-space (s[p] inside [.., hi))
   for (size_t p = hi - 1; p > lo && p >= 2 && p < hi; p--) {
     if (s[p - 1] != '\n') continue;
@@ -298,7 +551,8 @@ size_t BpeTokenizer::SafeCut(const char* s, size_t lo, size_t hi) const {
 }
 
 BpeTokenizer::Session::Session(const BpeTokenizer& tok) : tok_(tok) {
-  match_data_ = pcre2_match_data_create_from_pattern(static_cast<pcre2_code*>(tok.code_), nullptr);
+  for (const Stage& st : tok.stages_)
+    match_data_.push_back(pcre2_match_data_create_from_pattern(static_cast<pcre2_code*>(st.code), nullptr));
   // whitespace runs backtrack in [ws]+(?![^ws]): give the JIT more than its 32 KiB default
   jit_stack_ = pcre2_jit_stack_create(64 * 1024, 8 * 1024 * 1024, nullptr);
   match_ctx_ = pcre2_match_context_create(nullptr);
@@ -306,7 +560,7 @@ BpeTokenizer::Session::Session(const BpeTokenizer& tok) : tok_(tok) {
 }
 
 BpeTokenizer::Session::~Session() {
-  pcre2_match_data_free(static_cast<pcre2_match_data*>(match_data_));
+  for (void* md : match_data_) pcre2_match_data_free(static_cast<pcre2_match_data*>(md));
   pcre2_match_context_free(static_cast<pcre2_match_context*>(match_ctx_));
   pcre2_jit_stack_free(static_cast<pcre2_jit_stack*>(jit_stack_));
 }
@@ -343,34 +597,42 @@ Status BpeTokenizer::Session::EncodeAdded(int list, const std::string& what, con
 Status BpeTokenizer::Session::EncodeOrdinary(const std::string& what, const char* text, size_t n, uint64_t base_offset,
                                              std::vector<int32_t>* out) {
   if (n == 0) return Status::OK();
-  auto* code = static_cast<pcre2_code*>(tok_.code_);
-  auto* md = static_cast<pcre2_match_data*>(match_data_);
-  auto* ctx = static_cast<pcre2_match_context*>(match_ctx_);
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text);
-  const size_t bad = FirstInvalidUtf8(subject, n);
+  const size_t bad = FirstInvalidUtf8(reinterpret_cast<const unsigned char*>(text), n);
   if (bad < n)
     return Status::InvalidArgument(what + ": invalid UTF-8 at byte " + std::to_string(base_offset + bad) +
                                    " (expected UTF-8 text)");
+  return PreTokenize(0, what, text, n, base_offset, out);
+}
+
+Status BpeTokenizer::Session::PreTokenize(size_t stage, const std::string& what, const char* text, size_t n,
+                                          uint64_t base_offset, std::vector<int32_t>* out) {
+  if (n == 0) return Status::OK();  // tokenizers drops empty pieces
+  if (stage == tok_.stages_.size()) {
+    Bpe(text, n, out);
+    return Status::OK();
+  }
+  auto* code = static_cast<pcre2_code*>(tok_.stages_[stage].code);
+  auto* md = static_cast<pcre2_match_data*>(match_data_[stage]);
+  auto* ctx = static_cast<pcre2_match_context*>(match_ctx_);
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text);
   size_t at = 0;
   while (at < n) {
     const int rc = pcre2_match(code, subject, n, at, PCRE2_NO_UTF_CHECK, md, ctx);
     if (rc < 0) {
-      if (rc == PCRE2_ERROR_NOMATCH) break;  // cannot happen: the last alternatives take any character
+      if (rc == PCRE2_ERROR_NOMATCH) break;
       PCRE2_UCHAR msg[120];
       pcre2_get_error_message(rc, msg, sizeof(msg));
       return Status::Internal(what + ": pre-tokenization failed at byte " + std::to_string(base_offset + at) + ": " +
                               reinterpret_cast<char*>(msg));
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-    if (ov[0] > at) {  // bytes no alternative took: tokenizers keeps them as a piece of their own
-      Bpe(text + at, ov[0] - at, out);
-    }
-    if (ov[1] == ov[0]) break;  // no empty matches in this pattern; guard against a loop anyway
-    Bpe(text + ov[0], ov[1] - ov[0], out);
+    if (ov[1] == ov[0]) break;  // patterns that may match empty are refused; guard against a loop anyway
+    // bytes no alternative took: tokenizers keeps them as a piece of their own
+    SHARDGPT_RETURN_IF_ERROR(PreTokenize(stage + 1, what, text + at, ov[0] - at, base_offset + at, out));
+    SHARDGPT_RETURN_IF_ERROR(PreTokenize(stage + 1, what, text + ov[0], ov[1] - ov[0], base_offset + ov[0], out));
     at = ov[1];
   }
-  if (at < n) Bpe(text + at, n - at, out);
-  return Status::OK();
+  return PreTokenize(stage + 1, what, text + at, n - at, base_offset + at, out);
 }
 
 bool BpeTokenizer::FindMerge(int32_t a, int32_t b, uint32_t* rank, int32_t* id) const {

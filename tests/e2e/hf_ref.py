@@ -4,6 +4,13 @@ Subcommands:
   tok-train TEXT OUT VOCAB          train a byte-level BPE tokenizer.json with `tokenizers`
   tok-text OUT REPEAT               write the test text: Unicode, emoji, numbers, whitespace runs, empty lines
   tok-compare TOKJSON DATADIR FILE..  ids of shardgpt's prepare == [eot] + tokenizers' ids per file
+                                    ([eot] only where the tokenizer has <|endoftext|>)
+  tok-train-llama3 TEXT OUT VOCAB   train a Llama 3-style tokenizer.json (Split regex + ByteLevel
+                                    without regex, ignore_merges, <|begin_of_text|> template) and
+                                    add whole words to its vocabulary that merges do not reach
+  tok-text-llama3 OUT REPEAT SEED   tok-text's text plus code, digit runs, contractions, special
+                                    tokens, and a seeded random mix of such pieces
+(tok-train-llama3 and its comparisons need tokenizers >= 0.19: scripts/tokenizers-venv.sh)
   hf-check DIR DATA T B K EVALJSON LOGITS  transformers' loss / first-batch logits == shardgpt eval's
   hf-random DIR SEED                save_pretrained a random GPT2LMHeadModel (L2 H4 C64 T64 V300)
   step-loss DIR DATA T NWIN LOG     PyTorch's loss on the first NWIN windows == the JSONL's step-1 loss
@@ -49,9 +56,9 @@ def tok_compare(tokjson, datadir, *files):
     want = []
     for f in files:
         text = open(f, encoding="utf-8", newline="").read()
-        enc = tok.encode(text).ids
+        enc = tok.encode(text, add_special_tokens=False).ids
         assert tok.decode(enc, skip_special_tokens=False) == text, "tokenizers itself does not round-trip " + f
-        want += [eot] + enc
+        want += ([eot] if eot is not None else []) + enc
     got = read_shard(os.path.join(datadir, "train.bin")).tolist()
     if os.path.exists(os.path.join(datadir, "val.bin")):
         got += read_shard(os.path.join(datadir, "val.bin")).tolist()
@@ -60,6 +67,75 @@ def tok_compare(tokjson, datadir, *files):
             raise SystemExit("first difference at token %d: tokenizers %s, shardgpt %s" % (i, want[i:i + 8], got[i:i + 8]))
     assert len(want) == len(got), (len(want), len(got))
     print("ids identical to tokenizers': %d tokens from %d file(s)" % (len(got), len(files)))
+
+
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                  r"\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                   "<|reserved_special_token_0|>"]
+# pre-tokens added to the vocabulary as whole words after training (Llama 3's vocabulary holds
+# words its merges do not build): with ignore_merges each is one id
+LLAMA3_WHOLE_WORDS = [" Hello", " world", "Numbers", " agree", " unsigned", "    ", "\t\t", " {\n", "123",
+                      " \u4e2d\u6587", "'LL", " def"]
+
+
+def tok_train_llama3(text, out, vocab):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    tok = Tokenizer(models.BPE(ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=int(vocab), min_frequency=2, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train([text], trainer)
+    j = json.loads(tok.to_str())
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    v = j["model"]["vocab"]
+    for w in LLAMA3_WHOLE_WORDS:
+        sym = "".join(p for p, _ in byte_level.pre_tokenize_str(w))
+        if sym not in v:
+            v[sym] = len(v)
+    tok = Tokenizer.from_str(json.dumps(j))
+    tok.add_special_tokens(LLAMA3_SPECIALS)  # ids after the vocabulary's, as Llama 3's
+    bos = tok.token_to_id("<|begin_of_text|>")
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+                                      special_tokens=[("<|begin_of_text|>", bos)])])
+    tok.save(out)
+    # the words whose ids ignore_merges decides: most of them, or the test would not test it
+    j = json.loads(tok.to_str())
+    j["model"]["ignore_merges"] = False
+    merged = Tokenizer.from_str(json.dumps(j))
+    changed = [w for w in LLAMA3_WHOLE_WORDS
+               if tok.encode(w, add_special_tokens=False).ids != merged.encode(w, add_special_tokens=False).ids]
+    assert len(changed) >= 8, changed
+    assert tok.encode("x").ids[0] == bos
+    print("Llama 3-style tokenizer: %d ids; ignore_merges decides the ids of %d words" % (tok.get_vocab_size(), len(changed)))
+
+
+def tok_text_llama3(out, repeat, seed):
+    import random
+    tok_text(out, 1)
+    parts = [open(out, encoding="utf-8", newline="").read(),
+             "#include <stdio.h>\nint main(void) {\n\tint x = 12345678901234567890;\n    if (x != 0) {\n"
+             "\t\tprintf(\"%d\\n\", x);\n    }\n}\n",
+             "def f(a, b):\r\n    '''Doc.'''\r\n    return a  +  b\r\n\r\n\tclass C:\n        pass\n",
+             "Digits 1 12 123 1234 12345 123456 1234567 0.5 3,141,592 \u0661\u0662\u0663\u0664 \uff11\uff12\uff13\uff14 2026\n",
+             "I'LL DON'T don't We'Re you'VE she'D it'S '\u017f O'Neil rock'n'roll ''quoted''\n",
+             "\u4e2d\u6587 \u4e2d\u6587\u6587\u672c\u3002\u65e5\u672c\u8a9e \ud55c\uad6d\uc5b4\n",
+             "Emoji \U0001F600\U0001F600 a\U0001F44D\U0001F3FDb \U0001F1EB\U0001F1F7\n",
+             "spaces     \n\n\n   \t\t  x  \r\n\r\n\u00a0\u00a0y\u0085z\u3000\u3000w   \n",
+             "<|begin_of_text|>Hi<|start_header_id|>user<|end_header_id|>\n\nhello<|eot_id|><|reserved_special_token_0|>\n",
+             "Hello world Numbers agree unsigned def {\n    x\n}\n"]
+    pieces = ["a", "Z", "the", " The", "'s", "'LL", "'", "1", "22", "4444", " ", "  ", "\t", "\n", "\r\n", "\r", "!", "?!",
+              "...", "{", "}", "(", ")", "_", "-", "\u00e9", "e\u0301", "\u4e2d", "\U0001F600", "\u00a0", "\u0085", "\u3000",
+              "\u0661", "<|eot_id|>", "\u00df", "\u017f", " Hello", "    "]
+    rng = random.Random(int(seed))
+    mix = "".join(rng.choice(pieces) for _ in range(20000))
+    with open(out, "w", encoding="utf-8", newline="") as f:
+        f.write(("".join(parts) + mix + "\n") * int(repeat))
 
 
 def hf_check(d, data, T, B, K, eval_json, logits):
@@ -126,6 +202,7 @@ def step_loss(d, data, T, nwin, log):
 
 
 if __name__ == "__main__":
-    cmds = {"tok-train": tok_train, "tok-text": tok_text, "tok-compare": tok_compare, "hf-check": hf_check,
+    cmds = {"tok-train": tok_train, "tok-text": tok_text, "tok-compare": tok_compare, "tok-train-llama3": tok_train_llama3,
+            "tok-text-llama3": tok_text_llama3, "hf-check": hf_check,
             "hf-random": hf_random, "step-loss": step_loss}
     cmds[sys.argv[1]](*sys.argv[2:])

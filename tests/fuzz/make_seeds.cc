@@ -202,6 +202,22 @@ void TokenizerJsons(const std::string& d) {
   x = j;
   x["added_tokens"][0]["normalized"] = "yes";
   Write(d + "/normalized_yes.json", x.dump());
+  // Llama 3's kind: Split with its regex, then ByteLevel without regex; ignore_merges; a template
+  x = j;
+  x["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"},
+         {"pattern", {{"Regex", R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re"}}},
+         {"behavior", "Isolated"},
+         {"invert", false}},
+        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}};
+  x["model"]["ignore_merges"] = true;
+  x["post_processor"] = {{"type", "TemplateProcessing"},
+                         {"single", {{{"SpecialToken", {{"id", "<|endoftext|>"}, {"type_id", 0}}}},
+                                     {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+                         {"special_tokens", {{"<|endoftext|>", {{"id", "<|endoftext|>"}, {"ids", {id}}}}}}};
+  Write(d + "/llama3_style.json", x.dump());
   j["model"]["type"] = "WordPiece";
   Write(d + "/wordpiece.json", j.dump());
 }

@@ -68,33 +68,79 @@ TEST(BpeTokenizer, MergesByRankAndSplitsAddedTokens) {
   EXPECT_EQ(back, "caf\xC3\xA9 \xF0\x9F\x98\x80\n\n  x");
 }
 
+// The symbols of a byte string: ByteSymbol of each byte.
+std::string Symbols(const std::string& bytes) {
+  std::string s;
+  for (unsigned char b : bytes) s += ByteSymbol(b);
+  return s;
+}
+
+// Llama 3's Split pattern, as its tokenizer.json holds it.
+const char kLlama3Regex[] =
+    R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re";
+
+// TinyTokenizer's vocabulary and merges (without <|endoftext|>) as Llama 3's tokenizer.json has
+// them: pre_tokenizer Sequence[Split(kLlama3Regex, Isolated), ByteLevel(use_regex false)],
+// ignore_merges, whole words (ids 261..290) that no merge builds, which show the pre-tokens'
+// boundaries, <|begin_of_text|> 291 and a template putting it before the text.
+nlohmann::json LlamaStyleTokenizer() {
+  nlohmann::json j = TinyTokenizer();
+  int id = 261;
+  for (const char* w : {" world", " I", "'LL", "123", "45", " don", "'t", "\r\n", "\tx", "  \n", "  \t\n\n", " 7", "'S",
+                        "wORLD", "'s", "  ", " {", " \n", "}\n", " 1", "12", "345", "'L", "LL", "\xC2\x85x", "\xC2\xA0",
+                        "'\xC5\xBF", "'\xC5\xBFx", "1\xD9\xA1\xD9\xA2", "\xD9\xA3\xD9\xA4"})
+    j["model"]["vocab"][Symbols(w)] = id++;
+  j["model"]["ignore_merges"] = true;
+  j["added_tokens"] = {{{"id", 291}, {"content", "<|begin_of_text|>"}, {"special", true}, {"normalized", false}}};
+  j["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers",
+                         {{{"type", "Split"}, {"pattern", {{"Regex", kLlama3Regex}}}, {"behavior", "Isolated"}, {"invert", false}},
+                          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}};
+  const nlohmann::json bos = {{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}};
+  const nlohmann::json a = {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}, b = {{"Sequence", {{"id", "B"}, {"type_id", 1}}}};
+  j["post_processor"] = {
+      {"type", "Sequence"},
+      {"processors",
+       {{{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}},
+        {{"type", "TemplateProcessing"},
+         {"single", {bos, a}},
+         {"pair", {bos, a, bos, b}},
+         {"special_tokens",
+          {{"<|begin_of_text|>", {{"id", "<|begin_of_text|>"}, {"ids", {291}}, {"tokens", {"<|begin_of_text|>"}}}}}}}}}};
+  return j;
+}
+
 // The property prepare relies on: encoding the pieces between SafeCut points gives the ids of
-// the whole text, on random texts dense in newlines, spaces, digits and non-ASCII letters.
+// the whole text, on random texts dense in newlines, spaces, digits and non-ASCII letters, for
+// GPT-2's pre-tokenizer and Llama 3's.
 TEST(BpeTokenizer, SafeCutsDoNotChangeTheIds) {
-  auto t = BpeTokenizer::Parse("tok.json", TinyTokenizer().dump());
-  ASSERT_TRUE(t.ok());
   const std::vector<std::string> alphabet = {"\n", " ", "  ", "h", "e", "l", "o", "w", "r", "1", ".", "'s", "\xC3\xA9", "\t",
-                                             "<|endoftext|>"};
-  std::mt19937 rng(7);
-  int cuts = 0;
-  for (int trial = 0; trial < 300; trial++) {
-    std::string s;
-    for (int i = 0; i < 60; i++) s += alphabet[rng() % alphabet.size()];
-    const std::vector<int32_t> whole = Encode(*t.value(), s);
-    std::vector<int32_t> pieces;
-    size_t at = 0;
-    while (at < s.size()) {
-      const size_t cut = t.value()->SafeCut(s.data(), at, s.size());  // the last cut after `at`...
-      const size_t first = cut ? t.value()->SafeCut(s.data(), at, at + 1 + rng() % (cut - at)) : 0;  // ...or an earlier one
-      const size_t end = first > at ? first : cut > at ? cut : s.size();
-      cuts += end < s.size();
-      const std::vector<int32_t> p = Encode(*t.value(), s.substr(at, end - at));
-      pieces.insert(pieces.end(), p.begin(), p.end());
-      at = end;
+                                             "<|endoftext|>", "\r", "{", "}", "'LL", "123", "4", "I", "\xC2\xA0"};
+  for (const nlohmann::json& j : {TinyTokenizer(), LlamaStyleTokenizer()}) {
+    SCOPED_TRACE(j["pre_tokenizer"].dump());
+    auto t = BpeTokenizer::Parse("tok.json", j.dump());
+    ASSERT_TRUE(t.ok()) << t.status().message();
+    std::mt19937 rng(7);
+    int cuts = 0;
+    for (int trial = 0; trial < 300; trial++) {
+      std::string s;
+      for (int i = 0; i < 60; i++) s += alphabet[rng() % alphabet.size()];
+      const std::vector<int32_t> whole = Encode(*t.value(), s);
+      std::vector<int32_t> pieces;
+      size_t at = 0;
+      while (at < s.size()) {
+        const size_t cut = t.value()->SafeCut(s.data(), at, s.size());  // the last cut after `at`...
+        const size_t first = cut ? t.value()->SafeCut(s.data(), at, at + 1 + rng() % (cut - at)) : 0;  // ...or an earlier one
+        const size_t end = first > at ? first : cut > at ? cut : s.size();
+        cuts += end < s.size();
+        const std::vector<int32_t> p = Encode(*t.value(), s.substr(at, end - at));
+        pieces.insert(pieces.end(), p.begin(), p.end());
+        at = end;
+      }
+      ASSERT_EQ(pieces, whole) << "text: " << s;
     }
-    ASSERT_EQ(pieces, whole) << "text: " << s;
+    EXPECT_GT(cuts, 100);  // the property was exercised
   }
-  EXPECT_GT(cuts, 100);  // the property was exercised
 }
 
 TEST(BpeTokenizer, RefusesWhatItDoesNotImplement) {
@@ -270,6 +316,99 @@ TEST(BpeTokenizer, HeapMergeMatchesTheRescanOnRandomWords) {
       }
       ASSERT_EQ(Pieces(j, Encode(*t.value(), word)), want) << "word " << word;
     }
+  }
+}
+
+// Llama 3's pre-tokenizer and ignore_merges: the ids of tokenizers 0.21.4 on the same
+// tokenizer.json (run by hand: Tokenizer.from_str(...).encode(text, add_special_tokens=False)).
+// The whole words of LlamaStyleTokenizer show the pre-tokens: digits in groups of up to 3,
+// case-insensitive contractions ('\u017f is a case of 's), whitespace runs, CRLF.
+TEST(BpeTokenizer, Llama3PreTokenizerAndIgnoreMergesMatchTokenizers) {
+  const nlohmann::json j = LlamaStyleTokenizer();
+  auto t = BpeTokenizer::Parse("tok.json", j.dump());
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  const std::string sp = ByteSymbol(' ');
+  const std::vector<std::pair<std::string, Strings>> cases = {
+      {"hello world I'LL 12345 don't\r\n\tx  \n",
+       {"hell", "o", Symbols(" world"), Symbols(" I"), "'LL", sp, "123", "45", Symbols(" don"), "'t", Symbols("\r\n"),
+        Symbols("\tx"), Symbols("  \n")}},
+      {"  \t\n\n  hello<|begin_of_text|>wORLD's 7'S\xC2\xA0\xC2\x85x",
+       {Symbols("  \t\n\n"), sp, sp, "hell", "o", "<<|begin_of_text|>>", "wORLD", "'s", sp, "7", "'S", Symbols("\xC2\xA0"),
+        Symbols("\xC2\x85x")}},
+      {"x'\xC5\xBFx a\xC5\xBF'\xC5\xBF 1\xD9\xA1\xD9\xA2\xD9\xA3\xD9\xA4 { \n}\n",
+       {"x", Symbols("'\xC5\xBF"), "x", sp, "a", Symbols("\xC5"), Symbols("\xBF"), Symbols("'\xC5\xBF"), sp,
+        Symbols("1\xD9\xA1\xD9\xA2"), Symbols("\xD9\xA3\xD9\xA4"), Symbols(" {"), Symbols(" \n"), Symbols("}\n")}},
+  };
+  for (const auto& [text, want] : cases) EXPECT_EQ(Pieces(j, Encode(*t.value(), text)), want) << "text: " << text;
+  // the template's "single": <|begin_of_text|> before the text, nothing after
+  EXPECT_EQ(t.value()->text_prefix(), (std::vector<int32_t>{291}));
+  EXPECT_TRUE(t.value()->text_suffix().empty());
+}
+
+// Split with a String pattern (tokenizers 0.21.4's ids, as above): the spaces are pieces of their
+// own, the rest goes on to ByteLevel's GPT-2 regex.
+TEST(BpeTokenizer, SplitWithAStringPattern) {
+  nlohmann::json j = LlamaStyleTokenizer();
+  j["pre_tokenizer"]["pretokenizers"] = {
+      {{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Isolated"}, {"invert", false}},
+      {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}};
+  auto t = BpeTokenizer::Parse("tok.json", j.dump());
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  const std::string sp = ByteSymbol(' ');
+  EXPECT_EQ(Pieces(j, Encode(*t.value(), "hello  world's x")), (Strings{"hell", "o", sp, sp, "w", "or", "l", "d", "'s", sp, "x"}));
+  EXPECT_EQ(Pieces(j, Encode(*t.value(), " hello")), (Strings{sp, "hell", "o"}));
+  EXPECT_EQ(t.value()->SafeCut("ab\ncd", 0, 5), 0u);  // not a pattern SafeCut's rule is known for
+}
+
+// Pre-tokenizers, Split options, regex constructs and post-processors that are not implemented:
+// one line naming the field and its value.
+TEST(BpeTokenizer, RefusesUnsupportedPreTokenizersAndTemplatesWithOneLine) {
+  struct Case {
+    std::function<void(nlohmann::json&)> edit;
+    std::string words;
+  };
+  auto split = [](nlohmann::json& j) -> nlohmann::json& { return j["pre_tokenizer"]["pretokenizers"][0]; };
+  const std::vector<Case> cases = {
+      {[&](nlohmann::json& j) { j["truncation"] = {{"max_length", 512}}; }, "truncation an object of 1 is not supported"},
+      {[&](nlohmann::json& j) { j["padding"] = {{"strategy", "BatchLongest"}}; }, "padding an object of 1 is not supported"},
+      {[&](nlohmann::json& j) { split(j)["behavior"] = "MergedWithPrevious"; },
+       "pre_tokenizer.pretokenizers[0].behavior \"MergedWithPrevious\" is not supported"},
+      {[&](nlohmann::json& j) { split(j)["behavior"] = "Removed"; }, "behavior \"Removed\" is not supported"},
+      {[&](nlohmann::json& j) { split(j)["invert"] = true; }, "pre_tokenizer.pretokenizers[0].invert true is not supported"},
+      {[&](nlohmann::json& j) { split(j) = {{"type", "Digits"}, {"individual_digits", true}}; },
+       "pre_tokenizer.pretokenizers[0] type \"Digits\" is not supported"},
+      {[&](nlohmann::json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; }, "pre_tokenizer type \"Whitespace\" is not supported"},
+      {[&](nlohmann::json& j) { split(j)["pattern"] = {{"Regex", "\\w+"}}; }, "the escape \\w is not supported"},
+      {[&](nlohmann::json& j) { split(j)["pattern"] = {{"Regex", "^ab"}}; }, "the anchor ^ is not supported"},
+      {[&](nlohmann::json& j) { split(j)["pattern"] = {{"Regex", "[[:alpha:]]+"}}; }, "a nested character class"},
+      {[&](nlohmann::json& j) { split(j)["pattern"] = {{"Regex", "(?m:a.b)"}}; }, "the group (?m"},
+      {[&](nlohmann::json& j) { split(j)["pattern"] = {{"Regex", "[^\\S]"}}; }, "\\S inside a character class"},
+      {[&](nlohmann::json& j) { split(j)["pattern"] = {{"Regex", "a*"}}; }, "may match the empty string"},
+      {[&](nlohmann::json& j) { split(j)["pattern"] = {{"Regex", "(a"}}; }, "does not compile"},
+      {[&](nlohmann::json& j) { split(j)["pattern"] = {{"Glob", "a"}}; }, "pattern is an object of 1"},
+      {[&](nlohmann::json& j) { split(j)["pattern"] = {{"String", ""}}; }, "may match the empty string"},
+      {[&](nlohmann::json& j) { j["pre_tokenizer"]["pretokenizers"].erase(1); }, "pre_tokenizer with 0 ByteLevel"},
+      {[&](nlohmann::json& j) { std::swap(j["pre_tokenizer"]["pretokenizers"][0], j["pre_tokenizer"]["pretokenizers"][1]); },
+       "pre_tokenizer with 1 ByteLevel and pre-tokenizers after it"},
+      {[&](nlohmann::json& j) { j["pre_tokenizer"]["pretokenizers"] = "x"; }, "pre_tokenizer.pretokenizers is \"x\""},
+      {[&](nlohmann::json& j) { j["post_processor"]["processors"][1]["type"] = "BertProcessing"; },
+       "post_processor.processors[1] type \"BertProcessing\" is not supported"},
+      {[&](nlohmann::json& j) { j["post_processor"]["processors"][1]["single"][1]["Sequence"]["id"] = "B"; },
+       "post_processor.processors[1].single[1]"},
+      {[&](nlohmann::json& j) { j["post_processor"]["processors"][1]["special_tokens"] = nlohmann::json::object(); },
+       "special_tokens has no ids for \"<|begin_of_text|>\""},
+      {[&](nlohmann::json& j) { j["post_processor"]["processors"][1]["special_tokens"]["<|begin_of_text|>"]["ids"] = {70000}; },
+       "special_tokens \"<|begin_of_text|>\" has id 70000"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json j = LlamaStyleTokenizer();
+    c.edit(j);
+    SCOPED_TRACE(c.words);
+    auto t = BpeTokenizer::Parse("tok.json", j.dump());
+    ASSERT_FALSE(t.ok());
+    EXPECT_NE(t.status().message().find(c.words), std::string::npos) << t.status().message();
+    EXPECT_EQ(t.status().message().rfind("tok.json: ", 0), 0u) << t.status().message();
+    EXPECT_EQ(t.status().message().find('\n'), std::string::npos) << t.status().message();
   }
 }
 
