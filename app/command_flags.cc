@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "app/diagnose.h"
+#include "app/trace.h"
 
 #include <algorithm>
 #include <thread>
@@ -129,12 +130,28 @@ Status CkptFlags::Run(const Launcher& launcher) const {
 void DiagnoseFlags::Register(CLI::App& app) {
   command = app.add_subcommand("diagnose", "say which rank stopped a hung or crashed job, doing what, from its flight "
                                            "recorder dumps (exit 0: nothing wrong found, 3: a verdict, 1: unreadable)");
-  command->add_option("dir", dir, "the folder of rank_XXXXX.json dumps (--flight-dir, or CKPT_DIR/flight)")->required();
+  CLI::Option_group* what = command->add_option_group("what", "the dumps' folder, or --merge-trace");
+  what->add_option("dir", dir, "the folder of rank_XXXXX.json dumps (--flight-dir, or CKPT_DIR/flight)");
+  what->add_option("--merge-trace", merge_trace,
+                   "merge the trace_rank_XXXXX.json files of train --trace DIR into one trace (a process per rank) "
+                   "for Perfetto, chrome://tracing or scripts/plot.py --trace");
+  what->require_option(1);
+  command->add_option("-o,--output", output, "the merged trace (with --merge-trace; default DIR/trace_merged.json)");
   command->add_flag("--json", json, "print the verdict as one JSON object");
 }
 
 Status DiagnoseFlags::Run(const Launcher& launcher, int* exit_code) const {
   if (launcher.rank() != 0) return Status::OK();
+  if (!merge_trace.empty()) {
+    const std::string out = output.empty() ? merge_trace + "/trace_merged.json" : output;
+    int ranks = 0;
+    SHARDGPT_RETURN_IF_ERROR(MergeTraces(merge_trace, out, &ranks));
+    std::printf("merged the traces of %d rank(s) into %s (open it in https://ui.perfetto.dev or chrome://tracing; "
+                "draw it: scripts/plot.py --trace %s -o timeline.png)\n",
+                ranks, out.c_str(), out.c_str());
+    return Status::OK();
+  }
+  if (!output.empty()) return Status::InvalidArgument("diagnose: --output is the merged trace's file: give --merge-trace DIR");
   auto report = Diagnose(dir);
   if (!report.ok()) return report.status();
   if (json) std::printf("%s\n", DiagnoseToJson(report.value()).dump(1).c_str());

@@ -61,8 +61,9 @@ struct CkptFlags {
 };
 
 // `diagnose DIR`: the flight dumps' verdict (app/diagnose.h); *exit_code 0 or kDiagnoseFound.
+// `diagnose --merge-trace DIR [--output FILE]`: the ranks' --trace files merged (app/trace.h).
 struct DiagnoseFlags {
-  std::string dir;
+  std::string dir, merge_trace, output;
   bool json = false;
   CLI::App* command = nullptr;
   void Register(CLI::App& app);

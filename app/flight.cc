@@ -14,7 +14,7 @@
 
 namespace shardgpt {
 
-Status SetUpFlightRecorder(Communicator& world, const std::string& dir) {
+Status SetUpFlightRecorder(Communicator& world, const std::string& dir, FlightJob* job_out) {
   constexpr size_t kHost = 64, kId = 32;
   char host[kHost] = {};
   gethostname(host, kHost - 1);
@@ -39,6 +39,7 @@ Status SetUpFlightRecorder(Communicator& world, const std::string& dir) {
   for (int r = 0; r < world.world_size(); r++) job.hosts.emplace_back(&hosts[r * kHost], strnlen(&hosts[r * kHost], kHost));
   if (const char* s = std::getenv("SLURM_JOB_ID")) job.slurm_job_id = s;
   ConfigureFlightDumps(job);
+  if (job_out != nullptr) *job_out = job;
   InstallFlightSignalHandlers();
   ArmFlightFault(world_rank);
   SetFlightPhase(FlightPhase::kSetup);

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -25,6 +26,7 @@
 #include "app/auto_micro_batch.h"
 #include "app/flight.h"
 #include "app/report.h"
+#include "app/trace.h"
 #include "base/clock.h"
 #include "ckpt/checkpoint_manager.h"
 #include "ckpt/ckpt_dir_lock.h"
@@ -42,6 +44,7 @@
 #include "parallel/flight_recorder.h"
 #include "parallel/memory_model.h"
 #include "parallel/mpi_communicator.h"
+#include "parallel/straggler.h"
 
 namespace shardgpt {
 
@@ -352,6 +355,7 @@ class Trainer {
     SHARDGPT_RETURN_IF_ERROR(Setup());
     SHARDGPT_RETURN_IF_ERROR(Resume());
     SHARDGPT_RETURN_IF_ERROR(Loop(exit_code));
+    if (tracing_) WriteTrace();  // the run ended inside the window
     if (!stopped_) SHARDGPT_RETURN_IF_ERROR(Finish(exit_code));
     return CloseLog();
   }
@@ -361,7 +365,15 @@ class Trainer {
     const std::string flight_dir =
         o_.flight_entries == 0 ? "" : !o_.flight_dir.empty() ? o_.flight_dir
                                     : o_.checkpoint.dir.empty() ? "" : o_.checkpoint.dir + "/flight";
-    SHARDGPT_RETURN_IF_ERROR(SetUpFlightRecorder(comm_, flight_dir));
+    SHARDGPT_RETURN_IF_ERROR(SetUpFlightRecorder(comm_, flight_dir, &job_));
+    if (o_.straggler_every > 0 || !o_.trace_dir.empty()) SetFlightPhaseTiming(true);
+    if (!o_.trace_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(o_.trace_dir, ec);
+      SHARDGPT_RETURN_IF_ERROR(Agree(comm_, ec ? Status::IOError("--trace " + o_.trace_dir + ": cannot create the folder: " +
+                                                                 ec.message())
+                                               : Status::OK()));
+    }
     SetComputeThreads(o_.threads);
     std::unique_ptr<LlmcModelReader> init;
     SHARDGPT_RETURN_IF_ERROR(ResolveModel(o_, comm_, &init));
@@ -636,6 +648,15 @@ class Trainer {
 
   Status Loop(int* exit_code) {
     const int hold_at_step = TestHoldAtStep(ckpt_.resuming(), state_.step);
+    const int first_step = static_cast<int>(state_.step);
+    if (!o_.trace_dir.empty() && state_.step < o_.trace_last) {
+      StartFlightTrace(o_.trace_first, o_.trace_last, kTraceSpans);
+      tracing_ = true;
+    } else if (!o_.trace_dir.empty() && lead_) {
+      std::fprintf(stderr, "shardgpt: warning: --trace-steps %lld:%lld are at or before the resumed step %lld: no trace\n",
+                   static_cast<long long>(o_.trace_first), static_cast<long long>(o_.trace_last),
+                   static_cast<long long>(state_.step));
+    }
     for (int step = static_cast<int>(state_.step); step < o_.steps; step++) {
       // a stop on any rank: every rank checkpoints at this step boundary and stops
       if (o_.stop_at_step > 0 && step == o_.stop_at_step) {
@@ -649,13 +670,22 @@ class Trainer {
       SetFlightMicro(-1);
       SetFlightUnit(-1);
       SetFlightPhase(FlightPhase::kIdle);
+      if (tracing_ && step + 1 > o_.trace_last) WriteTrace();
       if (step == hold_at_step) HoldUntilStopRequested("at the step boundary");
       // SHARDGPT_TEST_FAULT=skip: the faulty rank skips this agreement and hangs (flight_recorder.h)
       if (FlightFaultAt(FlightFault::kSkip, step + 1))
         for (;;) pause();  // skipped the agreement below and waits elsewhere
       if (StopRequested()) return StopOnSignal(step, "", exit_code);
       if (FlightFaultArmedAt(FlightFault::kSize, step + 1)) TestSizeFault(step + 1);
+      // the run's first step (allocations, first touches) is not timed for stragglers
+      const bool timed = o_.straggler_every > 0 && step > first_step;
+      if (timed) straggler_.BeginStep();
       const StepResult r = TrainStep(step);
+      if (timed) {
+        const StepReport& rep = engine_->last_report();
+        straggler_.EndStep(rep.forward_wait_s, rep.backward_wait_s, rep.after_backward_wait_s);
+      }
+      if (o_.straggler_every > 0 && (step + 1) % o_.straggler_every == 0) ReportStragglers(step + 1);
       // Divergence: the loss and the norm are the same on every rank (all-reduced), so every
       // rank stops here, before anything of this state can be saved or published.
       if (!std::isfinite(r.loss) || !std::isfinite(r.norm)) {
@@ -689,6 +719,71 @@ class Trainer {
       }
     }
     return Status::OK();
+  }
+
+  // Every --straggler-every steps: every rank's window (its phase times since the last report)
+  // in one small control all-gather; rank 0 scores them (parallel/straggler.h), names each
+  // straggler in one line on stderr, and keeps the figures for this step's JSONL row. Collective.
+  void ReportStragglers(int64_t step) {
+    const StragglerTimes mine = straggler_.Take();
+    std::vector<uint64_t> v;
+    for (double x : mine.s) v.push_back(static_cast<uint64_t>(std::llround(x * 1e9)));  // ns
+    v.push_back(static_cast<uint64_t>(mine.steps));
+    const std::vector<uint64_t> all = AllGatherU64(comm_, v);
+    if (!lead_) return;
+    const size_t per = v.size(), world = all.size() / per;
+    std::vector<StragglerTimes> ranks(world);
+    for (size_t r = 0; r < world; r++) {
+      for (int f = 0; f < kStragglerFigures; f++) ranks[r].s[f] = static_cast<double>(all[r * per + f]) * 1e-9;
+      ranks[r].steps = static_cast<int64_t>(all[r * per + kStragglerFigures]);
+    }
+    if (mine.steps == 0) return;  // nothing timed since the last report (the run's first step only)
+    const StragglerVerdict verdict = ScoreStragglers(ranks, o_.straggler_threshold);
+    auto host = [&](size_t r) { return r < job_.hosts.size() ? job_.hosts[r] : std::string("?"); };
+    auto round4 = [](double x) { return std::round(x * 1e4) * 1e-4; };
+    nlohmann::json row, names = nlohmann::json::array(), scores = nlohmann::json::array(), ms = nlohmann::json::object();
+    for (int r : verdict.stragglers) {
+      const char* phase = StragglerFigureName(verdict.phase[r]);
+      const double busy_ms = ranks[r].busy() / std::max<int64_t>(1, ranks[r].steps) * 1e3;
+      std::fprintf(stderr,
+                   "shardgpt: straggler: rank %d on host %s, phase %s, score %.2f over steps %lld-%lld (busy %.1f "
+                   "ms/step against the median rank's %.1f; --straggler-threshold %.2f)\n",
+                   r, host(r).c_str(), phase, verdict.score[r], static_cast<long long>(step - mine.steps + 1),
+                   static_cast<long long>(step), busy_ms, verdict.median_busy_s * 1e3, o_.straggler_threshold);
+      names.push_back({{"rank", r}, {"host", host(r)}, {"phase", phase}, {"score", round4(verdict.score[r])}});
+    }
+    std::fflush(stderr);
+    for (size_t r = 0; r < world; r++) scores.push_back(round4(verdict.score[r]));
+    for (int f = 0; f < kStragglerFigures; f++) {
+      nlohmann::json& col = ms[StragglerFigureName(f)] = nlohmann::json::array();
+      for (size_t r = 0; r < world; r++)
+        col.push_back(round4(ranks[r].s[f] / std::max<int64_t>(1, ranks[r].steps) * 1e3));
+    }
+    row["stragglers"] = std::move(names);
+    row["straggler_score_per_rank"] = std::move(scores);
+    row["phase_ms_per_rank"] = std::move(ms);
+    row["straggler_steps"] = mine.steps;
+    straggler_row_ = std::move(row);
+  }
+
+  // Each rank's trace of --trace-steps, once the window is over (or the run ended in it). A file
+  // that cannot be written is a warning: training goes on.
+  void WriteTrace() {
+    tracing_ = false;
+    std::vector<FlightSpan> spans;
+    const size_t dropped = CopyFlightTrace(&spans);
+    StopFlightTrace();
+    std::vector<std::string> units;
+    for (const auto& u : layout_->units()) units.push_back(u.name);
+    const std::string path = TraceFileName(o_.trace_dir, job_.world_rank);
+    const Status st = WriteTraceFile(path, RankTraceJson(job_, o_.trace_first, o_.trace_last, spans, dropped, units));
+    if (!st.ok()) std::fprintf(stderr, "shardgpt: warning: --trace: %s\n", st.message().c_str());
+    else if (lead_ && !o_.quiet)
+      std::printf("trace of steps %lld-%lld written to %s/trace_rank_*.json, one per rank (merge: shardgpt diagnose "
+                  "--merge-trace %s)\n",
+                  static_cast<long long>(o_.trace_first), static_cast<long long>(o_.trace_last), o_.trace_dir.c_str(),
+                  o_.trace_dir.c_str());
+    std::fflush(stdout);
   }
 
   // SHARDGPT_TEST_FAULT=size (flight_recorder.h): every rank issues one extra broadcast of 64
@@ -764,6 +859,7 @@ class Trainer {
     if (on_device) device_.Zero(dev, sizeof(double));
     double loss_sum = 0;
     for (int m = 0; m < A; m++) {
+      SetFlightMicro(m);
       SetFlightPhase(FlightPhase::kData);
       train_->NextBatch(x_.data(), y_.data());
       engine_->BeginMicroBatch(m, A);
@@ -904,8 +1000,12 @@ class Trainer {
                   r.lr, r.norm, r.seconds * 1e3, tps, eval_now ? (" | val " + std::to_string(last_val_)).c_str() : "");
       std::fflush(stdout);
     }
+    nlohmann::json stragglers = std::move(straggler_row_);
+    straggler_row_ = nullptr;
     if (!log_.is_open()) return Status::OK();
     nlohmann::json j = StepJson(report, *engine_, *layout_, o_.grad_accum);
+    if (stragglers.is_object())  // a --straggler-every step: the scores, the per-rank phase times
+      for (auto& [key, value] : stragglers.items()) j[key] = std::move(value);
     j["step"] = step + 1;
     j["loss"] = r.loss;
     j["lr"] = r.lr;
@@ -1024,6 +1124,11 @@ class Trainer {
   int64_t last_finite_step_ = 0;
   bool stopped_ = false;  // a stop signal or --stop-at-step ended the loop (checkpoint written)
   const bool hold_in_validation_ = TestHoldInValidation();
+  FlightJob job_;  // the run's identity: run id, hosts by rank (the straggler lines, the traces)
+  StragglerWindow straggler_;
+  nlohmann::json straggler_row_;  // rank 0: a report's figures, for the step's JSONL row
+  bool tracing_ = false;  // --trace: the window's spans are being kept
+  static constexpr size_t kTraceSpans = 1 << 18;  // the phase trace's buffer, in spans
 };
 
 }  // namespace

@@ -59,6 +59,14 @@ struct TrainOptions {
   // go (default: DIR/flight under --ckpt-dir; neither: no dumps)
   size_t flight_entries = 2000;
   std::string flight_dir;
+  // stragglers (docs/DIAGNOSE.md): every N steps (0: off) the ranks' phase times are compared;
+  // a rank scoring below the threshold is named
+  int straggler_every = 50;
+  double straggler_threshold = 0.7;
+  // the timeline: each rank's phases and collectives of steps trace_first..trace_last as a Chrome
+  // trace in trace_dir (empty: none)
+  std::string trace_dir;
+  int64_t trace_first = 2, trace_last = 4;
   // checkpoints: --ckpt-dir, --ckpt-every, --keep-last, --async-ckpt, --resume (its quiet is --quiet)
   CheckpointOptions checkpoint;
   int stop_at_step = 0;    // > 0: checkpoint and stop after this step, as if preempted

@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <thread>
 
@@ -101,6 +102,17 @@ void TrainFlags::Register(CLI::App& app) {
                       "`shardgpt diagnose` (0: off)")
       ->check(CLI::Range(0, 1000000))->capture_default_str();
   command->add_option("--flight-dir", options.flight_dir, "where flight recorder dumps go (default: --ckpt-dir/flight)");
+  command->add_option("--straggler-every", options.straggler_every,
+                      "every N steps compare the ranks' phase times and name a rank slower than the others "
+                      "(--straggler-threshold) in a log line and the --log rows (0: off)")
+      ->check(Finite(0, true))->capture_default_str();
+  command->add_option("--straggler-threshold", options.straggler_threshold,
+                      "a rank whose score (the median rank's busy time / its own, at most 1) is below this is a straggler")
+      ->check(Finite(0, false, 1))->capture_default_str();
+  command->add_option("--trace", options.trace_dir,
+                      "write each rank's phases and collectives of --trace-steps as a Chrome trace, "
+                      "DIR/trace_rank_XXXXX.json (merge: shardgpt diagnose --merge-trace DIR)");
+  command->add_option("--trace-steps", trace_steps, "the steps A:B (from 1, inclusive) that --trace records (default 2:4)");
   const int cores = AllowedCores(), max_threads = kMaxThreadsPerCore * cores;
   command->add_option("--threads", options.threads, "compute threads per rank (default: cores / ranks on the node)")
       ->check(CLI::Validator(
@@ -165,6 +177,14 @@ StatusOr<TrainOptions> TrainFlags::Resolve(const Launcher& launcher) const {
     return Status::InvalidArgument("--stop-at-step " + std::to_string(t.stop_at_step) + " is beyond --steps " +
                                    std::to_string(t.steps) + ": expected a step in [1, " + std::to_string(t.steps) + "]");
   SHARDGPT_RETURN_IF_ERROR(CheckpointManager::ValidateOptions(t.checkpoint));
+  if (!trace_steps.empty()) {
+    if (t.trace_dir.empty()) return Status::InvalidArgument("--trace-steps " + trace_steps + " needs --trace DIR");
+    long long a = 0, b = 0;
+    char rest = 0;
+    if (std::sscanf(trace_steps.c_str(), "%lld:%lld%c", &a, &b, &rest) != 2 || a < 1 || b < a)
+      return Status::InvalidArgument("--trace-steps " + trace_steps + ": expected A:B, steps from 1 with A <= B (e.g. 2:4)");
+    t.trace_first = a, t.trace_last = b;
+  }
   t.shuffle = !no_shuffle;
   t.schedule.kind = LrSchedule::ParseKind(schedule).value();
   if (t.threads <= 0) t.threads = launcher.default_threads();

@@ -20,6 +20,7 @@ struct TrainFlags {
   std::string schedule = "cosine", gelu = "separate";
   std::string micro_batch = std::to_string(TrainOptions().micro_batch);  // a number, or auto
   bool no_shuffle = false;
+  std::string trace_steps;  // --trace-steps A:B (Resolve sets options.trace_first / trace_last)
   CLI::App* command = nullptr;  // set by Register; *command is true when `train` was given
 
   // Adds `train` and its flags to app.

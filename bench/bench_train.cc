@@ -57,6 +57,7 @@
 #include "parallel/engine.h"
 #include "parallel/comm_factory.h"
 #include "parallel/mpi_communicator.h"
+#include "parallel/straggler.h"
 
 using namespace shardgpt;
 
@@ -258,7 +259,8 @@ int CompareRecompute(Communicator& comm, const ParamLayout& layout, const Engine
   return 0;
 }
 // --flight-compare 1: the flight recorder's cost. Two engines over two communicators of the
-// same ranks, one with a ring (parallel/flight_recorder.h) and phase tracking, one without;
+// same ranks, one with a ring (parallel/flight_recorder.h), phase tracking and the trainer's
+// straggler accounting (parallel/straggler.h: the window per step, a report every 50), one without;
 // steps alternate between them so the machine's load weighs on both alike.
 int CompareFlight(Communicator& on, Communicator& off, const ParamLayout& layout, const EngineOptions& eo,
                   Device& device, int B, int T, int accum, int steps, const std::string& what) {
@@ -272,6 +274,9 @@ int CompareFlight(Communicator& on, Communicator& off, const ParamLayout& layout
   std::vector<int32_t> x(static_cast<size_t>(B) * T), y(x.size());
   std::vector<double> times[2];
   std::vector<double> cpu[2];
+  StragglerWindow straggler;
+  int timed_on = 0;
+  size_t stragglers_named = 0;
   for (int s = 0; s < steps; s++)
     for (int i = 0; i < 2; i++) {
       const int k = (s + i) % 2;  // on first, then off first: no side always runs second
@@ -282,6 +287,7 @@ int CompareFlight(Communicator& on, Communicator& off, const ParamLayout& layout
       comm.Barrier();
       const auto t0 = std::chrono::steady_clock::now();
       const double c0 = ProcessCpuSeconds();
+      if (k == 0) straggler.BeginStep();
       engines[k]->BeginStep();
       for (int m = 0; m < accum; m++) {
         engines[k]->BeginMicroBatch(m, accum);
@@ -290,6 +296,23 @@ int CompareFlight(Communicator& on, Communicator& off, const ParamLayout& layout
       }
       engines[k]->Step(1e-4f, 1.0f);
       device.Synchronize();
+      if (k == 0) {  // the trainer's straggler accounting (--straggler-every 50), inside the step's time
+        const StepReport& rep = engines[k]->last_report();
+        straggler.EndStep(rep.forward_wait_s, rep.backward_wait_s, rep.after_backward_wait_s);
+        if (++timed_on % 50 == 0) {
+          const StragglerTimes mine = straggler.Take();
+          std::vector<uint64_t> v;
+          for (double x : mine.s) v.push_back(static_cast<uint64_t>(x * 1e9));
+          v.push_back(static_cast<uint64_t>(mine.steps));
+          const std::vector<uint64_t> all = AllGatherU64(comm, v);
+          std::vector<StragglerTimes> ranks(all.size() / v.size());
+          for (size_t r = 0; r < ranks.size(); r++) {
+            for (int f = 0; f < kStragglerFigures; f++) ranks[r].s[f] = all[r * v.size() + f] * 1e-9;
+            ranks[r].steps = static_cast<int64_t>(all[r * v.size() + kStragglerFigures]);
+          }
+          stragglers_named += ScoreStragglers(ranks, 0.7).stragglers.size();
+        }
+      }
       const double dt = comm.AllReduceScalar(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), ReduceOp::kAvg);
       const double dc = comm.AllReduceScalar(ProcessCpuSeconds() - c0, ReduceOp::kAvg);
@@ -299,8 +322,9 @@ int CompareFlight(Communicator& on, Communicator& off, const ParamLayout& layout
   if (on.rank() == 0) {
     const double t_on = Median(times[0]), t_off = Median(times[1]);
     const FlightRing* ring = on.flight_ring();
-    std::printf("%s | flight recorder on and off, alternating step by step, %d measured step(s) each\n",
-                what.c_str(), steps - 1);
+    std::printf("%s | flight recorder on and off, alternating step by step, %d measured step(s) each (on: the "
+                "rings, the phase clock and the straggler window, a report every 50 steps: %zu named)\n",
+                what.c_str(), steps - 1, stragglers_named);
     const double c_on = Median(cpu[0]), c_off = Median(cpu[1]);
     std::printf("flight recorder on : median step %.3f ms, CPU %.3f s/step (%llu collectives on its ring)\n",
                 t_on * 1e3, c_on, static_cast<unsigned long long>(ring ? ring->last_seq() : 0));

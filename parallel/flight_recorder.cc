@@ -4,6 +4,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +25,18 @@ std::atomic<uint8_t> g_phase{static_cast<uint8_t>(FlightPhase::kSetup)};
 std::atomic<int> g_phase_unit{-1};
 std::atomic<int64_t> g_phase_since{0};
 std::atomic<bool> g_phases_on{true};
+std::atomic<bool> g_timing_on{false};
+std::atomic<bool> g_phases_active{true};  // g_phases_on || g_timing_on: SetFlightPhase's one test
+std::atomic<int64_t> g_phase_total[kFlightPhases];
+// The training thread's own: the step and micro-batch the open phase began in.
+int64_t g_phase_begin_step = -1;
+int g_phase_begin_micro = -1;
+
+// The phase trace (StartFlightTrace): a preallocated buffer, the training thread's only.
+std::unique_ptr<FlightSpan[]> g_trace;
+size_t g_trace_capacity = 0, g_trace_size = 0, g_trace_dropped = 0;
+int64_t g_trace_first = 0, g_trace_last = -1;
+bool g_trace_on = false;
 
 // The armed fault (SHARDGPT_TEST_FAULT), read once by ArmFlightFault.
 FlightFault g_fault = FlightFault::kNone;
@@ -31,6 +44,33 @@ int g_fault_rank = -1;
 int64_t g_fault_step = -1;
 int g_fault_unit = -1;
 bool g_fault_here = false;  // this process is the faulty rank
+// The slow rank (SHARDGPT_TEST_SLOW), read once by ArmFlightFault.
+bool g_slow_here = false;
+FlightPhase g_slow_phase = FlightPhase::kForward;
+int g_slow_ms = 0;
+int64_t g_slow_last_step = -2;
+
+void SlowOnPhase(FlightPhase phase) {
+  const int64_t step = g_step.load(std::memory_order_relaxed);
+  if (phase != g_slow_phase || step == g_slow_last_step) return;
+  g_slow_last_step = step;
+  timespec ts{g_slow_ms / 1000, static_cast<long>(g_slow_ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+bool InTraceWindow(int64_t step) { return step >= g_trace_first && step <= g_trace_last; }
+
+void KeepSpan(FlightPhase phase, int unit, int64_t begin_ns, int64_t end_ns) {
+  if (!InTraceWindow(g_phase_begin_step) || begin_ns == 0) return;
+  if (g_trace_size == g_trace_capacity) {
+    g_trace_dropped++;
+    return;
+  }
+  FlightSpan& s = g_trace[g_trace_size++];
+  s.phase = phase, s.unit = unit, s.micro = g_phase_begin_micro, s.step = g_phase_begin_step;
+  s.begin_ns = begin_ns, s.end_ns = end_ns;
+}
 
 void FireFaultOnPhase(FlightPhase phase, int unit) {
   if (!g_fault_here || g_step.load(std::memory_order_relaxed) != g_fault_step) return;
@@ -169,9 +209,16 @@ bool FlightRing::Read(uint64_t seq, FlightEntry* out) const {
 
 void SetFlightCapacity(size_t entries) {
   g_capacity.store(entries);
-  g_phases_on.store(entries > 0);
+  SetFlightPhases(entries > 0);
 }
-void SetFlightPhases(bool on) { g_phases_on.store(on); }
+void SetFlightPhases(bool on) {
+  g_phases_on.store(on);
+  g_phases_active.store(on || g_timing_on.load());
+}
+void SetFlightPhaseTiming(bool on) {
+  g_timing_on.store(on);
+  g_phases_active.store(on || g_phases_on.load());
+}
 size_t FlightCapacity() { return g_capacity.load(); }
 
 std::unique_ptr<FlightRing> MakeFlightRing(const char* name, int rank, const std::vector<int>& world_ranks) {
@@ -185,11 +232,54 @@ void SetFlightMicro(int micro) { g_micro.store(micro, std::memory_order_relaxed)
 void SetFlightUnit(int unit) { g_unit.store(unit, std::memory_order_relaxed); }
 
 void SetFlightPhase(FlightPhase phase, int unit) {
-  if (!g_phases_on.load(std::memory_order_relaxed)) return;
-  g_phase_since.store(FlightNowNs(), std::memory_order_relaxed);
-  g_phase_unit.store(unit, std::memory_order_relaxed);
+  constexpr auto r = std::memory_order_relaxed;
+  if (!g_phases_active.load(r)) return;
+  const int64_t now = FlightNowNs(), since = g_phase_since.load(r);
+  const auto prev = static_cast<FlightPhase>(g_phase.load(r));
+  std::atomic<int64_t>& total = g_phase_total[static_cast<int>(prev)];
+  if (since > 0) total.store(total.load(r) + (now - since), r);  // one writer: no read-modify-write
+  if (g_trace_on) KeepSpan(prev, g_phase_unit.load(r), since, now);
+  g_phase_begin_step = g_step.load(r);
+  g_phase_begin_micro = g_micro.load(r);
+  g_phase_since.store(now, r);
+  g_phase_unit.store(unit, r);
   g_phase.store(static_cast<uint8_t>(phase), std::memory_order_release);
   if (g_fault_here) FireFaultOnPhase(phase, unit);
+  if (g_slow_here) SlowOnPhase(phase);
+}
+
+void ReadFlightPhaseTotals(int64_t totals[kFlightPhases]) {
+  constexpr auto r = std::memory_order_relaxed;
+  for (int p = 0; p < kFlightPhases; p++) totals[p] = g_phase_total[p].load(r);
+  const int64_t since = g_phase_since.load(r);
+  if (since > 0 && g_phases_active.load(r)) totals[g_phase.load(r)] += FlightNowNs() - since;
+}
+
+void StartFlightTrace(int64_t first, int64_t last, size_t capacity) {
+  g_trace.reset(new FlightSpan[capacity]);
+  g_trace_capacity = capacity, g_trace_size = 0, g_trace_dropped = 0;
+  g_trace_first = first, g_trace_last = last;
+  g_trace_on = true;
+}
+
+size_t CopyFlightTrace(std::vector<FlightSpan>* spans) {
+  spans->assign(g_trace.get(), g_trace.get() + g_trace_size);
+  const int64_t since = g_phase_since.load(std::memory_order_relaxed);
+  if (g_trace_on && InTraceWindow(g_phase_begin_step) && since > 0) {
+    FlightSpan s;
+    s.phase = static_cast<FlightPhase>(g_phase.load(std::memory_order_relaxed));
+    s.unit = g_phase_unit.load(std::memory_order_relaxed);
+    s.micro = g_phase_begin_micro, s.step = g_phase_begin_step;
+    s.begin_ns = since, s.end_ns = FlightNowNs();
+    spans->push_back(s);
+  }
+  return g_trace_dropped;
+}
+
+void StopFlightTrace() {
+  g_trace_on = false;
+  g_trace.reset();
+  g_trace_capacity = g_trace_size = 0;
 }
 
 FlightContext ReadFlightContext() {
@@ -205,6 +295,17 @@ FlightContext ReadFlightContext() {
 FlightRing* FlightRingAt(int i) { return g_rings[i].load(std::memory_order_acquire); }
 
 void ArmFlightFault(int world_rank) {
+  if (const char* slow = std::getenv("SHARDGPT_TEST_SLOW")) {  // RANK:PHASE:MS
+    int rank = -1, ms = 0;
+    char phase[16] = {};
+    if (std::sscanf(slow, "%d:%15[a-z]:%d", &rank, phase, &ms) == 3 && rank == world_rank && ms > 0) {
+      const std::string p(phase);
+      g_slow_phase = p == "data" ? FlightPhase::kData : p == "backward" ? FlightPhase::kBackward
+                   : p == "optimizer" ? FlightPhase::kOptimizer : FlightPhase::kForward;
+      g_slow_ms = ms;
+      g_slow_here = true;
+    }
+  }
   const char* v = std::getenv("SHARDGPT_TEST_FAULT");
   if (v == nullptr || *v == '\0') return;
   const std::string s(v);

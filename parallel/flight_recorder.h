@@ -127,6 +127,33 @@ void SetFlightPhase(FlightPhase phase, int unit = -1);
 // Phase tracking on or off (on by default; SetFlightCapacity(0) turns it off). For the
 // benchmark that alternates steps with and without the recorder.
 void SetFlightPhases(bool on);
+// Phase timing kept on whatever SetFlightPhases says (straggler detection and --trace need the
+// phases with --flight-recorder 0).
+void SetFlightPhaseTiming(bool on);
+
+// ---- phase times (straggler detection, parallel/straggler.h) ----
+constexpr int kFlightPhases = static_cast<int>(FlightPhase::kCount);
+// Each phase's total time (ns) while phases were tracked, the phase now open counted up to now.
+// A phase's time is added when the next begins: one clock read per phase change, no allocation.
+// Call from the training thread (the one that sets phases).
+void ReadFlightPhaseTotals(int64_t totals[kFlightPhases]);
+
+// ---- the phase trace (--trace, app/trace.h) ----
+// One phase as it ran: the step and micro-batch it began in, steady-clock begin and end (ns).
+struct FlightSpan {
+  FlightPhase phase = FlightPhase::kIdle;
+  int unit = -1, micro = -1;
+  int64_t step = -1;
+  int64_t begin_ns = 0, end_ns = 0;
+};
+// From now on, every phase that begins in a step of first..last is kept as a span, in a buffer
+// of `capacity` spans allocated here (later spans are dropped and counted). Training thread.
+void StartFlightTrace(int64_t first, int64_t last, size_t capacity);
+// The spans kept since StartFlightTrace (the open phase included, ending now, when its step is
+// in the window) into *spans; returns how many were dropped. Recording goes on.
+size_t CopyFlightTrace(std::vector<FlightSpan>* spans);
+// Stops recording and frees the buffer.
+void StopFlightTrace();
 
 // A copy of the context, for the dump.
 struct FlightContext {
@@ -156,5 +183,9 @@ bool FlightFaultAt(FlightFault kind, int64_t step);
 // True when a fault of this kind is armed on any rank for this step (every rank issues the
 // extra collective of `size`; only the faulty one changes its count).
 bool FlightFaultArmedAt(FlightFault kind, int64_t step);
+
+// SHARDGPT_TEST_SLOW=RANK:PHASE:MS makes world rank RANK sleep MS milliseconds once per step,
+// when the step's first PHASE (data, forward, backward, optimizer) begins: a straggler whatever
+// the machine's speed. Read by ArmFlightFault.
 
 }  // namespace shardgpt
