@@ -71,12 +71,12 @@ std::string GPTConfig::FirstDifference(const GPTConfig& o) const {
   auto diff = [](const char* name, int a, int b) {
     return std::string(name) + ": " + std::to_string(a) + " vs " + std::to_string(b);
   };
+  if (arch != o.arch) return std::string("arch: ") + ArchName(arch) + " vs " + ArchName(o.arch);
   if (n_layer != o.n_layer) return diff("n_layer", n_layer, o.n_layer);
   if (n_head != o.n_head) return diff("n_head", n_head, o.n_head);
   if (n_embd != o.n_embd) return diff("n_embd", n_embd, o.n_embd);
   if (max_seq_len != o.max_seq_len) return diff("max_seq_len", max_seq_len, o.max_seq_len);
   if (vocab_size != o.vocab_size) return diff("vocab_size", vocab_size, o.vocab_size);
-  if (arch != o.arch) return std::string("arch: ") + ArchName(arch) + " vs " + ArchName(o.arch);
   if (kv_heads() != o.kv_heads()) return diff("n_kv_head", kv_heads(), o.kv_heads());
   if (ffn() != o.ffn()) return diff("ffn_hidden", ffn(), o.ffn());
   if (rope_theta != o.rope_theta) return "rope_theta: " + FloatText(rope_theta) + " vs " + FloatText(o.rope_theta);
