@@ -364,7 +364,7 @@ class Trainer {
   Status Setup() {
     const std::string flight_dir =
         o_.flight_entries == 0 ? "" : !o_.flight_dir.empty() ? o_.flight_dir
-                                    : o_.checkpoint.dir.empty() ? "" : o_.checkpoint.dir + "/flight";
+                                    : CheckpointManager::FlightDir(o_.checkpoint);
     SHARDGPT_RETURN_IF_ERROR(SetUpFlightRecorder(comm_, flight_dir, &job_));
     if (o_.straggler_every > 0 || !o_.trace_dir.empty()) SetFlightPhaseTiming(true);
     if (!o_.trace_dir.empty()) {
@@ -432,7 +432,7 @@ class Trainer {
     files.insert(files.end(), train_files.begin(), train_files.end());
     files.insert(files.end(), val_files.begin(), val_files.end());
     dirs.push_back({"--resume", ckpt_.resume_path()});
-    const std::string ckpt_out = o_.checkpoint.dir.empty() ? "" : o_.checkpoint.dir + "/latest";
+    const std::string ckpt_out = CheckpointManager::LatestPath(o_.checkpoint);
     SHARDGPT_RETURN_IF_ERROR(CheckOutputsAgainstInputs(
         {{"--log", o_.log_file}, {"--save-model", o_.save_model}, {"--ckpt-dir", ckpt_out}}, files, dirs));
     if (o_.log_file.empty()) return Status::OK();

@@ -50,6 +50,10 @@ CheckpointManager::CheckpointManager(CheckpointOptions options, Communicator& co
 
 CheckpointManager::~CheckpointManager() = default;
 
+std::string CheckpointManager::FlightDir(const CheckpointOptions& o) { return o.dir.empty() ? "" : o.dir + "/flight"; }
+
+std::string CheckpointManager::LatestPath(const CheckpointOptions& o) { return o.dir.empty() ? "" : o.dir + "/latest"; }
+
 Status CheckpointManager::ValidateOptions(const CheckpointOptions& o) {
   if (o.async && o.dir.empty()) return Status::InvalidArgument("--async-ckpt needs --ckpt-dir (where to write checkpoints)");
   if (o.every > 0 && o.dir.empty())

@@ -53,6 +53,10 @@ class CheckpointManager {
 
   // The flags that need --ckpt-dir: one line naming the first given without it, or OK. Local.
   static Status ValidateOptions(const CheckpointOptions& o);
+  // Paths inside the run's directory that others write or guard ("" without --ckpt-dir):
+  // where flight-recorder dumps go by default, and the `latest` pointer a save writes.
+  static std::string FlightDir(const CheckpointOptions& o);
+  static std::string LatestPath(const CheckpointOptions& o);
 
   // Which checkpoint the run resumes from, checked against `model` before any engine exists.
   // --resume latest or PATH: that checkpoint (an error when there is none, when it is damaged

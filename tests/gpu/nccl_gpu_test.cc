@@ -1,4 +1,4 @@
-// The NCCL communicator (issue: NCCL bootstrapped from MPI), run under mpirun with 1 and 2
+// The NCCL communicator (bootstrapped from MPI), run under mpirun with 1 and 2
 // ranks: every collective against the MPI communicator (staging through host memory) on the
 // same data in fp32 and bf16; the engine at stages 0-3 over NCCL against the CPU backend; with
 // 2 GPUs, 2 ranks x stages 0-3 x accumulation {1, 4} against 1 rank on the same global batch,

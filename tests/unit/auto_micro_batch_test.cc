@@ -3,6 +3,8 @@
 #include "app/auto_micro_batch.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -114,6 +116,33 @@ TEST(AutoMicroBatch, ReadsCgroupV2AndV1Limits) {
   Write(root + "/sys/fs/cgroup/memory/jobs/j1/memory.limit_in_bytes", "9223372036854771712\n");
   EXPECT_EQ(CpuMemoryBounds(root).size(), 1u);
   std::filesystem::remove_all(root);
+}
+
+// ulimit -v: in a child process with RLIMIT_AS set to its VmSize + 1 GiB, the bound read is
+// the 1 GiB left (less what the process maps meanwhile) and names its source.
+TEST(AutoMicroBatch, ReadsTheAddressSpaceLimit) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's shadow memory is address space a limit would take away";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  GTEST_SKIP() << "AddressSanitizer's shadow memory is address space a limit would take away";
+#endif
+#endif
+  auto child = []() {
+    std::ifstream status("/proc/self/status");
+    std::string key;
+    double vm_kib = -1;
+    while (status >> key)
+      if (key == "VmSize:" && (status >> vm_kib)) break;
+    if (vm_kib < 0) _exit(2);
+    const rlim_t limit = static_cast<rlim_t>(vm_kib * 1024 + 1024 * kMiB);
+    rlimit rl{limit, limit};
+    if (setrlimit(RLIMIT_AS, &rl) != 0) _exit(3);
+    for (const MemoryBound& b : CpuMemoryBounds())
+      if (b.source.find("ulimit -v") != std::string::npos) _exit(b.bytes > 900 * kMiB && b.bytes <= 1024 * kMiB ? 0 : 4);
+    _exit(5);  // no ulimit bound reported
+  };
+  EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

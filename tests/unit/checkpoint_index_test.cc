@@ -29,12 +29,12 @@ using testutil::WriteFile;
 
 const GPTConfig kConfig{2, 2, 8, 4, 130};
 
-CheckpointIndex GoodIndex(int world = 3) {
-  const ParamLayout layout(kConfig);
+CheckpointIndex GoodIndex(int world = 3, const GPTConfig& config = kConfig) {
+  const ParamLayout layout(config);
   CheckpointIndex idx;
   idx.format_version = kCheckpointFormatVersion;
   idx.checkpoint_id = 0xabcdef0123456789ull;
-  idx.config = kConfig;
+  idx.config = config;
   idx.tensors = layout.tensors();
   idx.units = layout.units();
   idx.world_size = world;
@@ -363,6 +363,38 @@ TEST(CheckpointIndex, Format2IsReadAndOtherFormatsAreRefusedByName) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("format version 4, this build reads versions 2 to 3"), std::string::npos)
       << r.status().message();
+}
+
+// A llama model's fields survive the index; a gpt2 index carries no arch field (as before llama).
+TEST(CheckpointIndex, LlamaConfigRoundTrips) {
+  const std::string dir = TestDir();
+  GPTConfig llama{2, 4, 16, 8, 130};
+  llama.arch = Arch::kLlama, llama.n_kv_head = 2, llama.ffn_hidden = 24, llama.rope_theta = 500000.0f;
+  llama.norm_eps = 1e-6f, llama.tie_embeddings = false;
+  for (bool tied : {false, true}) {
+    llama.tie_embeddings = tied;
+    auto back = WriteAndRead(dir, GoodIndex(2, llama));
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(back->config.FirstDifference(llama), "") << tied;
+    EXPECT_TRUE(back->config.llama());
+    EXPECT_EQ(back->tensors.size(), ParamLayout(llama).tensors().size());
+  }
+  EXPECT_NE(ReadFile(dir + "/index.h5").find("\"arch\":\"llama\""), std::string::npos);
+  ASSERT_TRUE(WriteAndRead(dir, GoodIndex()).ok());
+  EXPECT_EQ(ReadFile(dir + "/index.h5").find("\"arch\""), std::string::npos);
+}
+
+// A `latest` that cannot be written names the errno (here /dev/full: no space left).
+TEST(CheckpointIndex, LatestWriteFailureNamesTheErrno) {
+  namespace fs = std::filesystem;
+  const std::string dir = TestDir() + "/full";
+  fs::create_directories(dir);
+  fs::create_symlink("/dev/full", dir + "/.latest.tmp");
+  const Status st = PointLatestAt(dir, "step_00000001");
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find(".latest.tmp: cannot write: No space left on device"), std::string::npos) << st.message();
+  EXPECT_FALSE(fs::exists(dir + "/latest"));
+  fs::remove_all(dir);
 }
 
 TEST(CheckpointIndex, LatestMustNameAStepDirectory) {

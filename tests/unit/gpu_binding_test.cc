@@ -26,7 +26,7 @@ std::vector<RankGpu> PerTaskBinding(int nodes) {
 TEST(SharedGpuError, OneGpuPerRankIsAccepted) {
   EXPECT_EQ(SharedGpuError({}), "");
   EXPECT_EQ(SharedGpuError({{"n1", "0000:19:00.0"}}), "");
-  EXPECT_EQ(SharedGpuError(PerTaskBinding(1)), "");  // 8 ranks, each seeing 1 GPU: was refused
+  EXPECT_EQ(SharedGpuError(PerTaskBinding(1)), "");  // 8 ranks, each seeing 1 GPU: not a shared GPU
   EXPECT_EQ(SharedGpuError(PerTaskBinding(4)), "");  // the same bus ids on other hosts are other GPUs
 }
 

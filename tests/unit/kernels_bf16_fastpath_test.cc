@@ -141,7 +141,7 @@ INSTANTIATE_TEST_SUITE_P(Source, Bf16DwSources,
                          });
 
 // The default source follows the CPU: dout read transposed where oneDNN runs AMX-BF16 (its
-// brgemm is as fast that way), the transposed copy elsewhere (README "bf16 compute").
+// brgemm is as fast that way), the transposed copy elsewhere (docs/PRECISION.md).
 TEST_F(Bf16FastPath, DefaultWeightGradientSourceFollowsTheCpu) {
   const Bf16DwSource saved = CurrentBf16DwSource();  // (the other tests restore what they set)
   const Bf16DwSource want = std::string(CpuBf16DotName()) == "AMX-BF16" ? Bf16DwSource::kTransposedSource

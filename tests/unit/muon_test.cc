@@ -39,7 +39,7 @@ VecD Mul(const VecD& A, const VecD& B, int m, int k, int n, bool tb) {
   return C;
 }
 
-// The Newton-Schulz in double: X = U/(|U|_F + 1e-7), transposed if rows > cols,
+// Muon's Newton-Schulz in double: X = U/(|U|_F + 1e-7), transposed if rows > cols,
 // X <- a X + (b A + c A A) X with A = X X^T, transposed back.
 VecD NewtonSchulzDouble(const std::vector<float>& u, int rows, int cols, int steps) {
   double ss = 0;
