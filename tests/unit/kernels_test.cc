@@ -12,6 +12,8 @@
 
 #include <cblas.h>
 #include <gtest/gtest.h>
+
+#include "test_util.h"
 #include <omp.h>
 
 #include <cmath>
@@ -50,26 +52,8 @@ VecD NumGrad(VecD& x, const std::function<double()>& loss, double h = 1e-6) {
   return g;
 }
 
-// |got - want| <= atol + rtol * |want| element-wise; reports the first few violations.
-template <typename A, typename B>
-void ExpectClose(const A& got, const B& want, double rtol, double atol, const char* what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  int bad = 0;
-  double worst = 0;
-  for (size_t i = 0; i < got.size(); i++) {
-    const double err = std::fabs((double)got[i] - (double)want[i]);
-    worst = std::max(worst, err);
-    if (!(err <= atol + rtol * std::fabs((double)want[i]))) {  // also catches NaN
-      if (++bad <= 5) ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << " want " << want[i];
-    }
-  }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " mismatches, max abs err " << worst;
-}
-
-template <typename T>
-bool BitwiseEqual(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
+using testutil::BitwiseEqual;
+using testutil::ExpectClose;
 
 // ---------------------------------------------------------------------------------------------
 // Double references.

@@ -4,6 +4,8 @@
 // to fp32.
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <cmath>
 #include <set>
 #include <string>
@@ -18,12 +20,7 @@
 namespace shardgpt {
 namespace {
 
-std::vector<int32_t> RandomTokens(size_t n, int V, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng.Next() % V);
-  return t;
-}
+using testutil::RandomTokens;
 
 GPTConfig Llama(int L, int NH, int KV, int C, int F, int V, bool tied, int maxT = 16) {
   GPTConfig c{L, NH, C, maxT, V};

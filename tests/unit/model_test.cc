@@ -2,6 +2,8 @@
 // initialisation, overfitting one batch, gradient accumulation equivalence, layout.
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <stdexcept>
 #include <string>
 
@@ -21,12 +23,7 @@
 namespace shardgpt {
 namespace {
 
-std::vector<int32_t> RandomTokens(size_t n, int V, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng.Next() % V);
-  return t;
-}
+using testutil::RandomTokens;
 
 TEST(Layout, TensorsTileUnitsExactly) {
   GPTConfig c{3, 2, 16, 8, 100};
