@@ -55,16 +55,6 @@ t = json.loads(json.dumps(tok)); t["added_tokens"][0]["id"] = None; json.dump(t,
 PY
 
 n=0
-expect_error() {  # expect_error WHAT GREP -- command...: one stderr line containing GREP, rc != 0
-  local what=$1 pat=$2; shift 3
-  local err rc=0
-  err=$("$@" 2>&1 >/dev/null) || rc=$?
-  [ $rc -ne 0 ] || fail "$what: exit 0, expected an error"
-  [ "$(printf '%s\n' "$err" | wc -l)" = 1 ] || fail "$what: expected one error line, got: $err"
-  grep -qF -- "$pat" <<<"$err" || fail "$what: error does not say '$pat': $err"
-  echo "ok   $what: $err"
-  n=$((n + 1))
-}
 nothing_written() { [ ! -e "$1" ] || fail "$1 was written by a failing command"; }
 
 for c in tie_yes act_null act_int inv_null eps_str nlayer_float no_scale upcast cross pruned untied; do

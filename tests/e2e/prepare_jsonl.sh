@@ -44,16 +44,6 @@ cmp "$T/t0/train.bin" "$T/g0/train.bin" || fail "doc0.txt.gz: shards differ from
 echo "jsonl, jsonl.gz, json.gz (--text-field) and txt.gz give the text files' shards"
 
 n=0
-expect_error() {  # expect_error WHAT GREP -- command...: one stderr line containing GREP, rc != 0
-  local what=$1 pat=$2; shift 3
-  local err rc=0
-  err=$("$@" 2>&1 >/dev/null) || rc=$?
-  [ $rc -ne 0 ] || fail "$what: exit 0, expected an error"
-  [ "$(printf '%s\n' "$err" | wc -l)" = 1 ] || fail "$what: expected one error line, got: $err"
-  grep -qF -- "$pat" <<<"$err" || fail "$what: error does not say '$pat': $err"
-  echo "$what: $err"
-  n=$((n + 1))
-}
 nothing_written() { [ ! -e "$1" ] || { ls -la "$1"; fail "$1 was written by a failing prepare"; }; }
 expect_error "bad json" "$T/bad_json.jsonl:3: not valid JSON" -- \
   "$BIN" prepare --input "$T/doc0.txt" "$T/bad_json.jsonl" --output "$T/e1"

@@ -13,23 +13,12 @@
 #include "io/bpe_tokenizer.h"
 #include "io/hf_gpt2.h"
 #include "io/safetensors.h"
+#include "io_test_util.h"
 
 namespace shardgpt {
 namespace {
 
-// GPT-2's byte -> code point map, as UTF-8.
-std::string ByteSymbol(int b) {
-  int extra = 0;
-  uint32_t cp = 0;
-  for (int x = 0; x <= b; x++) {
-    const bool keep = (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255);
-    cp = keep ? x : 256 + extra++;
-  }
-  std::string s;
-  if (cp < 0x80) s.push_back(static_cast<char>(cp));
-  else s.push_back(static_cast<char>(0xC0 | (cp >> 6))), s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  return s;
-}
+using testutil::ByteSymbol;
 
 // byte b has id b; merges (h e) (l l) (he ll) (Ġ w) (o r) get ids 256..260; <|endoftext|> 261.
 nlohmann::json TinyTokenizer() {

@@ -39,5 +39,19 @@ inline std::string ReadFile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
+// GPT-2's byte -> code point map (its byte-level BPE symbols), as UTF-8.
+inline std::string ByteSymbol(int b) {
+  int extra = 0;
+  uint32_t cp = 0;
+  for (int x = 0; x <= b; x++) {
+    const bool keep = (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255);
+    cp = keep ? x : 256 + extra++;
+  }
+  std::string s;
+  if (cp < 0x80) s.push_back(static_cast<char>(cp));
+  else s.push_back(static_cast<char>(0xC0 | (cp >> 6))), s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  return s;
+}
+
 }  // namespace testutil
 }  // namespace shardgpt

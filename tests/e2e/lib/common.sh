@@ -9,3 +9,15 @@ fail() { echo "FAIL: $*"; exit 1; }
 e2e_text() { for _ in $(seq 1 "$1"); do echo "$2"; done > "$T/text.txt"; }
 # e2e_prepare LINES SENTENCE: that text, tokenized by `shardgpt prepare` into $T/data.
 e2e_prepare() { e2e_text "$1" "$2"; "$BIN" prepare --input "$T/text.txt" --output "$T/data" >/dev/null || fail prepare; }
+# expect_error WHAT GREP -- command...: the command exits non-zero with one stderr line that
+# contains GREP (else fail); prints it and counts the case in n.
+expect_error() {
+  local what=$1 pat=$2; shift 3
+  local err rc=0
+  err=$("$@" 2>&1 >/dev/null) || rc=$?
+  [ $rc -ne 0 ] || fail "$what: exit 0, expected an error"
+  [ "$(printf '%s\n' "$err" | wc -l)" = 1 ] || fail "$what: expected one error line, got: $err"
+  grep -qF -- "$pat" <<<"$err" || fail "$what: error does not say '$pat': $err"
+  echo "ok   $what: $err"
+  n=$((n + 1))
+}
