@@ -37,31 +37,58 @@ using cuda::store_f32;
 // ----------------------------------------------------------------------------------------------
 // RMSNorm. CPU twins: rmsnorm_forward / rmsnorm_backward.
 //   rstd = 1 / sqrt(mean(x^2) + eps),  y = x rstd w
-// One warp per row: lane l takes columns l, l+32, ...; the sum of squares is a warp butterfly
-// in fp32 (the twin: double).
+// One warp per row; the sums are warp butterflies in fp32 (the twin's sum of squares: double).
+//
+// A lane's part of a row: the groups of kVec = 8 columns starting at 8 lane, 8 lane + 256, ...,
+// each column in order. With vec (C % 8 == 0 and every row 16-byte aligned, checked on the
+// host) a group moves as one load8 / store8 (128-bit accesses), else column by column (the
+// row's last group may be short). Each lane adds the same values in the same order either way,
+// so the results do not depend on the alignment.
+
+// v[0..m) = p[i0..i0+m), m = min(8, C - i0) (8 with vec); returns m.
+template <typename A>
+__device__ __forceinline__ int load_group(float v[cuda::kVec], const A* p, int i0, int C, bool vec) {
+  if (vec) {
+    cuda::load8(v, p + i0);
+    return cuda::kVec;
+  }
+  const int m = min(cuda::kVec, C - i0);
+  for (int j = 0; j < m; j++) v[j] = load_f32(p, i0 + j);
+  return m;
+}
+template <typename A>
+__device__ __forceinline__ void store_group(A* p, const float v[cuda::kVec], int i0, int m, bool vec) {
+  if (vec) cuda::store8(p + i0, v);
+  else
+    for (int j = 0; j < m; j++) store_f32(p, i0 + j, v[j]);
+}
 
 template <typename A>
-__global__ void rmsnorm_forward_kernel(A* out, float* rstd, const A* inp, const float* w, int N, int C, float eps) {
+__global__ void rmsnorm_forward_kernel(A* out, float* rstd, const A* inp, const float* w, int N, int C, float eps,
+                                       bool vec) {
   const int lane = threadIdx.x % 32;
   const int n = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
   if (n >= N) return;
   const A* x = inp + (size_t)n * C;
   A* y = out + (size_t)n * C;
-  float ss = 0.0f;
-  for (int i = lane; i < C; i += 32) {
-    const float v = load_f32(x, i);
-    ss += v * v;
+  float v[cuda::kVec], ss = 0.0f;
+  for (int i0 = lane * cuda::kVec; i0 < C; i0 += 32 * cuda::kVec) {
+    const int m = load_group(v, x, i0, C, vec);
+    for (int j = 0; j < m; j++) ss += v[j] * v[j];
   }
   const float r = 1.0f / sqrtf(cuda::warp_sum(ss) / C + eps);
-  for (int i = lane; i < C; i += 32) store_f32(y, i, load_f32(x, i) * r * w[i]);
+  for (int i0 = lane * cuda::kVec; i0 < C; i0 += 32 * cuda::kVec) {
+    const int m = load_group(v, x, i0, C, vec);
+    for (int j = 0; j < m; j++) v[j] = v[j] * r * w[i0 + j];
+    store_group(y, v, i0, m, vec);
+  }
   if (lane == 0) rstd[n] = r;
 }
 
 // g = dout w:  dinp += rstd (g - x rstd^2 mean(g x))  (the row part; dw is the next kernel).
-// One warp per row.
 template <typename A>
 __global__ void rmsnorm_backward_dinp_kernel(A* dinp, const A* dout, const A* inp, const float* w,
-                                             const float* rstd, int N, int C) {
+                                             const float* rstd, int N, int C, bool vec) {
   const int lane = threadIdx.x % 32;
   const int n = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
   if (n >= N) return;
@@ -69,11 +96,20 @@ __global__ void rmsnorm_backward_dinp_kernel(A* dinp, const A* dout, const A* in
   const A* d = dout + (size_t)n * C;
   A* dx = dinp + (size_t)n * C;
   const float r = rstd[n];
-  float gx = 0.0f;
-  for (int i = lane; i < C; i += 32) gx += w[i] * load_f32(d, i) * load_f32(x, i);
+  float xv[cuda::kVec], dv[cuda::kVec], gv[cuda::kVec], gx = 0.0f;
+  for (int i0 = lane * cuda::kVec; i0 < C; i0 += 32 * cuda::kVec) {
+    const int m = load_group(xv, x, i0, C, vec);
+    load_group(dv, d, i0, C, vec);
+    for (int j = 0; j < m; j++) gx += w[i0 + j] * dv[j] * xv[j];
+  }
   const float k = r * r * (cuda::warp_sum(gx) / C);
-  for (int i = lane; i < C; i += 32)
-    store_f32(dx, i, load_f32(dx, i) + r * (w[i] * load_f32(d, i) - load_f32(x, i) * k));
+  for (int i0 = lane * cuda::kVec; i0 < C; i0 += 32 * cuda::kVec) {
+    const int m = load_group(xv, x, i0, C, vec);
+    load_group(dv, d, i0, C, vec);
+    load_group(gv, dx, i0, C, vec);
+    for (int j = 0; j < m; j++) gv[j] = gv[j] + r * (w[i0 + j] * dv[j] - xv[j] * k);
+    store_group(dx, gv, i0, m, vec);
+  }
 }
 
 // partial[chunk][c] = sum over the chunk's rows (kRowsPerChunk, blockIdx.y) of dout x rstd, for
@@ -128,25 +164,58 @@ __global__ void rope_kernel(A* qkv, int T, int heads, int W, int hs, float theta
 // SwiGLU on gate_up[N, 2F] (gate: columns [0, F), up: [F, 2F)). CPU twins: swiglu_forward /
 // swiglu_backward.
 //   out[n,j] = silu(g) u = g / (1 + exp(-g)) u   (writes out[N, F])
+// With vec (F % 8 == 0 and every pointer 16-byte aligned, checked on the host) 8 columns move
+// as one 128-bit group (cuda::elementwise); each element gets the same expression either way.
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 template <typename A>
-__global__ void swiglu_forward_kernel(A* out, const A* gate_up, int F, size_t total) {
-  SHARDGPT_GRID_STRIDE(e, total) {
-    const size_t n = e / F, j = e - n * F;
-    const float g = load_f32(gate_up, n * 2 * F + j), u = load_f32(gate_up, n * 2 * F + F + j);
-    store_f32(out, e, g / (1.0f + expf(-g)) * u);
-  }
+__global__ void swiglu_forward_kernel(A* out, const A* gate_up, int F, size_t total, bool vec) {
+  cuda::elementwise(
+      total, vec,
+      [&](size_t e) {
+        const size_t n = e / F, gi = e + n * F;  // gate_up column e - nF of row n
+        float g[cuda::kVec], u[cuda::kVec];
+        cuda::load8(g, gate_up + gi);
+        cuda::load8(u, gate_up + gi + F);
+        for (int j = 0; j < cuda::kVec; j++) g[j] = silu_mul(g[j], u[j]);
+        cuda::store8(out + e, g);
+      },
+      [&](size_t e) {
+        const size_t gi = e + e / F * F;
+        store_f32(out, e, silu_mul(load_f32(gate_up, gi), load_f32(gate_up, gi + F)));
+      });
 }
 
 // s = sigmoid(g):  dgate += dout u s (1 + g (1 - s));  dup += dout g s
+__device__ __forceinline__ void swiglu_grad(float& dg, float& du, float g, float u, float d) {
+  const float s = 1.0f / (1.0f + expf(-g));
+  dg = dg + d * u * s * (1.0f + g * (1.0f - s));
+  du = du + d * g * s;
+}
+
 template <typename A>
-__global__ void swiglu_backward_kernel(A* dgate_up, const A* gate_up, const A* dout, int F, size_t total) {
-  SHARDGPT_GRID_STRIDE(e, total) {
-    const size_t n = e / F, j = e - n * F, gi = n * 2 * F + j, ui = gi + F;
-    const float g = load_f32(gate_up, gi), u = load_f32(gate_up, ui), d = load_f32(dout, e);
-    const float s = 1.0f / (1.0f + expf(-g));
-    store_f32(dgate_up, gi, load_f32(dgate_up, gi) + d * u * s * (1.0f + g * (1.0f - s)));
-    store_f32(dgate_up, ui, load_f32(dgate_up, ui) + d * g * s);
-  }
+__global__ void swiglu_backward_kernel(A* dgate_up, const A* gate_up, const A* dout, int F, size_t total, bool vec) {
+  cuda::elementwise(
+      total, vec,
+      [&](size_t e) {
+        const size_t gi = e + e / F * F;
+        float g[cuda::kVec], u[cuda::kVec], d[cuda::kVec], dg[cuda::kVec], du[cuda::kVec];
+        cuda::load8(g, gate_up + gi);
+        cuda::load8(u, gate_up + gi + F);
+        cuda::load8(d, dout + e);
+        cuda::load8(dg, dgate_up + gi);
+        cuda::load8(du, dgate_up + gi + F);
+        for (int j = 0; j < cuda::kVec; j++) swiglu_grad(dg[j], du[j], g[j], u[j], d[j]);
+        cuda::store8(dgate_up + gi, dg);
+        cuda::store8(dgate_up + gi + F, du);
+      },
+      [&](size_t e) {
+        const size_t gi = e + e / F * F;
+        float dg = load_f32(dgate_up, gi), du = load_f32(dgate_up, gi + F);
+        swiglu_grad(dg, du, load_f32(gate_up, gi), load_f32(gate_up, gi + F), load_f32(dout, e));
+        store_f32(dgate_up, gi, dg);
+        store_f32(dgate_up, gi + F, du);
+      });
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -196,10 +265,11 @@ void CudaKernels::rmsnorm_forward(void* out, float* rstd, const void* inp, const
                                   float eps) const {
   if (N == 0) return;
   Bind();
+  const bool vec = C % cuda::kVec == 0 && cuda::Aligned16(out) && cuda::Aligned16(inp);
   WithAct([&](auto t) {
     using A = decltype(t);
     SHARDGPT_LAUNCH(rmsnorm_forward_kernel<A>, (N + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, stream_)(
-        static_cast<A*>(out), rstd, static_cast<const A*>(inp), w, N, C, eps);
+        static_cast<A*>(out), rstd, static_cast<const A*>(inp), w, N, C, eps, vec);
   });
   SHARDGPT_CUDA_CHECK_LAUNCH("rmsnorm_forward_kernel");
 }
@@ -212,11 +282,12 @@ void CudaKernels::rmsnorm_backward(void* dinp, float* dw, const void* dout, cons
   Bind();
   const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
   float* partial = static_cast<float*>(Scratch(sizeof(float) * chunks * C));
+  const bool vec = C % cuda::kVec == 0 && cuda::Aligned16(dinp) && cuda::Aligned16(dout) && cuda::Aligned16(inp);
   WithAct([&](auto t) {
     using A = decltype(t);
     const A *d = static_cast<const A*>(dout), *x = static_cast<const A*>(inp);
     SHARDGPT_LAUNCH(rmsnorm_backward_dinp_kernel<A>, (N + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, stream_)(
-        static_cast<A*>(dinp), d, x, w, rstd, N, C);
+        static_cast<A*>(dinp), d, x, w, rstd, N, C, vec);
     SHARDGPT_CUDA_CHECK_LAUNCH("rmsnorm_backward_dinp_kernel");
     SHARDGPT_LAUNCH(rmsnorm_backward_partial_kernel<A>, dim3((C + 31) / 32, chunks), dim3(32, 8), 0, stream_)(
         partial, d, x, rstd, N, C);
@@ -254,10 +325,11 @@ void CudaKernels::swiglu_forward(void* out, const void* gate_up, int N, int F) c
   const size_t total = (size_t)N * F;
   if (total == 0) return;
   Bind();
+  const bool vec = F % cuda::kVec == 0 && cuda::Aligned16(out) && cuda::Aligned16(gate_up);
   WithAct([&](auto t) {
     using A = decltype(t);
-    SHARDGPT_LAUNCH(swiglu_forward_kernel<A>, GridFor(total, kThreads), kThreads, 0, stream_)(
-        static_cast<A*>(out), static_cast<const A*>(gate_up), F, total);
+    SHARDGPT_LAUNCH(swiglu_forward_kernel<A>, cuda::VecGrid(total, vec, kThreads), kThreads, 0, stream_)(
+        static_cast<A*>(out), static_cast<const A*>(gate_up), F, total, vec);
   });
   SHARDGPT_CUDA_CHECK_LAUNCH("swiglu_forward_kernel");
 }
@@ -266,10 +338,12 @@ void CudaKernels::swiglu_backward(void* dgate_up, const void* gate_up, const voi
   const size_t total = (size_t)N * F;
   if (total == 0) return;
   Bind();
+  const bool vec = F % cuda::kVec == 0 && cuda::Aligned16(dgate_up) && cuda::Aligned16(gate_up) &&
+                   cuda::Aligned16(dout);
   WithAct([&](auto t) {
     using A = decltype(t);
-    SHARDGPT_LAUNCH(swiglu_backward_kernel<A>, GridFor(total, kThreads), kThreads, 0, stream_)(
-        static_cast<A*>(dgate_up), static_cast<const A*>(gate_up), static_cast<const A*>(dout), F, total);
+    SHARDGPT_LAUNCH(swiglu_backward_kernel<A>, cuda::VecGrid(total, vec, kThreads), kThreads, 0, stream_)(
+        static_cast<A*>(dgate_up), static_cast<const A*>(gate_up), static_cast<const A*>(dout), F, total, vec);
   });
   SHARDGPT_CUDA_CHECK_LAUNCH("swiglu_backward_kernel");
 }

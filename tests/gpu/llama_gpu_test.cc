@@ -13,6 +13,8 @@
 //   rstd 1e-5 relative; the fp32 weight gradient dw 1e-5 (different summation orders);
 //   kv_repeat forward and backward bitwise: copies of stored bits, and the same fp32 additions in
 //     the same order, rounded once.
+// RMSNorm and SwiGLU at 16-byte aligned tensors with C (F) a multiple of 8 (128-bit groups)
+// and one element off alignment (single values): bitwise equal on the device.
 // Backward kernels that accumulate run twice on non-zero gradients and are compared after each
 // call (the maths, then the +=); rope_backward rotates in place and is compared once, and
 // rope_backward(rope_forward(x)) is x within the same tolerance.
@@ -143,9 +145,10 @@ class GpuLlama : public ::testing::TestWithParam<DType> {
 };
 
 TEST_P(GpuLlama, RmsnormForwardAndBackward) {
-  // (7, 40): fewer rows than a block's 8 warps, C not a multiple of 32; (300, 72): two chunks
-  // of the weight gradient's partial sums
-  for (auto [N, C] : {std::pair<int, int>{7, 40}, {300, 72}}) {
+  // (7, 40): fewer rows than a block's 8 warps, C not a multiple of 32 (128-bit groups);
+  // (5, 36): C not a multiple of 8 (column by column); (300, 72): two chunks of the weight
+  // gradient's partial sums
+  for (auto [N, C] : {std::pair<int, int>{7, 40}, {5, 36}, {300, 72}}) {
     const std::string at = " N " + std::to_string(N) + " C " + std::to_string(C);
     const size_t n = (size_t)N * C;
     auto x = A(n, 1, -2, 2), out = A(n, 2), dout = A(n, 3), dinp = A(n, 4);
@@ -197,15 +200,61 @@ TEST_P(GpuLlama, RopeForwardAndBackward) {
 }
 
 TEST_P(GpuLlama, SwigluForwardAndBackward) {
-  const int N = 7, F = 24;
-  auto gate_up = A((size_t)N * 2 * F, 9, -4, 4), out = A((size_t)N * F, 10), dout = A((size_t)N * F, 11);
-  auto dgate_up = A((size_t)N * 2 * F, 12);
-  for (bool g : {true, false}) k(g).swiglu_forward(out.p(g), gate_up.p(g), N, F);
-  Near(out, "swiglu out");
-  for (int call = 1; call <= 2; call++) {
-    for (bool g : {true, false}) k(g).swiglu_backward(dgate_up.p(g), gate_up.p(g), dout.p(g), N, F);
-    Near(dgate_up, "swiglu dgate_up call " + std::to_string(call));
+  for (int F : {24, 20}) {  // 128-bit groups, and column by column
+    const int N = 7;
+    SCOPED_TRACE("F " + std::to_string(F));
+    auto gate_up = A((size_t)N * 2 * F, 9, -4, 4), out = A((size_t)N * F, 10), dout = A((size_t)N * F, 11);
+    auto dgate_up = A((size_t)N * 2 * F, 12);
+    for (bool g : {true, false}) k(g).swiglu_forward(out.p(g), gate_up.p(g), N, F);
+    Near(out, "swiglu out");
+    for (int call = 1; call <= 2; call++) {
+      for (bool g : {true, false}) k(g).swiglu_backward(dgate_up.p(g), gate_up.p(g), dout.p(g), N, F);
+      Near(dgate_up, "swiglu dgate_up call " + std::to_string(call));
+    }
   }
+}
+
+// RMSNorm and SwiGLU move 128-bit groups where C (F) is a multiple of 8 and the tensors are
+// 16-byte aligned, else single values: the same tensors one element off alignment (the scalar
+// path) give bitwise the aligned results (the vector path).
+TEST_P(GpuLlama, VectorAndScalarPathsAgreeBitwise) {
+  const int N = 9, C = 40, F = 24;
+  const size_t es = bf16() ? 2 : 4;
+  // the aligned tensor, and the same values at element 1 of a buffer one longer (misaligned)
+  auto pair = [&](size_t n, uint32_t seed) {
+    const std::vector<float> v = RandomFloats(n, seed, -2, 2);
+    std::vector<float> shifted(1, 0.0f);
+    shifted.insert(shifted.end(), v.begin(), v.end());
+    return std::make_pair(Act(*gpu_, *cpu_, GetParam(), v), Act(*gpu_, *cpu_, GetParam(), shifted));
+  };
+  auto off = [&](const Act& a) { return static_cast<void*>(static_cast<char*>(a.p(true)) + es); };
+  auto same = [&](const Act& aligned, const Act& shifted, const std::string& what) {
+    const std::vector<float> a = aligned.Get(true), b = shifted.Get(true);
+    EXPECT_EQ(a, std::vector<float>(b.begin() + 1, b.end())) << what;
+  };
+  const size_t n = (size_t)N * C;
+  auto x = pair(n, 20), out = pair(n, 21), dout = pair(n, 22), dinp = pair(n, 23);
+  auto w = F32(*gpu_, *cpu_, RandomFloats(C, 24)), dw1 = F32(*gpu_, *cpu_, std::vector<float>(C)),
+       dw2 = F32(*gpu_, *cpu_, std::vector<float>(C));
+  auto r1 = F32(*gpu_, *cpu_, std::vector<float>(N)), r2 = F32(*gpu_, *cpu_, std::vector<float>(N));
+  k(true).rmsnorm_forward(out.first.p(true), r1.p(true), x.first.p(true), w.p(true), N, C, 1e-5f);
+  k(true).rmsnorm_forward(off(out.second), r2.p(true), off(x.second), w.p(true), N, C, 1e-5f);
+  same(out.first, out.second, "rmsnorm out");
+  EXPECT_EQ(r1.Get(true), r2.Get(true)) << "rmsnorm rstd";
+  k(true).rmsnorm_backward(dinp.first.p(true), dw1.p(true), dout.first.p(true), x.first.p(true), w.p(true),
+                           r1.p(true), N, C);
+  k(true).rmsnorm_backward(off(dinp.second), dw2.p(true), off(dout.second), off(x.second), w.p(true), r2.p(true),
+                           N, C);
+  same(dinp.first, dinp.second, "rmsnorm dinp");
+  EXPECT_EQ(dw1.Get(true), dw2.Get(true)) << "rmsnorm dw";
+  auto gu = pair((size_t)N * 2 * F, 25), sw = pair((size_t)N * F, 26), dsw = pair((size_t)N * F, 27),
+       dgu = pair((size_t)N * 2 * F, 28);
+  k(true).swiglu_forward(sw.first.p(true), gu.first.p(true), N, F);
+  k(true).swiglu_forward(off(sw.second), off(gu.second), N, F);
+  same(sw.first, sw.second, "swiglu out");
+  k(true).swiglu_backward(dgu.first.p(true), gu.first.p(true), dsw.first.p(true), N, F);
+  k(true).swiglu_backward(off(dgu.second), off(gu.second), off(dsw.second), N, F);
+  same(dgu.first, dgu.second, "swiglu dgate_up");
 }
 
 TEST_P(GpuLlama, KvRepeatForwardAndBackwardBitwise) {
