@@ -394,9 +394,6 @@ class Trainer {
     if (!act.value().line.empty()) compute_line_ += (compute_line_.empty() ? "" : "\n") + act.value().line;
     if (o_.micro_batch_auto) SHARDGPT_RETURN_IF_ERROR(Agree(comm_, ResolveAutoMicroBatch()));
     SHARDGPT_RETURN_IF_ERROR(ValidateLoopOptions(o_, comm_.world_size()));
-    if (o_.model.llama() && !device_.kernels().has_llama_kernels())
-      return Status::Unimplemented("--arch llama with --device cuda: the CUDA backend has no Llama kernels yet "
-                                   "(--arch llama trains on --device cpu)");
     layout_ = std::make_unique<ParamLayout>(o_.model);
     SHARDGPT_RETURN_IF_ERROR(Agree(comm_, AllocateOnDevice()));
     if (init) {  // only this rank's owned ranges are read: no full model on any rank (ZeRO-3)

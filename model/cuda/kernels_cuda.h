@@ -4,6 +4,8 @@
 // Files: kernels_cuda.cu   encoder, layernorm, gelu, residual (+ fused residual+layernorm), crossentropy, engine kernels
 //        matmul_cuda.cu    matmuls through cuBLASLt (the GELU epilogues of --gelu fused), bias gradient
 //        attention_cuda.cu flash-style causal attention, forward and backward
+//        llama_cuda.cu     the Llama block: RMSNorm, rotary embeddings, SwiGLU, kv_repeat
+//                          (CPU twins: model/kernels_cpu_llama.h)
 // Each kernel's maths and shapes are those of its CPU twin (model/kernels_cpu.h, same name);
 // the comment above each kernel names the twin and restates the maths.
 //
@@ -103,6 +105,19 @@ class CudaKernels final : public Kernels {
                               float dloss_scale) const override;
   void crossentropy_softmax_acc(void* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                                 float dloss_scale, double* loss_acc) const override;
+
+  // The Llama block (llama_cuda.cu): maths, shapes and accumulation as the CPU twins.
+  void rmsnorm_forward(void* out, float* rstd, const void* inp, const float* w, int N, int C,
+                       float eps) const override;
+  void rmsnorm_backward(void* dinp, float* dw, const void* dout, const void* inp, const float* w, const float* rstd,
+                        int N, int C) const override;
+  void rope_forward(void* qkv, int B, int T, int NH, int KV, int hs, float theta) const override;
+  void rope_backward(void* dqkv, int B, int T, int NH, int KV, int hs, float theta) const override;
+  void swiglu_forward(void* out, const void* gate_up, int N, int F) const override;
+  void swiglu_backward(void* dgate_up, const void* gate_up, const void* dout, int N, int F) const override;
+  void kv_repeat_forward(void* out, const void* qkv, int N, int NH, int KV, int hs) const override;
+  void kv_repeat_backward(void* dqkv, const void* dout, int N, int NH, int KV, int hs) const override;
+  bool has_llama_kernels() const override { return true; }
 
   void convert(const void* src, DType from, void* dst, DType to, size_t n) const override;
   void accumulate(void* dst, DType dtype, const void* src, DType src_dtype, size_t n) const override;
