@@ -87,7 +87,8 @@ Status PositiveNumber(const std::string& what, const nlohmann::json& j, const ch
     *out = static_cast<float>(fallback);
     return Status::OK();
   }
-  if (!v->is_number() || !(v->get<double>() > 0) || !std::isfinite(static_cast<float>(v->get<double>())))
+  const float f = v->is_number() ? static_cast<float>(v->get<double>()) : 0.0f;  // as fp32 too: positive, finite
+  if (!v->is_number() || !(f > 0) || !std::isfinite(f))
     return Status::InvalidArgument(what + ": " + key + " is " + JsonBrief(*v) + " (expected a positive number)");
   *out = static_cast<float>(v->get<double>());
   return Status::OK();
@@ -107,6 +108,32 @@ Status NullOnly(const std::string& what, const nlohmann::json& j, const char* ke
   if (v && !v->is_null())
     return Status::InvalidArgument(what + ": " + key + " " + JsonBrief(*v) + " is not supported (" + why +
                                    "; expected null)");
+  return Status::OK();
+}
+
+// A stored lm_head.weight beside tie_word_embeddings true must equal embed_tokens element for
+// element (a tied head saved anyway); a different one would be silently dropped, so it is
+// refused naming both. Read in blocks.
+Status CheckTiedHead(SafetensorsReader& hf, const SafetensorsEntry& head, SafetensorsReader& ef,
+                     const SafetensorsEntry& embed) {
+  const std::string what = hf.path() + ": tensor " + Quoted(head.name);
+  if (head.shape != embed.shape)
+    return Status::InvalidArgument(what + " has shape " + ShapeStr(head.shape) + ", " + Quoted(embed.name) + " has " +
+                                   ShapeStr(embed.shape) + " (tie_word_embeddings is true: expected it absent or equal)");
+  if (head.dtype != "F32" && head.dtype != "BF16" && head.dtype != "F16")
+    return Status::InvalidArgument(what + " has dtype " + head.dtype + " (expected F32, BF16 or F16)");
+  const uint64_t n = embed.numel(), block = uint64_t{1} << 18;
+  std::vector<float> a(std::min(n, block)), b(a.size());
+  for (uint64_t at = 0; at < n; at += block) {
+    const uint64_t k = std::min(block, n - at);
+    SHARDGPT_RETURN_IF_ERROR(hf.ReadFloats(head, at, k, a.data()));
+    SHARDGPT_RETURN_IF_ERROR(ef.ReadFloats(embed, at, k, b.data()));
+    for (uint64_t i = 0; i < k; i++)
+      if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0)
+        return Status::InvalidArgument(what + " differs from " + Quoted(embed.name) + " at element " +
+                                       std::to_string(at + i) +
+                                       " while tie_word_embeddings is true (set it false to import an untied head)");
+  }
   return Status::OK();
 }
 
@@ -358,10 +385,13 @@ StatusOr<std::unique_ptr<HfLlamaReader>> HfLlamaReader::Open(const std::string& 
     if (used.count(name)) continue;
     const std::string suffix = ".self_attn.rotary_emb.inv_freq";  // a buffer older transformers saved
     if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) continue;
-    std::string why = " (not part of a Llama " + c.ToString() + ")";
-    if (name == "lm_head.weight" && c.tie_embeddings)
-      why = " (tie_word_embeddings is true: the LM head is embed_tokens, and a separate one is not read)";
-    return Status::InvalidArgument(r->files_[file]->path() + ": unexpected tensor " + Quoted(name) + why);
+    if (name == "lm_head.weight" && c.tie_embeddings) {  // a tied head saved anyway: must be embed_tokens
+      const Source& embed = r->sources_[r->layout_->Find("embed_tokens.weight")];
+      SHARDGPT_RETURN_IF_ERROR(CheckTiedHead(*r->files_[file], *r->files_[file]->Find(name), *embed.file, *embed.entry));
+      continue;
+    }
+    return Status::InvalidArgument(r->files_[file]->path() + ": unexpected tensor " + Quoted(name) + " (not part of a Llama " +
+                                   c.ToString() + ")");
   }
   return r;
 }

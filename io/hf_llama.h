@@ -59,7 +59,9 @@ StatusOr<GPTConfig> ParseHfLlamaConfig(const std::string& what, const std::strin
 
 // An HF Llama directory whose config, index and tensor tables were checked against each other:
 // every expected tensor present once, at the shape config.json implies, in F32, BF16 or F16, in
-// the shard the index names; nothing unexpected but rotary inv_freq buffers (older saves).
+// the shard the index names; nothing unexpected but rotary inv_freq buffers (older saves) and,
+// with tie_word_embeddings true, an lm_head.weight equal to embed_tokens element for element (a
+// tied head saved anyway; a different one is refused naming it).
 // Thread/rank contract: local; one reader per thread.
 class HfLlamaReader {
  public:

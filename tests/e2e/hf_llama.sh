@@ -6,8 +6,8 @@
 # eval`'s (from the HF directory and from the checkpoint) within 1e-5 / 1e-4; a bf16 export
 # above SHARDGPT_HF_MAX_SHARD_BYTES is sharded with an index and loads too. In: a random
 # transformers LlamaForCausalLM (GQA, rope_theta 500000, every weight off its init), saved whole
-# and sharded (max_shard_size 100KB), is read by eval (the same logits) and `train --init`
-# (step 1's loss equals PyTorch's); --arch / --n-kv-head flags that disagree with it are
+# and sharded (max_shard_size 100KB), is read by eval (the same logits) and `train --init` on 1
+# rank and on 2 at ZeRO-3 (step 1's loss equals PyTorch's); --arch / --n-kv-head flags that disagree with it are
 # refused naming both. Refusals, one line each naming config.json and the field: rope_scaling,
 # sliding_window, attention_bias, hidden_act gelu, model_type mistral, a field of the wrong JSON
 # type; a missing tensor names the tensor.
@@ -82,6 +82,9 @@ cmp "$T/logits_r.bin" "$T/logits_rs.bin"
 "$BIN" train --init "$T/rs" --data "$T/data/val.bin" --seq-len 32 --micro-batch 4 --steps 1 --no-shuffle --threads 1 \
   --log "$T/init.jsonl" --quiet >/dev/null
 "$PY" "$REF" step-loss "$T/rs" "$T/data/val.bin" 32 4 "$T/init.jsonl"
+mpirun -np 2 --oversubscribe "$BIN" train --init "$T/rs" --zero-stage 3 --data "$T/data/val.bin" --seq-len 32 \
+  --micro-batch 4 --steps 1 --no-shuffle --threads 1 --log "$T/init2.jsonl" --quiet >/dev/null
+"$PY" "$REF" step-loss "$T/rs" "$T/data/val.bin" 32 8 "$T/init2.jsonl"
 "$BIN" train --init "$T/r" --arch llama --n-kv-head 2 --data "$T/data/val.bin" --seq-len 32 --micro-batch 4 --steps 2 \
   --threads 1 --quiet >/dev/null
 

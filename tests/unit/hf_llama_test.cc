@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -53,6 +55,54 @@ TEST(HfLlama, WriteThenReadRangesGivesTheParameters) {
       }
       std::filesystem::remove_all(dir);
     }
+}
+
+// tie_word_embeddings true with an lm_head.weight stored anyway: equal to embed_tokens is read,
+// different is refused naming the element; untied without one is a missing tensor.
+TEST(HfLlama, AStoredHeadOfATiedModelMustEqualTheEmbedding) {
+  const GPTConfig c = TinyLlama(true);
+  const ParamLayout layout(c);
+  std::vector<float> p(layout.total_numel());
+  InitParameters(layout, 5, p.data());
+  const std::string dir = testing::TempDir() + "/hflt_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(WriteHfLlama(dir, layout, p.data(), false).ok());
+  std::vector<SafetensorsTensor> all;
+  {
+    auto st = SafetensorsReader::Open(dir + "/model.safetensors");
+    ASSERT_TRUE(st.ok());
+    for (const SafetensorsEntry& e : st.value()->entries()) {
+      SafetensorsTensor t{e.name, e.shape, std::vector<float>(e.numel())};
+      ASSERT_TRUE(st.value()->ReadFloats(e, 0, e.numel(), t.values.data()).ok());
+      all.push_back(std::move(t));
+    }
+  }
+  SafetensorsTensor head = *std::find_if(all.begin(), all.end(), [](const SafetensorsTensor& t) {
+    return t.name == "model.embed_tokens.weight";
+  });
+  head.name = "lm_head.weight";
+  all.push_back(head);
+  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", all, false, {}).ok());
+  EXPECT_TRUE(HfLlamaReader::Open(dir).ok());
+  all.back().values[7] += 1.0f;
+  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", all, false, {}).ok());
+  auto r = HfLlamaReader::Open(dir);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("tensor \"lm_head.weight\" differs from \"model.embed_tokens.weight\" at element 7"),
+            std::string::npos) << r.status().message();
+  all.pop_back();
+  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", all, false, {}).ok());
+  nlohmann::json cfg = {{"model_type", "llama"}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                        {"hidden_size", 16}, {"intermediate_size", 40}, {"max_position_embeddings", 8},
+                        {"vocab_size", 300}, {"num_key_value_heads", 2}, {"tie_word_embeddings", false}};
+  {
+    std::ofstream f(dir + "/config.json");
+    f << cfg.dump();
+  }
+  r = HfLlamaReader::Open(dir);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("missing tensor \"lm_head.weight\""), std::string::npos) << r.status().message();
+  std::filesystem::remove_all(dir);
 }
 
 TEST(HfLlama, AGpt2LayoutIsNotWrittenAsLlama) {
