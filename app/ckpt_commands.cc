@@ -128,7 +128,7 @@ Status RunExport(const std::string& path, const ExportOptions& o) {
                 o.out_hf.c_str(), o.hf_dtype.c_str());
   } else if (!o.out_hf.empty()) {
     SHARDGPT_RETURN_IF_ERROR(WriteHfGpt2(o.out_hf, layout, model->params.data(), o.hf_dtype == "bf16"));
-    std::printf("exported the model to %s (Hugging Face GPT-2: config.json + model.safetensors, %s)\n",
+    std::printf("exported the model to %s (Hugging Face GPT2LMHeadModel: config.json + model.safetensors, %s)\n",
                 o.out_hf.c_str(), o.hf_dtype.c_str());
   }
   return Status::OK();
