@@ -7,10 +7,11 @@
 # above SHARDGPT_HF_MAX_SHARD_BYTES is sharded with an index and loads too. In: a random
 # transformers LlamaForCausalLM (GQA, rope_theta 500000, every weight off its init), saved whole
 # and sharded (max_shard_size 100KB), is read by eval (the same logits) and `train --init` on 1
-# rank and on 2 at ZeRO-3 (step 1's loss equals PyTorch's); --arch / --n-kv-head flags that disagree with it are
-# refused naming both. Refusals, one line each naming config.json and the field: rope_scaling,
-# sliding_window, attention_bias, hidden_act gelu, model_type mistral, a field of the wrong JSON
-# type; a missing tensor names the tensor.
+# rank and on 2 at ZeRO-3 (step 1's loss equals PyTorch's); --arch, --tie-embeddings,
+# --rope-theta and --n-kv-head flags that disagree with it are refused naming both. Refusals,
+# one line each naming config.json and the field: rope_scaling, sliding_window, attention_bias,
+# hidden_act gelu, model_type mistral, head_dim, fields of the wrong JSON type; a shard tensor
+# missing from the index is named.
 set -euo pipefail
 BIN=$1 SRC=$2
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -101,6 +102,10 @@ expect_error() {  # expect_error WHAT GREP -- command...: one stderr line contai
 }
 expect_error "--arch gpt2 with --init llama" "--arch gpt2 disagrees with the imported model, whose arch is llama" -- \
   "$BIN" train --init "$T/r" --arch gpt2 --data "$T/data/val.bin" --seq-len 32 --steps 1 --threads 1 --quiet
+expect_error "--tie-embeddings with --init of an untied llama" "--tie-embeddings disagrees with the imported model" -- \
+  "$BIN" train --init "$T/r" --arch llama --tie-embeddings --data "$T/data/val.bin" --seq-len 32 --steps 1 --threads 1 --quiet
+expect_error "--rope-theta 10000 with --init llama" "--rope-theta 10000 disagrees with the imported model, whose rope_theta is 500000" -- \
+  "$BIN" train --init "$T/r" --arch llama --rope-theta 10000 --data "$T/data/val.bin" --seq-len 32 --steps 1 --threads 1 --quiet
 expect_error "--n-kv-head 4 with --init llama" "--n-kv-head 4 disagrees with --init" -- \
   "$BIN" train --init "$T/r" --arch llama --n-kv-head 4 --data "$T/data/val.bin" --seq-len 32 --steps 1 --threads 1 --quiet
 
