@@ -137,6 +137,17 @@ Status CheckTiedHead(SafetensorsReader& hf, const SafetensorsEntry& head, Safete
   return Status::OK();
 }
 
+// The double with the fewest significant digits that reads back as f (1e-5f as 1e-05, not
+// 9.99999974737875e-06), so config.json shows the value the flags gave.
+double ShortestDecimal(float f) {
+  for (int digits = 1; digits <= 9; digits++) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(f));
+    if (std::strtof(buf, nullptr) == f) return std::strtod(buf, nullptr);
+  }
+  return static_cast<double>(f);
+}
+
 // config.json beside an HF path (the directory itself, or a .safetensors in it).
 fs::path HfDir(const std::string& path) {
   std::error_code ec;
@@ -267,6 +278,15 @@ Status WriteHfLlama(const std::string& dir, const ParamLayout& layout, const flo
     }
     SHARDGPT_RETURN_IF_ERROR(WriteSafetensors((fs::path(dir) / file_name(i)).string(), tensors, bf16, {{"format", "pt"}}));
   }
+  // shards of an earlier export into dir that this one did not rewrite
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string f = e.path().filename().string();
+    bool ours = false;
+    for (size_t i = 0; i < n_files && !ours; i++) ours = f == file_name(i);
+    if (!ours && f.rfind("model-", 0) == 0 && f.find("-of-") != std::string::npos && f.size() > 12 &&
+        f.compare(f.size() - 12, 12, ".safetensors") == 0)
+      fs::remove(e.path(), ec);
+  }
   if (n_files > 1) {
     nlohmann::ordered_json idx;
     idx["metadata"] = {{"total_size", total}};
@@ -286,8 +306,8 @@ Status WriteHfLlama(const std::string& dir, const ParamLayout& layout, const flo
   j["num_attention_heads"] = c.n_head;
   j["num_key_value_heads"] = c.kv_heads();
   j["max_position_embeddings"] = c.max_seq_len;
-  j["rms_norm_eps"] = static_cast<double>(c.norm_eps);
-  j["rope_theta"] = static_cast<double>(c.rope_theta);
+  j["rms_norm_eps"] = ShortestDecimal(c.norm_eps);
+  j["rope_theta"] = ShortestDecimal(c.rope_theta);
   j["rope_scaling"] = nullptr;
   j["hidden_act"] = "silu";
   j["attention_bias"] = false;

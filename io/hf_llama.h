@@ -40,7 +40,9 @@ bool IsHfLlamaPath(const std::string& path);
 // fit max_shard_bytes, else model-0000i-of-0000n.safetensors files (tensors in layout order, a
 // new file when the next tensor would overflow the limit; a tensor larger than it alone in its
 // file) and model.safetensors.index.json (total_size, weight_map). The other form's files left
-// by an earlier export are removed, so the directory holds one model. dir is created if missing;
+// by an earlier export (and its shards this export did not rewrite) are removed, so the directory
+// holds one model. rms_norm_eps and rope_theta are written as the shortest decimals that read back
+// as our fp32 values. dir is created if missing;
 // each file goes through a temporary renamed into place. Refuses a gpt2 layout.
 Status WriteHfLlama(const std::string& dir, const ParamLayout& layout, const float* params, bool bf16,
                     uint64_t max_shard_bytes = kHfDefaultMaxShardBytes);

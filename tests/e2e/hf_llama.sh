@@ -13,14 +13,12 @@
 # hidden_act gelu, model_type mistral, head_dim, fields of the wrong JSON type; a shard tensor
 # missing from the index is named.
 set -euo pipefail
-BIN=$1 SRC=$2
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source "$(dirname "$0")/lib/common.sh"
+SRC=$2
 rc=0; PY=$("$SRC/scripts/hf-venv.sh") || rc=$?
 if [ $rc = 77 ]; then echo "SKIP hf_llama: PyPI unreachable, the transformers reference cannot be installed"; exit 77; fi
 [ $rc = 0 ] || { echo "hf_llama: FAILED to install the Hugging Face reference stack (scripts/hf-venv.sh rc $rc)"; exit 1; }
 REF=$SRC/tests/e2e/hf_ref.py
-fail() { echo "FAIL: $*"; exit 1; }
 
 for i in $(seq 1 200); do echo "In the beginning God created the heaven and the earth. And the earth was without form, and void."; done > "$T/text.txt"
 "$BIN" prepare --input "$T/text.txt" --output "$T/data" --val-fraction 0.2 >/dev/null
@@ -90,16 +88,6 @@ mpirun -np 2 --oversubscribe "$BIN" train --init "$T/rs" --zero-stage 3 --data "
   --threads 1 --quiet >/dev/null
 
 n=0
-expect_error() {  # expect_error WHAT GREP -- command...: one stderr line containing GREP, rc != 0
-  local what=$1 pat=$2; shift 3
-  local err rc=0
-  err=$("$@" 2>&1 >/dev/null) || rc=$?
-  [ $rc -ne 0 ] || fail "$what: exit 0, expected an error"
-  [ "$(printf '%s\n' "$err" | wc -l)" = 1 ] || fail "$what: expected one error line, got: $err"
-  grep -qF -- "$pat" <<<"$err" || fail "$what: error does not say '$pat': $err"
-  echo "ok   $what: $err"
-  n=$((n + 1))
-}
 expect_error "--arch gpt2 with --init llama" "--arch gpt2 disagrees with the imported model, whose arch is llama" -- \
   "$BIN" train --init "$T/r" --arch gpt2 --data "$T/data/val.bin" --seq-len 32 --steps 1 --threads 1 --quiet
 expect_error "--tie-embeddings with --init of an untied llama" "--tie-embeddings disagrees with the imported model" -- \

@@ -105,6 +105,38 @@ TEST(HfLlama, AStoredHeadOfATiedModelMustEqualTheEmbedding) {
   std::filesystem::remove_all(dir);
 }
 
+// Exports into one directory: whole, then in many shards, then in fewer: each leaves one model
+// (no model.safetensors beside an index, no stale shard), and config.json shows the flags' values.
+TEST(HfLlama, ReExportLeavesOneModel) {
+  const GPTConfig c = TinyLlama(false);
+  const ParamLayout layout(c);
+  std::vector<float> p(layout.total_numel());
+  InitParameters(layout, 2, p.data());
+  const std::string dir = testing::TempDir() + "/hflr_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  auto files = [&] {
+    std::vector<std::string> f;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) f.push_back(e.path().filename().string());
+    std::sort(f.begin(), f.end());
+    return f;
+  };
+  ASSERT_TRUE(WriteHfLlama(dir, layout, p.data(), false).ok());
+  EXPECT_EQ(files(), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  ASSERT_TRUE(WriteHfLlama(dir, layout, p.data(), false, 2000).ok());
+  EXPECT_GT(files().size(), 4u);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/model.safetensors"));
+  ASSERT_TRUE(WriteHfLlama(dir, layout, p.data(), false, 40000).ok());
+  EXPECT_EQ(files(), (std::vector<std::string>{"config.json", "model-00001-of-00002.safetensors",
+                                               "model-00002-of-00002.safetensors", "model.safetensors.index.json"}));
+  auto r = HfLlamaReader::Open(dir);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  std::ifstream f(dir + "/config.json");
+  const nlohmann::json cfg = nlohmann::json::parse(f);
+  EXPECT_EQ(cfg["rms_norm_eps"].dump(), "1e-05");
+  EXPECT_EQ(cfg["rope_theta"].dump(), "500000.0");
+  std::filesystem::remove_all(dir);
+}
+
 TEST(HfLlama, AGpt2LayoutIsNotWrittenAsLlama) {
   const ParamLayout layout(GPTConfig{2, 2, 16, 8, 300});
   std::vector<float> p(layout.total_numel());
