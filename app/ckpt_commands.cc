@@ -6,6 +6,7 @@
 #include "base/clock.h"
 #include "ckpt/checkpoint.h"
 #include "io/hf_gpt2.h"
+#include "io/hf_llama.h"
 #include "io/llmc_model.h"
 #include "io/path_guard.h"
 
@@ -95,7 +96,8 @@ Status RunExport(const std::string& path, const ExportOptions& o) {
         {"--out", o.out_h5},
         {"--llmc", o.out_llmc},
         {"--hf", o.out_hf.empty() ? "" : o.out_hf + "/config.json"},
-        {"--hf", o.out_hf.empty() ? "" : o.out_hf + "/model.safetensors"}};
+        {"--hf", o.out_hf.empty() ? "" : o.out_hf + "/model.safetensors"},
+        {"--hf", o.out_hf.empty() ? "" : o.out_hf + "/model.safetensors.index.json"}};
     if (model_file) {
       std::vector<NamedPath> files, dirs;
       AddModelInput("model", path, &files, &dirs);
@@ -118,9 +120,15 @@ Status RunExport(const std::string& path, const ExportOptions& o) {
     SHARDGPT_RETURN_IF_ERROR(WriteLlmcModel(o.out_llmc, layout, model->params.data()));
     std::printf("exported the model to %s (llm.c format, version 3)\n", o.out_llmc.c_str());
   }
-  if (!o.out_hf.empty()) {
+  if (!o.out_hf.empty() && model->config.llama()) {
+    auto shard = HfMaxShardBytes();
+    if (!shard.ok()) return shard.status();
+    SHARDGPT_RETURN_IF_ERROR(WriteHfLlama(o.out_hf, layout, model->params.data(), o.hf_dtype == "bf16", shard.value()));
+    std::printf("exported the model to %s (Hugging Face LlamaForCausalLM: config.json + safetensors, %s)\n",
+                o.out_hf.c_str(), o.hf_dtype.c_str());
+  } else if (!o.out_hf.empty()) {
     SHARDGPT_RETURN_IF_ERROR(WriteHfGpt2(o.out_hf, layout, model->params.data(), o.hf_dtype == "bf16"));
-    std::printf("exported the model to %s (Hugging Face GPT-2: config.json + model.safetensors, %s)\n",
+    std::printf("exported the model to %s (Hugging Face GPT2LMHeadModel: config.json + model.safetensors, %s)\n",
                 o.out_hf.c_str(), o.hf_dtype.c_str());
   }
   return Status::OK();

@@ -19,9 +19,10 @@ Status RunCkptVerify(const std::string& path);
 // shard files (elements, bytes, checksums) and the tensor table (name, shape, unit, offset).
 Status RunCkptInspect(const std::string& path);
 // Writes the full fp32 parameters as one HDF5 file (every tensor at its shape under its name),
-// as an llm.c model file (version 3) and/or as a Hugging Face GPT-2 directory (config.json +
-// model.safetensors, fp32 or bf16): each output whose path is not empty, at least one. PATH may
-// also be an llm.c model file or an HF directory (io/hf_gpt2.h).
+// as an llm.c model file (version 3, gpt2 only) and/or as a Hugging Face directory (config.json +
+// safetensors, fp32 or bf16: GPT2LMHeadModel, io/hf_gpt2.h, or for --arch llama LlamaForCausalLM,
+// io/hf_llama.h, sharded above HfMaxShardBytes()): each output whose path is not empty, at least
+// one. PATH may also be an llm.c model file or an HF directory.
 struct ExportOptions {
   std::string out_h5, out_llmc, out_hf;
   std::string hf_dtype = "fp32";  // fp32 or bf16

@@ -59,7 +59,7 @@ void EvalFlags::Register(CLI::App& app) {
   EvalOptions& ev = options;
   command = app.add_subcommand("eval", "mean loss and perplexity of a model over the consecutive windows of "
                                        "token files (one JSON line; 1-N ranks)");
-  command->add_option("model", ev.model, "llm.c model .bin, Hugging Face GPT-2 directory, checkpoint or --ckpt-dir")
+  command->add_option("model", ev.model, "llm.c model .bin, Hugging Face GPT-2 or Llama directory, checkpoint or --ckpt-dir")
       ->required();
   command->add_option("--data", ev.data, "glob of token shards")->required();
   command->add_option("-t,--seq-len", ev.seq_len, "tokens per window (default: the model's max_seq_len)")
@@ -162,13 +162,14 @@ Status DiagnoseFlags::Run(const Launcher& launcher, int* exit_code) const {
 
 void ExportFlags::Register(CLI::App& app) {
   command = app.add_subcommand("export", "write a checkpoint or model as one consolidated HDF5 file, an llm.c "
-                                         ".bin and/or a Hugging Face GPT-2 directory");
+                                         ".bin and/or a Hugging Face GPT-2 or Llama directory");
   command->add_option("path", path, "checkpoint directory (or a --ckpt-dir: its latest), llm.c model .bin or HF "
-                                    "GPT-2 directory")->required();
+                                    "GPT-2 / Llama directory")->required();
   command->add_option("--out", options.out_h5, "consolidated HDF5 file, one dataset per parameter at full shape");
   command->add_option("--llmc", options.out_llmc, "write an llm.c model .bin (version 3, fp32)");
-  command->add_option("--hf", options.out_hf, "write a Hugging Face GPT-2 directory: config.json + "
-                                              "model.safetensors (GPT2LMHeadModel.from_pretrained loads it)");
+  command->add_option("--hf", options.out_hf, "write a Hugging Face directory: config.json + model.safetensors "
+                                              "(GPT2LMHeadModel, or LlamaForCausalLM for --arch llama, sharded above "
+                                              "2 GiB or SHARDGPT_HF_MAX_SHARD_BYTES)");
   command->add_option("--export-dtype", options.hf_dtype, "dtype of the --hf weights: fp32 or bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
 }

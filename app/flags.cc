@@ -1,5 +1,6 @@
 #include "app/flags.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 
@@ -59,6 +60,29 @@ std::vector<ModelFlags::Given> ModelFlags::GivenShape() const {
   }
   for (const auto& f : flags)
     if (f.second.first != 0) out.push_back({f.first, f.second.first, f.second.second});
+  // the llama widths (no preset sets them)
+  if (n_kv_head != 0) out.push_back({"--n-kv-head", n_kv_head, &GPTConfig::n_kv_head});
+  if (ffn_hidden != 0) out.push_back({"--ffn-hidden", ffn_hidden, &GPTConfig::ffn_hidden});
+  return out;
+}
+
+std::vector<std::string> ModelFlags::GivenArch(const GPTConfig& imported, bool arch_given) const {
+  std::vector<std::string> out;
+  auto num = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", v);
+    return std::string(b);
+  };
+  if (arch_given && arch != ArchName(imported.arch))
+    out.push_back("--arch " + arch + " disagrees with the imported model, whose arch is " + ArchName(imported.arch));
+  if (rope_theta != 0 && static_cast<float>(rope_theta) != imported.rope_theta)
+    out.push_back("--rope-theta " + num(rope_theta) + " disagrees with the imported model, whose rope_theta is " +
+                  num(imported.rope_theta));
+  if (norm_eps != 0 && static_cast<float>(norm_eps) != imported.norm_eps)
+    out.push_back("--norm-eps " + num(norm_eps) + " disagrees with the imported model, whose norm_eps is " +
+                  num(imported.norm_eps));
+  if (tie_embeddings && !(imported.llama() && imported.tie_embeddings))
+    out.push_back("--tie-embeddings disagrees with the imported model, whose LM head is untied");
   return out;
 }
 

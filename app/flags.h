@@ -48,6 +48,10 @@ struct ModelFlags {
     int GPTConfig::*field;
   };
   std::vector<Given> GivenShape() const;
+  // For each architecture flag given (--arch when arch_given, --rope-theta, --norm-eps,
+  // --tie-embeddings) that differs from the imported model's config, one line naming the flag
+  // and the model's value. Reads no CLI state (callable after the parser is gone).
+  std::vector<std::string> GivenArch(const GPTConfig& imported, bool arch_given) const;
   // The preset with the overrides applied, validated. A --seq-len above the model's maximum
   // is the caller's error to report, never a silent raise.
   StatusOr<GPTConfig> Resolve() const;

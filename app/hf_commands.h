@@ -18,7 +18,7 @@ Status RunPrepareTokenizer(const std::string& tokenizer_json, const std::vector<
                            const std::string& text_field);
 
 struct EvalOptions {
-  std::string model;  // llm.c .bin, HF GPT-2 directory / model.safetensors, checkpoint or --ckpt-dir
+  std::string model;  // llm.c .bin, HF GPT-2 / Llama directory or its model.safetensors, checkpoint or --ckpt-dir
   std::string data;   // glob of token shards
   int seq_len = 0;    // 0: the model's max_seq_len
   int micro_batch = 4;

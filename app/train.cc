@@ -242,10 +242,6 @@ namespace {
 // Setup phase 1: the model config, from --init or the flags, agreed on by every rank.
 Status ResolveModel(TrainOptions& o, Communicator& comm, std::unique_ptr<LlmcModelReader>* init) {
   if (!o.init_file.empty()) {  // the header now; each rank reads its owned ranges in Setup
-    if (o.model.llama())
-      return Status::Unimplemented("--init " + o.init_file + " with --arch llama: --init reads GPT-2 models only "
-                                   "(llm.c files, Hugging Face GPT-2 directories); a llama run starts from random "
-                                   "weights or resumes from its own checkpoints");
     auto m = LlmcModelReader::Open(o.init_file);
     SHARDGPT_RETURN_IF_ERROR(Agree(comm, m.status()));
     *init = std::move(m.value());
@@ -255,6 +251,11 @@ Status ResolveModel(TrainOptions& o, Communicator& comm, std::unique_ptr<LlmcMod
         return Status::InvalidArgument(f.flag + " " + std::to_string(f.value) + " disagrees with --init " + o.init_file +
                                        ", whose model has " + std::to_string(imported.*f.field) +
                                        " (the imported model sets the shape: drop the flag or give the same value)");
+    const std::vector<std::string> conflicts = o.arch_flag_conflicts ? o.arch_flag_conflicts(imported)
+                                                                     : std::vector<std::string>();
+    if (!conflicts.empty())
+      return Status::InvalidArgument(conflicts[0] + " (--init " + o.init_file +
+                                     " sets the architecture: drop the flag or give the same value)");
     o.model = imported;
   }
   return o.model.Validate();

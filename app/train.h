@@ -2,6 +2,8 @@
 // step protocol; it does not know which ZeRO stage runs.
 #pragma once
 
+#include <functional>
+
 #include <string>
 #include <vector>
 
@@ -29,6 +31,9 @@ struct TrainOptions {
   GPTConfig model;
   std::string init_file;  // llm.c .bin to start from (its config replaces `model`)
   std::vector<ShapeFlag> shape_flags;  // the shape flags given: refused when they disagree with --init's model
+  // The architecture flags given that disagree with --init's model, one line each (empty: none
+  // given, or all agree); null when no check is needed.
+  std::function<std::vector<std::string>(const GPTConfig&)> arch_flag_conflicts;
   // data
   std::string data = "data/train.bin";
   std::string val_data;

@@ -35,7 +35,7 @@ void TrainFlags::Register(CLI::App& app) {
   model.Add(command);
   engine.Add(command);
   command->add_option("--init", options.init_file, "start from an llm.c model .bin (version 3 fp32 or 5 bf16) or a Hugging Face "
-                                          "GPT-2 directory (config.json + model.safetensors)");
+                                          "GPT-2 or Llama directory (config.json + safetensors)");
   command->add_option("--data", options.data, "glob of training token shards")->capture_default_str();
   command->add_option("--val-data", options.val_data, "glob of validation token shards");
   command->add_option("-b,--micro-batch", micro_batch,
@@ -165,6 +165,12 @@ StatusOr<TrainOptions> TrainFlags::Resolve(const Launcher& launcher) const {
   if (t.memory_bytes > 0 && !t.micro_batch_auto)
     return Status::InvalidArgument("--memory is the budget of --micro-batch auto: give --micro-batch auto too");
   for (const ModelFlags::Given& g : model.GivenShape()) t.shape_flags.push_back({g.flag, g.value, g.field});
+  {
+    ModelFlags m = model;
+    m.app = nullptr;
+    const bool arch_given = command->count("--arch") > 0;
+    t.arch_flag_conflicts = [m, arch_given](const GPTConfig& c) { return m.GivenArch(c, arch_given); };
+  }
   // flags that mean nothing in this combination: refused before any work
   if (t.batch_tokens > 0 && command->count("--grad-accum") > 0)
     return Status::InvalidArgument("--grad-accum " + std::to_string(t.grad_accum) + " with --batch-tokens " +

@@ -14,6 +14,7 @@
 #include "base/bf16.h"
 #include "io/file_checks.h"
 #include "io/hf_gpt2.h"
+#include "io/hf_llama.h"
 
 namespace shardgpt {
 
@@ -97,6 +98,15 @@ Status CheckLlmcHeader(const std::string& path, FILE* file, GPTConfig* config, i
 }
 
 StatusOr<std::unique_ptr<LlmcModelReader>> LlmcModelReader::Open(const std::string& path) {
+  if (IsHfGpt2Path(path) && IsHfLlamaPath(path)) {
+    auto hf = HfLlamaReader::Open(path);
+    if (!hf.ok()) return hf.status();
+    std::unique_ptr<LlmcModelReader> r(new LlmcModelReader());
+    r->path_ = path;
+    r->config_ = hf.value()->config();
+    r->hf_llama_ = std::move(hf.value());
+    return r;
+  }
   if (IsHfGpt2Path(path)) {
     auto hf = HfGpt2Reader::Open(path);
     if (!hf.ok()) return hf.status();
@@ -130,10 +140,13 @@ LlmcModelReader::~LlmcModelReader() {
   if (fd_ >= 0) close(fd_);
 }
 
-uint64_t LlmcModelReader::bytes_read() const { return hf_ ? hf_->bytes_read() : bytes_read_; }
+uint64_t LlmcModelReader::bytes_read() const {
+  return hf_ ? hf_->bytes_read() : hf_llama_ ? hf_llama_->bytes_read() : bytes_read_;
+}
 
 Status LlmcModelReader::ReadRange(uint64_t begin, uint64_t end, float* dst) {
   if (hf_) return hf_->ReadRange(begin, end, dst);
+  if (hf_llama_) return hf_llama_->ReadRange(begin, end, dst);
   const size_t elt = version_ == 3 ? 4 : 2;
   constexpr uint64_t kBlock = uint64_t{1} << 20;  // elements per read: bounded bf16 scratch
   std::vector<uint16_t> tmp;

@@ -16,6 +16,7 @@
 
 namespace shardgpt {
 class HfGpt2Reader;
+class HfLlamaReader;
 }
 
 namespace shardgpt {
@@ -32,8 +33,9 @@ StatusOr<LlmcModel> ReadLlmcModel(const std::string& path);
 // An llm.c model file whose header and size were checked, read range by range: how --init
 // fills a sharded engine with only the elements each rank owns (ZeRO-3 never holds the full
 // model on any rank). Open also takes a Hugging Face GPT-2 directory (or its
-// model.safetensors) and reads it through HfGpt2Reader (io/hf_gpt2.h), so --init, eval and
-// sample accept both. Thread/rank contract: local; one reader per thread.
+// model.safetensors) and reads it through HfGpt2Reader (io/hf_gpt2.h), or, when its config.json
+// names another model_type, through HfLlamaReader (io/hf_llama.h: LlamaForCausalLM, single or
+// sharded), so --init, eval and sample accept all three. Thread/rank contract: local; one reader per thread.
 class LlmcModelReader {
  public:
   // Checks the header field by field and the file size it implies (the same checks and
@@ -60,7 +62,8 @@ class LlmcModelReader {
   GPTConfig config_;
   std::vector<Piece> pieces_;  // every tensor, sorted by global offset
   uint64_t bytes_read_ = 0;
-  std::unique_ptr<HfGpt2Reader> hf_;  // set when Open was given a Hugging Face GPT-2 path
+  std::unique_ptr<HfGpt2Reader> hf_;         // set when Open was given a Hugging Face GPT-2 path
+  std::unique_ptr<HfLlamaReader> hf_llama_;  // set when Open was given a Hugging Face Llama path
 };
 
 // Writes version 3 (fp32) from params in layout order, atomically (temp file + rename).

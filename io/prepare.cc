@@ -283,8 +283,8 @@ double NowSeconds() {
 }
 
 // A stretch of the batch text encoded on its own: bytes [begin, end) of the document named
-// whats[what], starting `base` bytes into that document; `eot` puts the tokenizer's
-// end-of-text before its ids (the first stretch of every document).
+// whats[what], starting `base` bytes into that document; `eot` puts the document separator
+// (PrepareBpe's doc_start) before its ids (the first stretch of every document).
 struct Piece {
   size_t begin, end;
   uint64_t base;
@@ -351,7 +351,9 @@ Status PrepareBpe(const BpeTokenizer& tok, const std::vector<std::string>& input
   // Batches of about 4 MB of text per thread, from one or many documents; pieces of about
   // 256 KB, each cut at a safe point inside one document.
   const size_t block = static_cast<size_t>(std::max(1, o.threads)) * (4u << 20), piece_bytes = 256u << 10;
-  const int32_t eot = tok.eot_token();
+  // what goes before each document: <|endoftext|>, else the template's prefix (<|begin_of_text|>)
+  const std::vector<int32_t> doc_start =
+      tok.eot_token() >= 0 ? std::vector<int32_t>{tok.eot_token()} : tok.text_prefix();
   std::string text;                 // the batch's unencoded text
   std::vector<Piece> segs;          // the batch's documents (or parts of one), in order
   std::vector<std::string> whats;   // where each is, for encoding errors
@@ -373,7 +375,7 @@ Status PrepareBpe(const BpeTokenizer& tok, const std::vector<std::string>& input
     }
     SHARDGPT_RETURN_IF_ERROR(EncodeParallel(tok, whats, text, pieces, &outs, o.threads));
     for (size_t i = 0; i < pieces.size(); i++) {
-      if (pieces[i].eot && eot >= 0) SHARDGPT_RETURN_IF_ERROR(out.Append(&eot, 1));
+      if (pieces[i].eot && !doc_start.empty()) SHARDGPT_RETURN_IF_ERROR(out.Append(doc_start.data(), doc_start.size()));
       SHARDGPT_RETURN_IF_ERROR(out.Append(outs[i].data(), outs[i].size()));
     }
     if (!pieces.empty()) TestHoldInPrepare(&out);

@@ -48,7 +48,8 @@ struct BpePrepareOptions {
   std::string text_field = "text";  // the JSONL field that holds each document
 };
 // Encodes `inputs` with `tok`: every document (a text file, a JSONL record) is preceded by
-// the tokenizer's <|endoftext|> when it has one (as llm.c's data scripts do); the text is read
+// the tokenizer's <|endoftext|> when it has one (as llm.c's data scripts do), else by its
+// TemplateProcessing prefix (text_prefix: Llama 3's <|begin_of_text|>), else by nothing; the text is read
 // in blocks of one or many documents and cut only where encoding the pieces apart gives the
 // ids of the whole (BpeTokenizer::SafeCut), the pieces encoded by `threads` threads. The
 // shards hold uint16 ids when the vocabulary has at most 65,536 ids, else uint32. Text that

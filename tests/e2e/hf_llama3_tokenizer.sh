@@ -6,7 +6,8 @@
 # `prepare --tokenizer` and `tokenizers` (add_special_tokens=False) on another text: hf_tokenizer's
 # text plus code (indentation, tabs, CRLF), digit runs, mixed-case contractions, CJK, emoji,
 # whitespace runs, special tokens inline, and a seeded random mix of such pieces: the same ids,
-# on 1 thread and on a 0.6 MB file cut into pieces encoded on 2 threads. `sample --tokenizer`
+# on 1 thread and on a 0.6 MB file cut into pieces encoded on 2 threads, each document after
+# the template's <|begin_of_text|> (the vocabulary has no <|endoftext|>). `sample --tokenizer`
 # decodes what it encodes.
 set -euo pipefail
 BIN=$1 SRC=$2
@@ -23,6 +24,17 @@ bible -f Gen1:1-Gen50:26 > "$T/train.txt"
 "$PY" "$REF" tok-text-llama3 "$T/big.txt" 12 8
 "$BIN" prepare --tokenizer "$T/tok.json" --input "$T/b.txt" --output "$T/d1" --val-fraction 0 --threads 1 2>/dev/null
 "$PY" "$REF" tok-compare "$T/tok.json" "$T/d1" "$T/b.txt"
+# no <|endoftext|> in this vocabulary: each document starts with the template's <|begin_of_text|>
+"$PY" - "$T/tok.json" "$T/d1/train.bin" <<'PY'
+import sys
+import numpy as np
+from tokenizers import Tokenizer
+tok = Tokenizer.from_file(sys.argv[1])
+assert tok.token_to_id("<|endoftext|>") is None
+ids = np.fromfile(sys.argv[2], dtype=np.uint16, offset=1024)
+assert ids[0] == tok.token_to_id("<|begin_of_text|>"), ids[:4]
+print("prepare starts the document with <|begin_of_text|> (%d)" % ids[0])
+PY
 "$BIN" prepare --tokenizer "$T/tok.json" --input "$T/big.txt" "$T/b.txt" --output "$T/d2" --val-fraction 0.1 --threads 2 \
   2>/dev/null
 "$PY" "$REF" tok-compare "$T/tok.json" "$T/d2" "$T/big.txt" "$T/b.txt"

@@ -4,7 +4,8 @@ Subcommands:
   tok-train TEXT OUT VOCAB          train a byte-level BPE tokenizer.json with `tokenizers`
   tok-text OUT REPEAT               write the test text: Unicode, emoji, numbers, whitespace runs, empty lines
   tok-compare TOKJSON DATADIR FILE..  ids of shardgpt's prepare == [eot] + tokenizers' ids per file
-                                    ([eot] only where the tokenizer has <|endoftext|>)
+                                    ([eot] where the tokenizer has <|endoftext|>, else the
+                                    post-processor template's prefix, e.g. <|begin_of_text|>)
   tok-train-llama3 TEXT OUT VOCAB   train a Llama 3-style tokenizer.json (Split regex + ByteLevel
                                     without regex, ignore_merges, <|begin_of_text|> template) and
                                     add whole words to its vocabulary that merges do not reach
@@ -13,6 +14,9 @@ Subcommands:
 (tok-train-llama3 and its comparisons need tokenizers >= 0.19: scripts/tokenizers-venv.sh)
   hf-check DIR DATA T B K EVALJSON LOGITS  transformers' loss / first-batch logits == shardgpt eval's
   hf-random DIR SEED                save_pretrained a random GPT2LMHeadModel (L2 H4 C64 T64 V300)
+  llama-random DIR SEED [SHARD]     save_pretrained a random LlamaForCausalLM (L2 H8 KV2 C64 F160 T64 V300,
+                                    rope_theta 500000, untied; SHARD: max_shard_size, e.g. 100KB)
+(hf-check and step-loss load GPT2LMHeadModel or LlamaForCausalLM by config.json's model_type)
   step-loss DIR DATA T NWIN LOG     PyTorch's loss on the first NWIN windows == the JSONL's step-1 loss
 """
 import json
@@ -53,12 +57,13 @@ def tok_compare(tokjson, datadir, *files):
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(tokjson)
     eot = tok.token_to_id("<|endoftext|>")
+    prefix = tok.encode("", add_special_tokens=True).ids  # the template's (<|begin_of_text|>), without <|endoftext|>
     want = []
     for f in files:
         text = open(f, encoding="utf-8", newline="").read()
         enc = tok.encode(text, add_special_tokens=False).ids
         assert tok.decode(enc, skip_special_tokens=False) == text, "tokenizers itself does not round-trip " + f
-        want += ([eot] if eot is not None else []) + enc
+        want += ([eot] if eot is not None else prefix) + enc
     got = read_shard(os.path.join(datadir, "train.bin")).tolist()
     if os.path.exists(os.path.join(datadir, "val.bin")):
         got += read_shard(os.path.join(datadir, "val.bin")).tolist()
@@ -138,11 +143,16 @@ def tok_text_llama3(out, repeat, seed):
         f.write(("".join(parts) + mix + "\n") * int(repeat))
 
 
+def model_class(d):
+    import transformers
+    mt = json.load(open(d + "/config.json"))["model_type"]
+    return {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.LlamaForCausalLM}[mt]
+
+
 def hf_check(d, data, T, B, K, eval_json, logits):
     import torch
-    from transformers import GPT2LMHeadModel
     T, B, K = int(T), int(B), int(K)
-    model, info = GPT2LMHeadModel.from_pretrained(d, output_loading_info=True)
+    model, info = model_class(d).from_pretrained(d, output_loading_info=True)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")), info
     model.eval()
     tok = read_shard(data)
@@ -185,11 +195,27 @@ def hf_random(d, seed):
     m.save_pretrained(d, safe_serialization=True)
 
 
+def llama_random(d, seed, shard=None):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(int(seed))
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=8,
+                      num_key_value_heads=2, max_position_embeddings=64, vocab_size=300, rms_norm_eps=1e-5,
+                      rope_theta=500000.0, tie_word_embeddings=False)
+    m = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # RMSNorm weights off their init of 1 too, so a wrong mapping shows
+        for _, p in m.named_parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    if shard:
+        m.save_pretrained(d, safe_serialization=True, max_shard_size=shard)
+    else:
+        m.save_pretrained(d, safe_serialization=True)
+
+
 def step_loss(d, data, T, nwin, log):
     import torch
-    from transformers import GPT2LMHeadModel
     T, nwin = int(T), int(nwin)
-    m = GPT2LMHeadModel.from_pretrained(d).eval()
+    m = model_class(d).from_pretrained(d).eval()
     tok = read_shard(data)
     x = torch.tensor(np.stack([tok[k * T: k * T + T] for k in range(nwin)]))
     y = torch.tensor(np.stack([tok[k * T + 1: k * T + T + 1] for k in range(nwin)]))
@@ -204,5 +230,5 @@ def step_loss(d, data, T, nwin, log):
 if __name__ == "__main__":
     cmds = {"tok-train": tok_train, "tok-text": tok_text, "tok-compare": tok_compare, "tok-train-llama3": tok_train_llama3,
             "tok-text-llama3": tok_text_llama3, "hf-check": hf_check,
-            "hf-random": hf_random, "step-loss": step_loss}
+            "hf-random": hf_random, "llama-random": llama_random, "step-loss": step_loss}
     cmds[sys.argv[1]](*sys.argv[2:])

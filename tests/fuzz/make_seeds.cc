@@ -15,6 +15,7 @@
 #include "ckpt/checkpoint_index.h"
 #include "ckpt/checkpoint_shard.h"
 #include "io/hf_gpt2.h"
+#include "io/hf_llama.h"
 #include "io/llmc_model.h"
 #include "io/token_shard.h"
 #include "json_mutate.h"
@@ -250,6 +251,19 @@ void HfConfigs(const std::string& d) {
     x.update(edit);
     Write(d + "/" + name + ".json", x.dump());
   }
+  // a LlamaForCausalLM config.json (ParseHfLlamaConfig) and its type variants
+  GPTConfig lc = c;
+  lc.arch = Arch::kLlama, lc.n_kv_head = 1, lc.ffn_hidden = 24;
+  const ParamLayout llayout(lc);
+  std::vector<float> lp(llayout.total_numel());
+  InitParameters(llayout, 3, lp.data());
+  Check(WriteHfLlama(dir, llayout, lp.data(), false));
+  const std::string ltext = fuzz::ReadFile(dir + "/config.json");
+  fs::remove_all(dir);
+  Write(d + "/llama_export.json", ltext);
+  k = 0;
+  for (const std::string& v : fuzz::JsonTypeVariants(nlohmann::json::parse(ltext), 64, 400))
+    Write(d + "/llama_type_" + std::to_string(k++) + ".json", v);
 }
 
 }  // namespace

@@ -1,10 +1,12 @@
 // prepare's inputs (io/text_input.h, io/prepare.h): JSON Lines and gzip'd files give the same
 // shards as the equivalent text files, a vocabulary above 65,536 ids gives uint32 shards whose
 // ids reach the data loader whole, and each malformed input is one error line naming file:line
-// with nothing left in the output directory.
+// with nothing left in the output directory; without <|endoftext|> each document starts with the
+// tokenizer template's prefix.
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -27,9 +29,13 @@ namespace fs = std::filesystem;
 
 using testutil::ByteSymbol;
 
+// What the tokenizer's added token at eot_id is: <|endoftext|>; <|begin_of_text|> with a
+// TemplateProcessing that puts it before a text (Llama 3); <|begin_of_text|> without a template.
+enum class Special { kEndOfText, kBeginTemplate, kBeginNoTemplate };
+
 // byte b has id b; the merges (h e) (l l) (he ll) get ids merge_base.. merge_base+2;
-// <|endoftext|> is eot_id.
-std::shared_ptr<const BpeTokenizer> Tokenizer(int merge_base, int eot_id) {
+// the added token (<|endoftext|> by default) is eot_id.
+std::shared_ptr<const BpeTokenizer> Tokenizer(int merge_base, int eot_id, Special special = Special::kEndOfText) {
   nlohmann::json vocab = nlohmann::json::object();
   for (int b = 0; b < 256; b++) vocab[ByteSymbol(b)] = b;
   nlohmann::json m = nlohmann::json::array();
@@ -39,11 +45,20 @@ std::shared_ptr<const BpeTokenizer> Tokenizer(int merge_base, int eot_id) {
   // ids are dense: the gaps hold entries no merge reaches
   for (int u = 256; u < eot_id; u++)
     if (u < merge_base || u >= merge_base + 3) vocab["<unused" + std::to_string(u) + ">"] = u;
-  const nlohmann::json j = {{"added_tokens", {{{"id", eot_id}, {"content", "<|endoftext|>"}, {"special", true}}}},
-                            {"normalizer", nullptr},
-                            {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-                            {"decoder", {{"type", "ByteLevel"}}},
-                            {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", m}}}};
+  const std::string name = special == Special::kEndOfText ? "<|endoftext|>" : "<|begin_of_text|>";
+  nlohmann::json j = {{"added_tokens", {{{"id", eot_id}, {"content", name}, {"special", true}}}},
+                      {"normalizer", nullptr},
+                      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+                      {"decoder", {{"type", "ByteLevel"}}},
+                      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", m}}}};
+  if (special == Special::kBeginTemplate)
+    j["post_processor"] = {{"type", "TemplateProcessing"},
+                           {"single", {{{"SpecialToken", {{"id", name}, {"type_id", 0}}}},
+                                       {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+                           {"pair", {{{"SpecialToken", {{"id", name}, {"type_id", 0}}}},
+                                     {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+                                     {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
+                           {"special_tokens", {{name, {{"id", name}, {"ids", {eot_id}}, {"tokens", {name}}}}}}};
   auto t = BpeTokenizer::Parse("tok.json", j.dump());
   EXPECT_TRUE(t.ok()) << t.status().message();
   return t.value();
@@ -133,6 +148,34 @@ TEST(PrepareInput, JsonlAndGzipGiveTheSameBpeShardsAsText) {
   all.insert(all.end(), val->ids.begin(), val->ids.end());
   EXPECT_EQ(std::count(all.begin(), all.end(), 259u), 4);
   EXPECT_EQ(all[0], 259u);
+}
+
+// Without <|endoftext|>, each document starts with the template's prefix (<|begin_of_text|>);
+// with neither, documents follow one another with nothing between them. The text's own ids are
+// those of the <|endoftext|> tokenizer's shards, each separator dropped.
+TEST(PrepareInput, DocumentsStartWithTheTemplatePrefixWithoutEndOfText) {
+  const std::string dir = TestDir();
+  const Inputs in = WriteInputs(dir);
+  BpePrepareOptions o;
+  o.val_fraction = 0;
+  o.threads = 2;
+  auto ids = [&](Special sp, const std::string& out) {
+    auto tok = Tokenizer(256, 259, sp);
+    EXPECT_EQ(tok->text_prefix(), sp == Special::kBeginTemplate ? std::vector<int32_t>{259} : std::vector<int32_t>{});
+    Status s = PrepareBpe(*tok, {in.jsonl}, out, o, nullptr);
+    EXPECT_TRUE(s.ok()) << s.message();
+    auto t = ReadTokenShard(out + "/train.bin");
+    EXPECT_TRUE(t.ok());
+    return t.ok() ? t->ids : std::vector<uint32_t>{};
+  };
+  const std::vector<uint32_t> eot = ids(Special::kEndOfText, dir + "/eot"), bos = ids(Special::kBeginTemplate, dir + "/bos"),
+                              none = ids(Special::kBeginNoTemplate, dir + "/none");
+  EXPECT_EQ(bos, eot);  // the same id in the same places: before each of the 4 documents
+  EXPECT_EQ(std::count(bos.begin(), bos.end(), 259u), 4);
+  EXPECT_EQ(bos[0], 259u);
+  std::vector<uint32_t> text = eot;
+  text.erase(std::remove(text.begin(), text.end(), 259u), text.end());
+  EXPECT_EQ(none, text);
 }
 
 // A vocabulary of 100,001 ids: prepare writes uint32 shards (llm.c's Llama 3 format), and
