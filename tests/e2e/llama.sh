@@ -6,7 +6,8 @@
 #  - resume at the same ranks and stage bitwise (every loss after the checkpoint), on other rank
 #    counts and stages within 1e-5, and an async checkpoint;
 #  - refusals: llama options on gpt2, a kv head count that does not divide the heads, --gelu
-#    fused, --save-model, --init, a llama checkpoint resumed as gpt2 (naming arch); plan's sizes.
+#    fused, --save-model, --arch llama with --init of a gpt2 model, a llama checkpoint resumed
+#    as gpt2 (naming arch); plan's sizes.
 set -euo pipefail
 source "$(dirname "$0")/lib/common.sh"  # BIN, T, fail, mpirun as root
 e2e_text 300 "In the beginning God created the heaven and the earth. And the earth was without form, and void."
@@ -70,9 +71,10 @@ refused "--tie-embeddings is a llama option" train $D --tie-embeddings
 refused "must divide --n-head 8" train $D --arch llama --n-head 8 --n-embd 64 --n-kv-head 3
 refused "--gelu fused is a gpt2 option" train $D $LLAMA --gelu fused
 refused "llm.c model format holds GPT-2 models only" train $D $LLAMA --save-model "$T/m.bin"
-refused "with --arch llama: --init reads GPT-2 models only" train $D $LLAMA --init "$T/m.bin"
 refused "another model (arch: llama vs gpt2" train $D --n-head 8 --n-embd 64 --ckpt-dir "$T/ck" --resume latest --steps 8
 [ ! -e "$T/m.bin" ] || fail "a refused run wrote --save-model"
+"$BIN" train $D --n-layer 2 --n-head 8 --n-embd 64 --save-model "$T/m.bin" >/dev/null || fail "gpt2 model for --init"
+refused "--arch llama" train $D --arch llama --n-layer 2 --n-head 8 --n-embd 64 --init "$T/m.bin"
 out=$("$BIN" plan $LLAMA --seq-len 256 --micro-batch 4 --ranks 2 --zero-stage 3 2>&1) || fail "plan: $out"
 grep -q "llama KV2 F96" <<<"$out" || fail "plan does not show the llama config: $out"
 echo "refusals ok"

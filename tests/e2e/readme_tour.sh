@@ -102,8 +102,12 @@ grep -q "saved by *3 rank(s), zero stage 1" "$out" || fail "ckpt inspect did not
 grep -q "^\*3 " "$out" || fail "plan printed no stage table"
 grep -q "what fits in 80.000 GiB per rank" "$out" || fail "plan --memory printed no table"
 [ -s runs/hf/config.json ] && [ -s runs/hf/model.safetensors ] || fail "export --hf wrote no model"
+[ -s my.jsonl ] && [ -s data/jsonl/train.bin ] || fail "the JSON Lines block wrote no shards"
+[ -d runs/llama/step_00000012 ] || fail "the llama run left no checkpoint at step 12"
+grep -q '"LlamaForCausalLM"' runs/hf-llama/config.json || fail "export --hf of the llama run wrote no LlamaForCausalLM config"
 if [ $ran_hf = 1 ]; then
   grep -A1 "^=== block $hf1$" "$out" | grep -q "^And God said" || fail "transformers did not continue the prompt"
+  grep -q "^llama: And God said" "$out" || fail "transformers' LlamaForCausalLM did not continue the prompt"
   [ -s tokenizer.json ] && [ -s data/bpe/train.bin ] && [ -s runs/hf-bpe/tokenizer.json ] || fail "the BPE path wrote no files"
   tail -1 "$out" | grep -q "And God said" || fail "transformers with the BPE tokenizer did not continue the prompt"
   echo "readme_tour: the transformers blocks ran ($HF)"
