@@ -4,7 +4,7 @@
 // per-rank work on one rank alone, on every rank alone at once, then on N ranks) and where the
 // training thread waited for communication (forward, backward, after backward).
 //
-//   bench_train [--config tiny|small|gpt2|d12] [--steps 20] [--zero-stage S] [--shard-layout flat|per-param] [--dtype fp32|bf16]
+//   bench_train [--config tiny|small|gpt2|d12|llama|llama-small] [--steps 20] [--zero-stage S] [--shard-layout flat|per-param] [--dtype fp32|bf16]
 //               [--compute-dtype fp32|bf16] [--act-dtype auto|fp32|bf16] (default: what `shardgpt train` picks, see --compute-dtype, --act-dtype)
 //               [--threads N] [--grad-accum A] [--bucket-mb MiB] [--device cpu|cuda]
 //               [--micro-batch B] [--seq-len T] [--peak-tflops P] [--comm auto|mpi|nccl] [--profile 1]
@@ -29,7 +29,10 @@
 //   mpirun -np 2 bench_train --config tiny --zero-stage 0 --threads 1
 // Configs: tiny L4 H4 C256 V256 T256 B8; small L6 H6 C384 V256 T256 B8;
 // gpt2 = GPT-2 124M shape L12 H12 C768 V50257 (max T 1024) run at T64 B4; d12 = the same model
-// at T1024 B16 (llm.c's GPU setting). B is per rank.
+// at T1024 B16 (llm.c's GPU setting); --arch llama with an untied head: llama = L12 H12 KV4 C768
+// F2048 V50257 T256 B1 (the 124M class: 153M parameters), llama-small = L6 H6 KV2 C384 F1024
+// V256 T256 B8. B is per rank. Model GFLOP/s: 6N + 6LCT per token for gpt2 (N = parameters);
+// for llama 3 x GPT::ForwardFlops (the matmuls and attention, not the embedding lookup).
 #include <mpi.h>
 
 #include <algorithm>
@@ -381,7 +384,15 @@ int main(int argc, char** argv) {
   else if (config == "small") c = GPTConfig{6, 6, 384, 256, 256};
   else if (config == "gpt2") c = GPTConfig{12, 12, 768, 1024, 50257}, B = 4, T = 64;
   else if (config == "d12") c = GPTConfig{12, 12, 768, 1024, 50257}, B = 16, T = 1024;
-  else { std::fprintf(stderr, "bench_train: unknown --config %s (tiny, small, gpt2, d12)\n", config.c_str()); return 1; }
+  else if (config == "llama" || config == "llama-small") {  // --arch llama, untied head (bench/torch_train.py's Llama)
+    const bool big = config == "llama";
+    c = big ? GPTConfig{12, 12, 768, 256, 50257} : GPTConfig{6, 6, 384, 256, 256};
+    c.arch = Arch::kLlama, c.n_kv_head = big ? 4 : 2, c.ffn_hidden = big ? 2048 : 1024, c.tie_embeddings = false;
+    B = big ? 1 : 8;
+  } else {
+    std::fprintf(stderr, "bench_train: unknown --config %s (tiny, small, gpt2, d12, llama, llama-small)\n", config.c_str());
+    return 1;
+  }
   if (micro_batch > 0) B = micro_batch;
   if (seq_len > 0) T = seq_len;
   // shape overrides (small shapes for scripts/gpu-check.sh --dry under the CUDA emulation)
@@ -427,7 +438,8 @@ int main(int argc, char** argv) {
                   "counted at %g bytes/element, peaks %.0f TFLOP/s dense and %.0f GB/s\n",
                   config.c_str(), dtype.c_str(), gelu.c_str(), B, T, accum, N / 1e6, double(DTypeSize(prof.profile().activation_dtype())), peaks.flops / 1e12,
                   peaks.bytes_per_s / 1e9);
-      PrintRoofline(prof.profile(), peaks, tokens, tokens * (6 * N + 6.0 * c.n_layer * c.n_embd * T));
+      PrintRoofline(prof.profile(), peaks, tokens,
+                    tokens * (c.llama() ? 3 * GPT::ForwardFlops(c, 1, T) / T : 6 * N + 6.0 * c.n_layer * c.n_embd * T));
     }
     MPI_Finalize();
     return 0;
@@ -542,7 +554,7 @@ int main(int argc, char** argv) {
   const double med = run.median_s;
   const double tokens = static_cast<double>(B) * T * accum * comm.world_size();
   const double N = static_cast<double>(layout.total_numel());
-  const double flops_per_token = 6 * N + 6.0 * c.n_layer * c.n_embd * T;
+  const double flops_per_token = c.llama() ? 3 * GPT::ForwardFlops(c, 1, T) / T : 6 * N + 6.0 * c.n_layer * c.n_embd * T;
   if (lead) {
     const double tflops = tokens * flops_per_token / med / 1e12;
     std::printf("config=%s device=%s ranks=%d stage=%d layout=%s dtype=%s compute=%s gelu=%s threads/rank=%d B=%d T=%d A=%d params=%.2fM | "

@@ -172,6 +172,42 @@ class ProfilingKernels final : public Kernels {
          [&] { r = k_.crossentropy_softmax(logits, losses, targets, N, V, Vp, dloss_scale); });
     return r;
   }
+  // ---- the Llama block (model/kernels_cpu_llama.h; W = (NH + 2 KV) hs, F the SwiGLU width) ----
+  void rmsnorm_forward(void* out, float* rstd, const void* inp, const float* w, int N, int C,
+                       float eps) const override {
+    Time("rmsnorm_forward", 0, A() * 2.0 * N * C + 4.0 * C + 4.0 * N,
+         [&] { k_.rmsnorm_forward(out, rstd, inp, w, N, C, eps); });
+  }
+  void rmsnorm_backward(void* dinp, float* dw, const void* dout, const void* inp, const float* w,
+                        const float* rstd, int N, int C) const override {
+    Time("rmsnorm_backward", 0, A() * 4.0 * N * C + 4.0 * 3.0 * C + 4.0 * N,
+         [&] { k_.rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C); });
+  }
+  // in place on the q and k heads: read and written
+  void rope_forward(void* qkv, int B, int T, int NH, int KV, int hs, float theta) const override {
+    Time("rope_forward", 0, A() * 2.0 * B * T * double(NH + KV) * hs,
+         [&] { k_.rope_forward(qkv, B, T, NH, KV, hs, theta); });
+  }
+  void rope_backward(void* dqkv, int B, int T, int NH, int KV, int hs, float theta) const override {
+    Time("rope_backward", 0, A() * 2.0 * B * T * double(NH + KV) * hs,
+         [&] { k_.rope_backward(dqkv, B, T, NH, KV, hs, theta); });
+  }
+  void swiglu_forward(void* out, const void* gate_up, int N, int F) const override {
+    Time("swiglu_forward", 0, A() * 3.0 * N * F, [&] { k_.swiglu_forward(out, gate_up, N, F); });
+  }
+  void swiglu_backward(void* dgate_up, const void* gate_up, const void* dout, int N, int F) const override {
+    Time("swiglu_backward", 0, A() * 7.0 * N * F, [&] { k_.swiglu_backward(dgate_up, gate_up, dout, N, F); });
+  }
+  // reads the W-wide rows, writes the 3C-wide [q | k | v] rows attention reads
+  void kv_repeat_forward(void* out, const void* qkv, int N, int NH, int KV, int hs) const override {
+    Time("kv_repeat_forward", 0, A() * double(N) * hs * (NH + 2 * KV + 3 * NH),
+         [&] { k_.kv_repeat_forward(out, qkv, N, NH, KV, hs); });
+  }
+  void kv_repeat_backward(void* dqkv, const void* dout, int N, int NH, int KV, int hs) const override {
+    Time("kv_repeat_backward", 0, A() * double(N) * hs * (3 * NH + 2 * (NH + 2 * KV)),
+         [&] { k_.kv_repeat_backward(dqkv, dout, N, NH, KV, hs); });
+  }
+  bool has_llama_kernels() const override { return k_.has_llama_kernels(); }
   // ---- engine ----
   void begin_weight_reuse() override { k_.begin_weight_reuse(); }
   void end_weight_reuse() override { k_.end_weight_reuse(); }

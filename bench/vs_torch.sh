@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # shardgpt against PyTorch, side by side (a benchmark: it prints figures, it asserts nothing).
-# For each dtype (fp32, bf16) and config (tiny, small, gpt2 = GPT-2 124M shape; bench_train's),
+# For each dtype (fp32, bf16) and config (tiny, small, gpt2 = GPT-2 124M shape; llama = a Llama
+# of the 124M class, llama-small; bench_train's, CONFIGS="llama-small llama" for the Llama pair),
 # ROUNDS times alternately: build/bench/bench_train (1 rank x 2 threads, `shardgpt train`'s
 # compute choice) then bench/torch_train.py (the same model and step in PyTorch; bf16 =
 # torch.autocast("cpu", torch.bfloat16)). Prints every pair, then per config the median
