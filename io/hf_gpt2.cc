@@ -35,35 +35,6 @@ std::vector<int64_t> HfShape(const TensorInfo& t, const GPTConfig& c) {
   return t.shape;
 }
 
-Status WriteTextAtomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      return Status::IOError(tmp + ": write failed: " + std::strerror(errno));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return Status::IOError(path + ": cannot rename into place: " + std::strerror(errno));
-  }
-  return Status::OK();
-}
-
-// An integer field of config.json, required and positive.
-Status IntField(const std::string& what, const nlohmann::json& j, const char* key, int* out) {
-  const nlohmann::json* v = JsonMember(j, key);
-  if (!v) return Status::InvalidArgument(what + ": missing \"" + key + "\" (expected a positive integer)");
-  if (!v->is_number_integer() || v->get<int64_t>() < 1 || v->get<int64_t>() > (1 << 30) ||
-      (v->is_number_unsigned() && v->get<uint64_t>() > (1u << 30)))
-    return Status::InvalidArgument(what + ": " + key + " is " + JsonBrief(*v) + " (expected a positive integer)");
-  *out = v->get<int>();
-  return Status::OK();
-}
-
 // An optional boolean option that shardgpt computes only at `want` (absent means HF's default,
 // which is `want`): another value is refused naming it, and so is any other JSON type (null
 // included: transformers would read it as false).
@@ -110,11 +81,11 @@ StatusOr<GPTConfig> ParseHfGpt2Config(const std::string& what, const std::string
   if (const nlohmann::json* mt = JsonMember(j, "model_type"); mt && *mt != "gpt2")
     return Status::InvalidArgument(what + ": model_type is " + JsonBrief(*mt) + " (expected \"gpt2\")");
   GPTConfig c;
-  SHARDGPT_RETURN_IF_ERROR(IntField(what, j, "n_layer", &c.n_layer));
-  SHARDGPT_RETURN_IF_ERROR(IntField(what, j, "n_head", &c.n_head));
-  SHARDGPT_RETURN_IF_ERROR(IntField(what, j, "n_embd", &c.n_embd));
-  SHARDGPT_RETURN_IF_ERROR(IntField(what, j, "n_positions", &c.max_seq_len));
-  SHARDGPT_RETURN_IF_ERROR(IntField(what, j, "vocab_size", &c.vocab_size));
+  SHARDGPT_RETURN_IF_ERROR(JsonPositiveInt(what, j, "n_layer", &c.n_layer));
+  SHARDGPT_RETURN_IF_ERROR(JsonPositiveInt(what, j, "n_head", &c.n_head));
+  SHARDGPT_RETURN_IF_ERROR(JsonPositiveInt(what, j, "n_embd", &c.n_embd));
+  SHARDGPT_RETURN_IF_ERROR(JsonPositiveInt(what, j, "n_positions", &c.max_seq_len));
+  SHARDGPT_RETURN_IF_ERROR(JsonPositiveInt(what, j, "vocab_size", &c.vocab_size));
   {
     Status v = c.Validate();
     if (!v.ok()) return Status::InvalidArgument(what + ": " + v.message());
@@ -207,7 +178,7 @@ Status WriteHfGpt2(const std::string& dir, const ParamLayout& layout, const floa
   j["tie_word_embeddings"] = true;
   if (c.vocab_size > 50256) j["bos_token_id"] = 50256, j["eos_token_id"] = 50256;  // GPT-2's <|endoftext|>
   j["torch_dtype"] = bf16 ? "bfloat16" : "float32";
-  return WriteTextAtomic((fs::path(dir) / "config.json").string(), j.dump(2) + "\n");
+  return WriteTextFileAtomic((fs::path(dir) / "config.json").string(), j.dump(2) + "\n");
 }
 
 StatusOr<std::unique_ptr<HfGpt2Reader>> HfGpt2Reader::Open(const std::string& path) {

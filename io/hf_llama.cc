@@ -38,48 +38,6 @@ std::vector<int64_t> HfShape(const TensorInfo& t, const GPTConfig& c) {
   return t.shape;
 }
 
-Status WriteTextAtomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      return Status::IOError(tmp + ": write failed: " + std::strerror(errno));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return Status::IOError(path + ": cannot rename into place: " + std::strerror(errno));
-  }
-  return Status::OK();
-}
-
-StatusOr<std::string> ReadText(const std::string& path, const std::string& expected) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return Status::NotFound(path + ": cannot open (expected " + expected + ")");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) return Status::IOError(path + ": read failed (expected " + expected + ")");
-  return ss.str();
-}
-
-// An integer field, required (or, with `fallback` > 0, optional and null meaning absent) and positive.
-Status IntField(const std::string& what, const nlohmann::json& j, const char* key, int* out, int fallback = 0) {
-  const nlohmann::json* v = JsonMember(j, key);
-  if (fallback > 0 && (!v || v->is_null())) {
-    *out = fallback;
-    return Status::OK();
-  }
-  if (!v) return Status::InvalidArgument(what + ": missing \"" + key + "\" (expected a positive integer)");
-  if (!v->is_number_integer() || v->get<int64_t>() < 1 || v->get<int64_t>() > (1 << 30) ||
-      (v->is_number_unsigned() && v->get<uint64_t>() > (1u << 30)))
-    return Status::InvalidArgument(what + ": " + key + " is " + JsonBrief(*v) + " (expected a positive integer)");
-  *out = v->get<int>();
-  return Status::OK();
-}
-
 // An optional positive finite number (absent: fallback), narrowed to float.
 Status PositiveNumber(const std::string& what, const nlohmann::json& j, const char* key, double fallback, float* out) {
   const nlohmann::json* v = JsonMember(j, key);
@@ -190,13 +148,13 @@ StatusOr<GPTConfig> ParseHfLlamaConfig(const std::string& what, const std::strin
                                    " is not supported (expected \"llama\"; shardgpt reads \"gpt2\" and \"llama\")");
   GPTConfig c;
   c.arch = Arch::kLlama;
-  SHARDGPT_RETURN_IF_ERROR(IntField(what, j, "num_hidden_layers", &c.n_layer));
-  SHARDGPT_RETURN_IF_ERROR(IntField(what, j, "num_attention_heads", &c.n_head));
-  SHARDGPT_RETURN_IF_ERROR(IntField(what, j, "hidden_size", &c.n_embd));
-  SHARDGPT_RETURN_IF_ERROR(IntField(what, j, "intermediate_size", &c.ffn_hidden));
-  SHARDGPT_RETURN_IF_ERROR(IntField(what, j, "max_position_embeddings", &c.max_seq_len));
-  SHARDGPT_RETURN_IF_ERROR(IntField(what, j, "vocab_size", &c.vocab_size));
-  SHARDGPT_RETURN_IF_ERROR(IntField(what, j, "num_key_value_heads", &c.n_kv_head, c.n_head));
+  SHARDGPT_RETURN_IF_ERROR(JsonPositiveInt(what, j, "num_hidden_layers", &c.n_layer));
+  SHARDGPT_RETURN_IF_ERROR(JsonPositiveInt(what, j, "num_attention_heads", &c.n_head));
+  SHARDGPT_RETURN_IF_ERROR(JsonPositiveInt(what, j, "hidden_size", &c.n_embd));
+  SHARDGPT_RETURN_IF_ERROR(JsonPositiveInt(what, j, "intermediate_size", &c.ffn_hidden));
+  SHARDGPT_RETURN_IF_ERROR(JsonPositiveInt(what, j, "max_position_embeddings", &c.max_seq_len));
+  SHARDGPT_RETURN_IF_ERROR(JsonPositiveInt(what, j, "vocab_size", &c.vocab_size));
+  SHARDGPT_RETURN_IF_ERROR(JsonPositiveInt(what, j, "num_key_value_heads", &c.n_kv_head, c.n_head));
   SHARDGPT_RETURN_IF_ERROR(PositiveNumber(what, j, "rms_norm_eps", 1e-6, &c.norm_eps));
   SHARDGPT_RETURN_IF_ERROR(PositiveNumber(what, j, "rope_theta", 10000.0, &c.rope_theta));
   {
@@ -291,7 +249,7 @@ Status WriteHfLlama(const std::string& dir, const ParamLayout& layout, const flo
     nlohmann::ordered_json idx;
     idx["metadata"] = {{"total_size", total}};
     idx["weight_map"] = weight_map;
-    SHARDGPT_RETURN_IF_ERROR(WriteTextAtomic((fs::path(dir) / kIndexName).string(), idx.dump(2) + "\n"));
+    SHARDGPT_RETURN_IF_ERROR(WriteTextFileAtomic((fs::path(dir) / kIndexName).string(), idx.dump(2) + "\n"));
     fs::remove(fs::path(dir) / "model.safetensors", ec);  // transformers would read it first
   } else {
     fs::remove(fs::path(dir) / kIndexName, ec);
@@ -317,7 +275,7 @@ Status WriteHfLlama(const std::string& dir, const ParamLayout& layout, const flo
   j["initializer_range"] = 0.02;
   j["tie_word_embeddings"] = c.tie_embeddings;
   j["torch_dtype"] = bf16 ? "bfloat16" : "float32";
-  return WriteTextAtomic((fs::path(dir) / "config.json").string(), j.dump(2) + "\n");
+  return WriteTextFileAtomic((fs::path(dir) / "config.json").string(), j.dump(2) + "\n");
 }
 
 StatusOr<std::unique_ptr<HfLlamaReader>> HfLlamaReader::Open(const std::string& path) {
@@ -325,7 +283,7 @@ StatusOr<std::unique_ptr<HfLlamaReader>> HfLlamaReader::Open(const std::string& 
   const bool is_dir = fs::is_directory(path, ec);
   const fs::path dir = HfDir(path);
   const std::string cfg_path = ConfigPath(dir);
-  auto text = ReadText(cfg_path, "a Hugging Face Llama config.json");
+  auto text = ReadTextFile(cfg_path, "a Hugging Face Llama config.json");
   if (!text.ok()) return text.status();
   auto cfg = ParseHfLlamaConfig(cfg_path, text.value());
   if (!cfg.ok()) return cfg.status();
@@ -346,7 +304,7 @@ StatusOr<std::unique_ptr<HfLlamaReader>> HfLlamaReader::Open(const std::string& 
     for (const SafetensorsEntry& e : r->files_[0]->entries()) file_of_tensor[e.name] = 0;
     where = single;
   } else {
-    auto itext = ReadText(index_path, "a safetensors index: {\"weight_map\": {tensor: file}}");
+    auto itext = ReadTextFile(index_path, "a safetensors index: {\"weight_map\": {tensor: file}}");
     if (!itext.ok()) return itext.status();
     const nlohmann::json idx = nlohmann::json::parse(itext.value(), nullptr, /*allow_exceptions=*/false);
     if (idx.is_discarded() || !idx.is_object())

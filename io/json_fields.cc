@@ -1,5 +1,11 @@
 #include "io/json_fields.h"
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
 namespace shardgpt {
 
 std::string JsonBrief(const nlohmann::json& v) {
@@ -46,6 +52,47 @@ StatusOr<std::string> JsonOptionalString(const std::string& what, const nlohmann
   if (!v->is_string())
     return Status::InvalidArgument(what + ": " + where + key + " is " + JsonBrief(*v) + " (expected a string)");
   return v->get<std::string>();
+}
+
+Status JsonPositiveInt(const std::string& what, const nlohmann::json& o, const char* key, int* out, int fallback) {
+  const nlohmann::json* v = JsonMember(o, key);
+  if (fallback > 0 && (!v || v->is_null())) {
+    *out = fallback;
+    return Status::OK();
+  }
+  if (!v) return Status::InvalidArgument(what + ": missing \"" + key + "\" (expected a positive integer)");
+  if (!v->is_number_integer() || v->get<int64_t>() < 1 || v->get<int64_t>() > (1 << 30) ||
+      (v->is_number_unsigned() && v->get<uint64_t>() > (1u << 30)))
+    return Status::InvalidArgument(what + ": " + key + " is " + JsonBrief(*v) + " (expected a positive integer)");
+  *out = v->get<int>();
+  return Status::OK();
+}
+
+StatusOr<std::string> ReadTextFile(const std::string& path, const std::string& expected) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return Status::NotFound(path + ": cannot open (expected " + expected + ")");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) return Status::IOError(path + ": read failed (expected " + expected + ")");
+  return ss.str();
+}
+
+Status WriteTextFileAtomic(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) {
+      std::remove(tmp.c_str());
+      return Status::IOError(tmp + ": write failed: " + std::strerror(errno));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return Status::IOError(path + ": cannot rename into place: " + std::strerror(errno));
+  }
+  return Status::OK();
 }
 
 }  // namespace shardgpt

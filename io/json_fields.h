@@ -32,4 +32,14 @@ StatusOr<bool> JsonOptionalBool(const std::string& what, const nlohmann::json& o
 StatusOr<std::string> JsonOptionalString(const std::string& what, const nlohmann::json& o, const std::string& where,
                                          const char* key, const std::string& fallback, bool null_is_absent = false);
 
+// A required positive integer field (at most 2^30): absent, another type or out of range is an
+// error "<what>: ..."; with fallback > 0 the field is optional and null or absent gives fallback.
+Status JsonPositiveInt(const std::string& what, const nlohmann::json& o, const char* key, int* out, int fallback = 0);
+
+// The whole text of a file (a config.json, an index), or NotFound / IOError naming the path and
+// what it was expected to hold.
+StatusOr<std::string> ReadTextFile(const std::string& path, const std::string& expected);
+// Replaces path with `text` atomically (path.tmp, then a rename); the temporary is removed on error.
+Status WriteTextFileAtomic(const std::string& path, const std::string& text);
+
 }  // namespace shardgpt
