@@ -38,6 +38,7 @@ GPU_DEPS_PACKAGES=(
   libdnnl-dev libdnnl2 ocl-icd-libopencl1
   libcli11-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev libbenchmark1debian
   libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3
+  zlib1g-dev zlib1g
   pkgconf pkgconf-bin libpkgconf3 pkg-config
 )
 
