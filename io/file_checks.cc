@@ -28,7 +28,9 @@ bool FileParamCount(const GPTConfig& c, uint64_t* count) {
   const unsigned __int128 C = static_cast<unsigned>(c.n_embd), L = static_cast<unsigned>(c.n_layer);
   const unsigned __int128 Vp = static_cast<unsigned>(c.padded_vocab()), T = static_cast<unsigned>(c.max_seq_len);
   // llama: embed Vp*C; each block C*W + C^2 + 3*C*F + 2*C; final C (+ Vp*C untied).
-  const unsigned __int128 W = static_cast<unsigned>(c.qkv_width()), F = static_cast<unsigned>(c.ffn());
+  // W and F are read only for llama, whose widths Validate bounds so that they fit an int.
+  const unsigned __int128 W = c.llama() ? static_cast<unsigned>(c.qkv_width()) : 0;
+  const unsigned __int128 F = c.llama() ? static_cast<unsigned>(c.ffn()) : 0;
   const unsigned __int128 n = c.llama() ? Vp * C + L * (C * W + C * C + 3 * C * F + 2 * C) + C +
                                               (c.tie_embeddings ? 0 : Vp * C)
                                         : Vp * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;

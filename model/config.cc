@@ -77,6 +77,7 @@ std::string GPTConfig::FirstDifference(const GPTConfig& o) const {
   if (n_embd != o.n_embd) return diff("n_embd", n_embd, o.n_embd);
   if (max_seq_len != o.max_seq_len) return diff("max_seq_len", max_seq_len, o.max_seq_len);
   if (vocab_size != o.vocab_size) return diff("vocab_size", vocab_size, o.vocab_size);
+  if (!llama()) return "";  // a gpt2 config is all in the fields above (its head count and 4C follow)
   if (kv_heads() != o.kv_heads()) return diff("n_kv_head", kv_heads(), o.kv_heads());
   if (ffn() != o.ffn()) return diff("ffn_hidden", ffn(), o.ffn());
   if (rope_theta != o.rope_theta) return "rope_theta: " + FloatText(rope_theta) + " vs " + FloatText(o.rope_theta);
