@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -12,12 +14,28 @@
 namespace shardgpt {
 namespace testutil {
 
+// This process's folder under the test temp dir: named by the process id, so that two runs of
+// one test (two builds, two worktrees) never share files; removed when the process that made
+// it exits (a forked child leaves it alone).
+inline const std::filesystem::path& ProcessTestRoot() {
+  struct Root {
+    std::filesystem::path path;
+    pid_t owner;
+    ~Root() {
+      std::error_code ec;
+      if (getpid() == owner) std::filesystem::remove_all(path, ec);
+    }
+  };
+  static const Root root{std::filesystem::path(::testing::TempDir()) / ("shardgpt_io." + std::to_string(getpid())),
+                         getpid()};
+  return root.path;
+}
+
 // A fresh, empty directory per test, so tests do not see each other's files.
 inline std::string TestDir() {
   namespace fs = std::filesystem;
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::path(::testing::TempDir()) / "shardgpt_io" /
-                 (std::string(info->test_suite_name()) + "." + info->name());
+  fs::path dir = ProcessTestRoot() / (std::string(info->test_suite_name()) + "." + info->name());
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();
