@@ -20,7 +20,10 @@ if [ ! -x "$BIN" ]; then
 fi
 [ -x "$BIN" ] || { echo "fuzz.sh: no target '$TARGET' ($BIN)" >&2; exit 2; }
 SEEDS="$BUILD/fuzz/seeds/$TARGET"
-[ -d "$SEEDS" ] || "$BUILD/tests/fuzz/fuzz_make_seeds" "$BUILD/fuzz/seeds" >/dev/null
+# one maker at a time: test-sanitize.sh starts two targets at once
+mkdir -p "$BUILD/fuzz"
+flock "$BUILD/fuzz/.seeds.lock" sh -c '[ -d "$1" ] || "$2" "$3" >/dev/null' _ "$SEEDS" "$BUILD/tests/fuzz/fuzz_make_seeds" \
+  "$BUILD/fuzz/seeds"
 CORPUS="$BUILD/fuzz/corpus/$TARGET" FINDINGS="$BUILD/fuzz/findings/$TARGET"
 mkdir -p "$CORPUS" "$FINDINGS"
 DIRS=("$CORPUS" "$SEEDS")
