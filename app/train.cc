@@ -44,6 +44,7 @@
 #include "parallel/flight_recorder.h"
 #include "parallel/memory_model.h"
 #include "parallel/mpi_communicator.h"
+#include "parallel/nccl_memory.h"
 #include "parallel/straggler.h"
 
 namespace shardgpt {
@@ -624,10 +625,29 @@ class Trainer {
                   device_.name().c_str(), ComputeThreads());
       if (!compute_line_.empty()) std::printf("%s\n", compute_line_.c_str());
       PrintStartupReport(*engine_, *layout_, o_.grad_accum, state_per_rank);
+      PrintNcclMemoryLine();
       PrintRecomputeLine();
       std::fflush(stdout);  // a batch job's output file shows the start before the first step
     }
     return Status::OK();
+  }
+
+  // NCCL runs (the stream-ordered communicator is NCCL's): the estimate of NCCL's own device
+  // buffers per rank (parallel/nccl_memory.h) from this run's ranks, shard groups and NCCL_*
+  // environment, without and with NVLS (shardgpt cannot tell whether NCCL uses it).
+  void PrintNcclMemoryLine() const {
+    if (!comm_.stream_ordered()) return;
+    auto G = o_.engine.ShardGroupSize(comm_.world_size());
+    const int g = G.ok() ? G.value() : comm_.world_size();
+    auto env = [](const char* name) -> const char* { return std::getenv(name); };
+    const NcclMemoryAssumptions plain = NcclAssumptionsFromEnvironment(env, false);
+    const NcclMemoryAssumptions with = NcclAssumptionsFromEnvironment(env, true);
+    const NcclMemoryEstimate e = EstimateNcclMemory(comm_.world_size(), g, o_.ranks_per_node, plain);
+    const double nvls = EstimateNcclMemory(comm_.world_size(), g, o_.ranks_per_node, with).nvls();
+    std::printf("NCCL buffers (an estimate, not tracked): %.1f MiB per rank: %s", e.total() / 1048576.0,
+                e.Describe(plain).c_str());
+    if (with.nvls && nvls > 0) std::printf("; %.1f MiB more where NCCL uses NVLS (NVSwitch nodes)", nvls / 1048576.0);
+    std::printf("\n");
   }
 
   // What --recompute saves and costs: the activations against each mode's, and the recomputed
