@@ -16,8 +16,8 @@
 #      cuda:r (GPU = node-local rank of the 2 it sees), set before MPI_Init from SLURM_LOCALID,
 #      with the bus id of the GPU `mpirun -np 2` outside Slurm gives local rank r; losses within
 #      1e-4 of that mpirun run;
-#   1p. SHARDGPT_GPU_BIND=per_task:1, a short job: each rank on cuda:0 (the one GPU it sees),
-#      the two bus ids those of the reference's GPUs; its losses within 1e-4 of the reference;
+#   1p. SHARDGPT_GPU_BIND=per_task:1: each rank on cuda:0 (the one GPU it sees), the two bus
+#      ids those of the reference's GPUs; losses within 1e-4 of the reference;
 #   2. a 2-task job gets `scancel --signal=USR1` mid-run: checkpoint, exit 75, the template
 #      requeues it, it resumes on 2 ranks and finishes: every step logged once, losses within
 #      1e-4 of the mpirun run.
@@ -202,9 +202,8 @@ check_losses "$T/full/train.jsonl" 1 0 1e-4 || { show "$T/full.out"; fail "srun 
 echo "1. 2-task job, --gpu-bind=none, --comm nccl, COMPLETED 0:0; rank 0 on cuda:0 bus $(awk '$1 == 0 {print $4}' <<<"$topo"), rank 1 on" \
      "cuda:1 bus $(awk '$1 == 1 {print $4}' <<<"$topo") (set before MPI_Init from SLURM_LOCALID); losses within 1e-4 of mpirun -np 2 [$((SECONDS - t0)) s]"
 
-# ---- 1p. SHARDGPT_GPU_BIND=per_task:1: each task sees one GPU, a short job ----
-NP=$((N < 10 ? N : 10))
-id=$(SHARDGPT_GPU_BIND=per_task:1 sbatch_gpu pertask -- $FLAGS --steps $NP) || fail "sbatch"
+# ---- 1p. SHARDGPT_GPU_BIND=per_task:1: each task sees one GPU ----
+id=$(SHARDGPT_GPU_BIND=per_task:1 sbatch_gpu pertask -- $FLAGS) || fail "sbatch"
 wait_job "$id" 300 || { show "$T/pertask.out"; fail "job $id did not end"; }
 expect_job "$id" COMPLETED 0:0
 topo=$(topology "$T/pertask.out")
@@ -212,8 +211,8 @@ awk '{print $1, $2, $3, $5}' <<<"$topo" | diff - <(printf '0 0/2 cuda:0 nccl\n1 
   || { show "$T/pertask.out"; fail "per_task:1 topology: expected ranks 0 and 1 on local ranks 0/2, 1/2, each on cuda:0 (one visible GPU), comm nccl"; }
 [ "$(awk '{print $4}' <<<"$topo" | sort)" = "$ref_bus" ] \
   || { show "$T/pertask.out"; fail "per_task:1 bus ids $(awk '{print $4}' <<<"$topo" | tr '\n' ' ')are not two different GPUs of the reference's ($(tr '\n' ' ' <<<"$ref_bus"))"; }
-N=$NP check_losses "$T/pertask/train.jsonl" 1 0 1e-4 || { show "$T/pertask.out"; fail "per_task:1 job vs mpirun"; }
-echo "1p. SHARDGPT_GPU_BIND=per_task:1, $NP steps: each rank on cuda:0 (one visible GPU), buses" \
+check_losses "$T/pertask/train.jsonl" 1 0 1e-4 || { show "$T/pertask.out"; fail "per_task:1 job vs mpirun"; }
+echo "1p. SHARDGPT_GPU_BIND=per_task:1: each rank on cuda:0 (one visible GPU), buses" \
      "$(awk '{print $4}' <<<"$topo" | paste -sd' '); losses within 1e-4 of mpirun -np 2 [$((SECONDS - t0)) s]"
 
 # ---- 2. scancel --signal=USR1 mid-run -> checkpoint, exit 75, requeue, resume, finish ----
