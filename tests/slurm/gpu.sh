@@ -9,8 +9,8 @@
 # id, chosen by CUDA_VISIBLE_DEVICES). What this machine cannot give is overridden on the
 # sbatch command line (sbatch_gpu: --nodes=1 --ntasks-per-node=2 --cpus-per-task=1).
 #   0. the template with a stand-in for shardgpt (a script printing what Slurm gave its task):
-#      by default every task sees both GPUs (CUDA_VISIBLE_DEVICES=0,1) and has its own
-#      SLURM_LOCALID; with SHARDGPT_GPU_BIND=per_task:1 each task gets one GPU, a different one:
+#      by default every task sees both GPUs (Slurm 22.05 leaves CUDA_VISIBLE_DEVICES unset;
+#      "0,1" passes too) and has its own SLURM_LOCALID; with SHARDGPT_GPU_BIND=per_task:1 each task gets one GPU, a different one:
 #      CUDA_VISIBLE_DEVICES 0 and 1;
 #   1. a 2-task job trains (--comm nccl) to COMPLETED 0:0: rank r's topology line names device
 #      cuda:r (GPU = node-local rank of the 2 it sees), set before MPI_Init from SLURM_LOCALID,
