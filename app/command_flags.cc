@@ -90,6 +90,16 @@ void PlanFlags::Register(CLI::App& app) {
   command->add_option("-t,--seq-len", p.seq_len, "tokens per sequence")->check(Finite(0, false))->capture_default_str();
   command->add_option("--grad-accum", p.grad_accum, "micro-batches per step")->check(Finite(0, false))->capture_default_str();
   command->add_option("--mem-gib", p.mem_gib, "memory per rank in GiB: mark which stages fit")->check(Finite(0, false));
+  command->add_option("--device", p.device, "cpu, or cuda: with --comm nccl a row for NCCL's own buffers (an estimate)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  command->add_option("--comm", p.comm, "data-plane communicator: auto (nccl with --device cuda), mpi, nccl")
+      ->check(CLI::IsMember({"auto", "mpi", "nccl"}))->capture_default_str();
+  command->add_option("--ranks-per-node", p.ranks_per_node,
+                      "ranks (GPUs) per node, for NCCL's buffers (default: --ranks, at most 8)")
+      ->check(Finite(0, false));
+  command->add_flag("--nvls", p.nvls,
+                    "count NCCL's NVLink SHARP (NVLS) buffers, as on NVSwitch nodes (H100/H200/B200 SXM) where NCCL "
+                    "enables NVLS by default (NCCL_NVLS_ENABLE=0 in the environment turns it off)");
   command->add_option("--act-dtype", act_dtype,
                       "dtype of the activations counted: auto (bf16 with --dtype bf16, as on a GPU), fp32 or bf16")
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}));

@@ -17,6 +17,7 @@
 #include "model/sampler.h"
 #include "parallel/memory_model.h"
 #include "parallel/muon_plan.h"
+#include "parallel/nccl_memory.h"
 
 namespace shardgpt {
 
@@ -124,7 +125,7 @@ namespace {
 // --memory: for each ZeRO stage x recompute mode, the largest micro-batch whose predicted peak
 // fits, its peak, and the step's traffic (which no micro-batch or recompute mode changes).
 void PrintWhatFits(const PlanOptions& o, const ParamLayout& layout, const ShardPlan& plan_all,
-                   const ShardPlan& plan_group) {
+                   const ShardPlan& plan_group, double nccl_bytes) {
   // GiB, or MiB for a budget below one GiB
   const bool mib = o.memory_bytes < 1024.0 * 1024 * 1024;
   const double GiB = mib ? 1024.0 * 1024 : 1024.0 * 1024 * 1024;
@@ -132,6 +133,10 @@ void PrintWhatFits(const PlanOptions& o, const ParamLayout& layout, const ShardP
   std::printf("what fits in %.3f %s per rank at T=%d, grad-accum %d: the largest micro-batch (sequences per rank) "
               "by the peak predictor\n",
               o.memory_bytes / GiB, U, o.seq_len, o.grad_accum);
+  const double budget = o.memory_bytes - nccl_bytes;
+  if (nccl_bytes > 0)
+    std::printf("(less NCCL's own buffers, %.3f %s estimated: %.3f %s for the peak)\n", nccl_bytes / GiB, U,
+                budget / GiB, U);
   const std::string peak_h = std::string("peak ") + U, act_h = std::string("activations ") + U,
                     left_h = std::string("left ") + U;
   std::printf("%-6s %-9s %11s %13s %15s %13s %13s %14s\n", "stage", "recompute", "micro-batch", peak_h.c_str(),
@@ -143,7 +148,7 @@ void PrintWhatFits(const PlanOptions& o, const ParamLayout& layout, const ShardP
     const ShardPlan& plan = stage == 0 ? plan_all : plan_group;
     const double traffic = ExpectedStepTraffic(layout, plan, e, o.grad_accum).Total().bytes_sent;
     for (Recompute r : {Recompute::kNone, Recompute::kGelu, Recompute::kBlock}) {
-      const int b = LargestFittingMicroBatch(layout, plan, e, o.seq_len, o.grad_accum, r, o.memory_bytes);
+      const int b = budget > 0 ? LargestFittingMicroBatch(layout, plan, e, o.seq_len, o.grad_accum, r, budget) : 0;
       const double cost = GPT::RecomputeFlops(o.model, 1, o.seq_len, r) / (3 * GPT::ForwardFlops(o.model, 1, o.seq_len));
       if (b == 0) {
         const double need = PredictPeakMemory(layout, plan, e, 1, o.seq_len, o.grad_accum, r).peak();
@@ -153,7 +158,7 @@ void PrintWhatFits(const PlanOptions& o, const ParamLayout& layout, const ShardP
       }
       const MemoryPrediction m = PredictPeakMemory(layout, plan, e, b, o.seq_len, o.grad_accum, r);
       std::printf("%-6d %-9s %11d %13.3f %15.3f %13.3f %9.3f %s %13.2f%%\n", stage, RecomputeName(r), b, m.peak() / GiB,
-                  m.activations / GiB, (o.memory_bytes - m.peak()) / GiB, traffic / GiB, U, 100 * cost);
+                  m.activations / GiB, (budget - m.peak()) / GiB, traffic / GiB, U, 100 * cost);
     }
   }
   std::printf("(peak: per rank, parallel/memory_model.h; traffic: bytes sent per rank per step, ring model; "
@@ -171,6 +176,10 @@ void PrintWhatFits(const PlanOptions& o, const ParamLayout& layout, const ShardP
 Status RunPlan(const PlanOptions& o) {
   SHARDGPT_RETURN_IF_ERROR(o.engine.Validate());
   if (o.ranks < 1) return Status::InvalidArgument("--ranks must be >= 1");
+  const std::string comm = o.comm == "auto" ? (o.device == "cuda" ? "nccl" : "mpi") : o.comm;
+  if (comm == "nccl" && o.device != "cuda")
+    return Status::InvalidArgument("plan --comm nccl needs --device cuda (NCCL moves GPU memory)");
+  if (o.ranks_per_node < 0) return Status::InvalidArgument("--ranks-per-node must be >= 1");
   // HSDP: stages 1-3 shard over G ranks and replicate across R = N/G groups; stage 0 over all N.
   EngineOptions sharded = o.engine;
   if (sharded.zero_stage == 0) sharded.zero_stage = 1;  // G is checked as a sharding stage would use it
@@ -189,6 +198,13 @@ Status RunPlan(const PlanOptions& o) {
     e.zero_stage = stage;
     largest = std::max(largest, PredictPeakMemory(layout, plan_for(stage), e, o.micro_batch, o.seq_len, o.grad_accum, o.recompute).peak());
   }
+  // NCCL's own buffers: not a tracked allocation, a row of its own (--device cuda --comm nccl)
+  const bool nccl = comm == "nccl";
+  const int per_node = std::min(o.ranks, o.ranks_per_node > 0 ? o.ranks_per_node : 8);
+  const NcclMemoryAssumptions nccl_a =
+      NcclAssumptionsFromEnvironment([](const char* name) -> const char* { return std::getenv(name); }, o.nvls);
+  const NcclMemoryEstimate nccl_e = EstimateNcclMemory(o.ranks, G, per_node, nccl_a);
+  const double nccl_bytes = nccl ? nccl_e.total() : 0;
   const bool mib = largest < 1024.0 * 1024 * 1024;
   const double GiB = mib ? 1024.0 * 1024 : 1024.0 * 1024 * 1024;
   const char* U = mib ? "M" : "G";
@@ -231,8 +247,10 @@ Status RunPlan(const PlanOptions& o) {
                 traffic.Total().bytes_sent / GiB, U);
     if (R > 1 && stage == 0) std::printf(" %11s", "(all ranks)");  // DDP: one all-reduce over N
     else if (R > 1) std::printf(" %9.3f %s", across.Total().bytes_sent / GiB, U);
-    std::printf("%s\n", o.mem_gib <= 0 ? "" : m.peak() <= o.mem_gib * 1024.0 * 1024 * 1024 ? "  yes" : "  no");
+    std::printf("%s\n", o.mem_gib <= 0 ? "" : m.peak() + nccl_bytes <= o.mem_gib * 1024.0 * 1024 * 1024 ? "  yes" : "  no");
   }
+  if (nccl)  // the same for every stage: the communicators do not depend on it
+    std::printf("%-6s %11s %11s %11s %11s %12s %11.3f %s\n", "+nccl", "-", "-", "-", "-", "-", nccl_bytes / GiB, U);
   if (psi_muon > 0)
     std::printf("(muon: traffic includes the all_to_all of U pieces to the matrix owners and of updates back, on rank "
                 "0, exact from the plan; optimizer = rank 0's allocation)\n");
@@ -240,6 +258,11 @@ Status RunPlan(const PlanOptions& o) {
               "traffic counts bytes sent per rank, ring model)\n");
   std::printf("(peak: the largest total of tracked device allocations in a step = states + optimizer workspace + "
               "activations + transient buffers, replayed in the engine's order, parallel/memory_model.h)\n");
+  if (nccl)
+    std::printf("(+nccl: NCCL's own device buffers per rank, add to each peak%s; an ESTIMATE, not tracked: %s; "
+                "%d rank(s) per node; NCCL connects lazily and picks channels by topology, so a run may use less; "
+                "parallel/nccl_memory.h)\n",
+                o.mem_gib > 0 ? ", included in fits?" : "", nccl_e.Describe(nccl_a).c_str(), per_node);
   if (R > 1)
     std::printf("(traffic/step: inside a group, 4Psi(G-1)/G or 6Psi(G-1)/G at stage 3 (bytes per element: the "
                 "dtypes); across/step: across groups, 2 x (rPsi/G) x (R-1)/R, r = reduce dtype bytes: the only "
@@ -271,7 +294,7 @@ Status RunPlan(const PlanOptions& o) {
                 DTypeName(o.engine.dtype));
   }
   std::printf("(* = --shard-layout; flat pads each unit to a multiple of N, per-param each tensor's rows)\n");
-  if (o.memory_bytes > 0) PrintWhatFits(o, layout, plan_all, plan_group);
+  if (o.memory_bytes > 0) PrintWhatFits(o, layout, plan_all, plan_group, nccl_bytes);
   return Status::OK();
 }
 

@@ -40,6 +40,12 @@ struct PlanOptions {
   double mem_gib = 0;  // > 0: say which stages fit in this much memory per rank
   Recompute recompute = Recompute::kNone;  // --recompute: the activations of the main table
   double memory_bytes = 0;  // --memory: > 0 prints the largest micro-batch per stage x recompute mode
+  // --device cuda with --comm nccl (auto is nccl on cuda): the table gets a row for NCCL's own
+  // buffers (parallel/nccl_memory.h), from the NCCL_* variables of plan's environment
+  std::string device = "cpu";
+  std::string comm = "auto";
+  int ranks_per_node = 0;  // 0: min(ranks, 8)
+  bool nvls = false;       // --nvls: NCCL uses NVLink SHARP (NVSwitch nodes) unless NCCL_NVLS_ENABLE=0
 };
 
 // "80GiB", "512MiB", "1.5TiB", "4096" (bytes); units B, KiB, MiB, GiB, TiB (powers of 1024) and

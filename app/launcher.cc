@@ -20,7 +20,7 @@ namespace {
 
 // Rank 0 prints every rank's topology line, in rank order (gathered over the control plane).
 void PrintTopology(Communicator& comm, const std::string& mine) {
-  constexpr size_t kLine = 256;
+  constexpr size_t kLine = 512;
   std::vector<char> all(kLine * comm.world_size(), '\0'), own(kLine, '\0');
   std::copy_n(mine.begin(), std::min(mine.size(), kLine - 1), own.begin());
   if (!comm.ControlAllGather(own.data(), all.data(), kLine).ok() || comm.rank() != 0) return;
@@ -45,8 +45,21 @@ void PrepareMpiEnvironment() {
   setenv("OMPI_MCA_pmix_base_collect_data", "0", /*overwrite=*/0);
 }
 
+std::string DeviceFlagBeforeParse(int argc, char** argv) {
+  std::string value;
+  for (int i = 1; i < argc && argv[i] != nullptr; i++) {
+    const std::string a = argv[i];
+    if (a == "--") break;
+    if (a == "--device" && i + 1 < argc && argv[i + 1] != nullptr) value = argv[++i];
+    else if (a.rfind("--device=", 0) == 0) value = a.substr(9);
+  }
+  return value;
+}
+
 Launcher::Launcher(int* argc, char*** argv) {
   PrepareMpiEnvironment();
+  if (DeviceFlagBeforeParse(*argc, *argv) == "cuda")
+    early_gpu_ = SetGpuBeforeMpi([](const char* name) -> const char* { return std::getenv(name); });
   int provided = 0;
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
@@ -104,8 +117,24 @@ Status Launcher::RunOnDevice(const DeviceChoice& choice, const std::function<Sta
     auto host = MpiCommunicator::Create(MPI_COMM_WORLD);
     return host.ok() ? Agree(*host.value(), st) : host.status();
   }
+  std::string early;  // how the GPU set before MPI_Init relates to the device
+  if (early_gpu_.ordinal >= 0 && dev.value()->is_cuda()) {
+    const int now = GpuOrdinalOf(*dev.value());
+    const std::string from = early_gpu_.from.variable + "=" + std::to_string(early_gpu_.from.rank);
+    if (now == early_gpu_.ordinal) {
+      early = ", set before MPI_Init from " + from;
+    } else {
+      std::fprintf(stderr,
+                   "shardgpt: warning: rank %d: GPU cuda:%d was set before MPI_Init from %s, but MPI's node-local "
+                   "rank %d of %d takes cuda:%d; training on cuda:%d (a CUDA-aware MPI may also hold a context on "
+                   "cuda:%d): the launcher's local rank is not MPI's\n",
+                   rank_, early_gpu_.ordinal, from.c_str(), local_rank_, local_size_, now, now, early_gpu_.ordinal);
+      std::fflush(stderr);
+      early = ", not cuda:" + std::to_string(early_gpu_.ordinal) + " set before MPI_Init from " + from;
+    }
+  }
   if (dev.value()->is_cuda() && !choice.quiet)
-    PrintTopology(*comm, TopologyLine(*dev.value(), local_rank_, local_size_, comm_kind));
+    PrintTopology(*comm, TopologyLine(*dev.value(), local_rank_, local_size_, comm_kind) + early);
   try {
     st = body(*comm, *dev.value());
   } catch (const DeviceOutOfMemory& e) {

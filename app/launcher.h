@@ -7,6 +7,7 @@
 
 #include "base/status.h"
 #include "model/device.h"
+#include "model/device_factory.h"
 #include "parallel/comm_factory.h"
 #include "parallel/communicator.h"
 
@@ -18,8 +19,15 @@ namespace shardgpt {
 // Called by the Launcher before MPI_Init_thread.
 void PrepareMpiEnvironment();
 
+// The value the command line gives --device ("--device X" or "--device=X"; the last one, as the
+// parser takes it), looked at before MPI starts; "" when there is none. Arguments after a bare
+// "--" are not flags.
+std::string DeviceFlagBeforeParse(int argc, char** argv);
+
 // Construction initialises MPI (MPI_THREAD_MULTIPLE, for the background checkpoint writer)
-// and learns this rank's place in the world and on its node; destruction finalises MPI, so
+// and learns this rank's place in the world and on its node. With --device cuda on the command
+// line it first sets the GPU of the launcher's node-local rank (SetGpuBeforeMpi), so that a
+// CUDA-aware MPI creates its context there; nothing touches CUDA otherwise; destruction finalises MPI, so
 // one Launcher lives for the whole of Main and nothing that uses MPI outlives it.
 class Launcher {
  public:
@@ -48,7 +56,9 @@ class Launcher {
   };
   // Creates this rank's device (a GPU chosen by node-local rank), then the communicator that
   // moves that device's buffers, prints the topology (GPU runs, rank 0, unless quiet) and runs
-  // body. Every rank learns whether all devices came up before any communicator collective
+  // body. A GPU set before MPI_Init that is not the one chosen now (the launcher's and MPI's
+  // node-local ranks differ) gets one warning line on stderr naming both; the device is the
+  // one chosen now. Every rank learns whether all devices came up before any communicator collective
   // starts. Returns OK or an error agreed on by every rank (one of them keeps the message).
   // Out of memory inside body, where the other ranks wait in a collective and cannot agree,
   // prints one line and ends the job (MPI_Abort). Collective.
@@ -56,6 +66,7 @@ class Launcher {
 
  private:
   int rank_ = 0, world_ = 1, local_rank_ = 0, local_size_ = 1;
+  EarlyGpu early_gpu_;  // the GPU set before MPI_Init (ordinal -1: none)
 };
 
 }  // namespace shardgpt

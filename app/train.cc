@@ -44,6 +44,7 @@
 #include "parallel/flight_recorder.h"
 #include "parallel/memory_model.h"
 #include "parallel/mpi_communicator.h"
+#include "parallel/nccl_memory.h"
 #include "parallel/straggler.h"
 
 namespace shardgpt {
@@ -458,7 +459,13 @@ class Trainer {
       limits.memory.push_back({o_.memory_bytes, "--memory"});
       limits.measured = false;
     } else if (device_.is_cuda()) {
-      limits.memory.push_back({static_cast<double>(device_.free_bytes()), "the GPU's free memory"});
+      // NCCL allocates its buffers at its first collectives, after this: they are taken off
+      const double nccl = comm_.stream_ordered() ? NcclEstimate(false).total() : 0;
+      char why[128] = "the GPU's free memory";
+      if (nccl > 0)
+        std::snprintf(why, sizeof(why), "the GPU's free memory less NCCL's buffers (%.1f MiB estimated)", nccl / 1048576.0);
+      const double free = static_cast<double>(device_.free_bytes());
+      limits.memory.push_back({free > 0 ? std::max(1.0, free - nccl) : free, why});
     } else {
       for (MemoryBound m : CpuMemoryBounds()) {
         m.bytes /= std::max(1, o_.ranks_per_node);
@@ -624,10 +631,33 @@ class Trainer {
                   device_.name().c_str(), ComputeThreads());
       if (!compute_line_.empty()) std::printf("%s\n", compute_line_.c_str());
       PrintStartupReport(*engine_, *layout_, o_.grad_accum, state_per_rank);
+      PrintNcclMemoryLine();
       PrintRecomputeLine();
       std::fflush(stdout);  // a batch job's output file shows the start before the first step
     }
     return Status::OK();
+  }
+
+  // NCCL runs (the stream-ordered communicator is NCCL's): the estimate of NCCL's own device
+  // buffers per rank (parallel/nccl_memory.h) from this run's ranks, shard groups and NCCL_*
+  // environment, without and with NVLS (shardgpt cannot tell whether NCCL uses it).
+  void PrintNcclMemoryLine() const {
+    if (!comm_.stream_ordered()) return;
+    const NcclMemoryEstimate e = NcclEstimate(false);
+    const double nvls = NcclEstimate(true).nvls();
+    std::printf("NCCL buffers (an estimate, not tracked): %.1f MiB per rank: %s", e.total() / 1048576.0,
+                e.Describe(NcclAssumptions(false)).c_str());
+    if (nvls > 0) std::printf("; %.1f MiB more where NCCL uses NVLS (NVSwitch nodes)", nvls / 1048576.0);
+    std::printf("\n");
+  }
+  static NcclMemoryAssumptions NcclAssumptions(bool nvls) {
+    return NcclAssumptionsFromEnvironment([](const char* name) -> const char* { return std::getenv(name); }, nvls);
+  }
+  // This run's communicators (world, and with HSDP shard and replica) under NCCL_* of the environment.
+  NcclMemoryEstimate NcclEstimate(bool nvls) const {
+    auto G = o_.engine.ShardGroupSize(comm_.world_size());
+    return EstimateNcclMemory(comm_.world_size(), G.ok() ? G.value() : comm_.world_size(), o_.ranks_per_node,
+                              NcclAssumptions(nvls));
   }
 
   // What --recompute saves and costs: the activations against each mode's, and the recomputed

@@ -1,5 +1,7 @@
 #include "model/device_factory.h"
 
+#include <cstring>
+
 #ifdef SHARDGPT_HAVE_CUDA
 #include "model/cuda/cuda_device.h"
 #endif
@@ -19,6 +21,49 @@ int VisibleGpuCount() {
   return CudaVisibleDeviceCount(nullptr);
 #else
   return 0;
+#endif
+}
+
+LauncherLocalRank LocalRankFromEnvironment(const std::function<const char*(const char*)>& lookup) {
+  static const char* const kVariables[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID",
+                                           "PMI_LOCAL_RANK", "LOCAL_RANK"};
+  for (const char* name : kVariables) {
+    const char* v = lookup(name);
+    if (v == nullptr || *v == '\0' || std::strlen(v) > 10) continue;
+    long long r = 0;
+    bool digits = true;
+    for (const char* c = v; *c; c++) {
+      if (*c < '0' || *c > '9') { digits = false; break; }
+      r = r * 10 + (*c - '0');
+    }
+    if (!digits || r > 2147483647LL) continue;
+    LauncherLocalRank out;
+    out.rank = static_cast<int>(r);
+    out.variable = name;
+    return out;
+  }
+  return LauncherLocalRank();
+}
+
+EarlyGpu SetGpuBeforeMpi(const std::function<const char*(const char*)>& lookup) {
+  EarlyGpu out;
+  out.from = LocalRankFromEnvironment(lookup);
+#ifdef SHARDGPT_HAVE_CUDA
+  if (out.from.rank < 0) return out;
+  const int count = CudaVisibleDeviceCount(nullptr);
+  if (count <= 0) return out;
+  const int dev = GpuForLocalRank(out.from.rank, count);
+  if (CudaSetDeviceQuietly(dev)) out.ordinal = dev;
+#endif
+  return out;
+}
+
+int GpuOrdinalOf(Device& device) {
+#ifdef SHARDGPT_HAVE_CUDA
+  return CudaDeviceOrdinal(device);
+#else
+  (void)device;
+  return -1;
 #endif
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -15,6 +16,39 @@ bool CudaBackendBuilt();
 
 // GPUs this process can use (CUDA_VISIBLE_DEVICES applied); 0 without the CUDA backend or a GPU.
 int VisibleGpuCount();
+
+// The GPU a rank of node-local rank `local_rank` takes among `count` visible ones (count >= 1):
+// local_rank mod count, so 0 when only one is visible. Both the choice before MPI starts
+// (SetGpuBeforeMpi) and CreateDevice use it.
+inline int GpuForLocalRank(int local_rank, int count) {
+  return count <= 1 ? 0 : (local_rank % count + count) % count;
+}
+
+// This process's node-local rank as its launcher states it in the environment, for use before
+// MPI starts. The variables, first match wins: OMPI_COMM_WORLD_LOCAL_RANK (Open MPI's mpirun),
+// SLURM_LOCALID (srun), MPI_LOCALRANKID (MPICH / Intel MPI's Hydra), PMI_LOCAL_RANK (PMI-based
+// launchers), LOCAL_RANK (torchrun-style launchers). A value counts only when it is a plain
+// decimal integer in [0, 2^31); any other value is skipped and the next variable is tried.
+// lookup(name) returns the variable's value or null. rank -1 and variable "" when none counts.
+struct LauncherLocalRank {
+  int rank = -1;
+  std::string variable;  // the variable it came from, e.g. "SLURM_LOCALID"
+};
+LauncherLocalRank LocalRankFromEnvironment(const std::function<const char*(const char*)>& lookup);
+
+// For --device cuda, before MPI_Init: makes GPU GpuForLocalRank(launcher's local rank, visible
+// GPUs) this thread's current device (cudaSetDevice, which creates its context), so that a
+// CUDA-aware MPI or UCX initialised afterwards works on that GPU rather than GPU 0. Does
+// nothing (ordinal -1) when the environment names no local rank, when no GPU is visible, or in
+// a build without the CUDA backend; never fails (CreateDevice reports any GPU error later).
+struct EarlyGpu {
+  int ordinal = -1;  // the GPU set, -1 when none
+  LauncherLocalRank from;
+};
+EarlyGpu SetGpuBeforeMpi(const std::function<const char*(const char*)>& lookup);
+
+// The CUDA ordinal of a device made by CreateDevice("cuda", ...); -1 for any other device.
+int GpuOrdinalOf(Device& device);
 
 // kind "cpu": the CPU device. kind "cuda": one of the GPUs visible to this process
 // (CUDA_VISIBLE_DEVICES and Slurm's per-task binding both shrink that set): with one visible

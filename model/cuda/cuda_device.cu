@@ -19,6 +19,7 @@
 #include "model/cuda/cuda_device.h"
 #include "model/cuda/attention_cudnn.h"
 #include "model/cuda/kernels_cuda.h"
+#include "model/device_factory.h"
 
 #ifdef SHARDGPT_CUDA_EMULATION
 #include "cuda_emu.h"
@@ -550,11 +551,17 @@ int CudaVisibleDeviceCount(std::string* error) {
   return count;
 }
 
+bool CudaSetDeviceQuietly(int ordinal) {
+  if (cudaSetDevice(ordinal) == cudaSuccess) return true;
+  cudaGetLastError();
+  return false;
+}
+
 StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int local_rank, int local_size) {
   std::string error;
   const int count = CudaVisibleDeviceCount(&error);
   if (count == 0) return Status::NotFound("--device cuda: no usable GPU: " + error);
-  const int dev = count == 1 ? 0 : (local_rank % count + count) % count;
+  const int dev = GpuForLocalRank(local_rank, count);
   const std::string which = "GPU " + std::to_string(dev) + " of " + std::to_string(count) + " (local rank " +
                             std::to_string(local_rank) + " of " + std::to_string(local_size) + ")";
   cudaError_t e = cudaSetDevice(dev);

@@ -24,6 +24,10 @@ namespace shardgpt {
 // (cudaErrorInsufficientDriver, 35)".
 int CudaVisibleDeviceCount(std::string* error);
 
+// cudaSetDevice(ordinal), which also creates the GPU's context; false (the error cleared) when
+// it fails.
+bool CudaSetDeviceQuietly(int ordinal);
+
 // Opens GPU (local_rank mod count) of the visible ones (GPU 0 when only one is visible).
 // Errors: "--device cuda: no usable GPU: <cuda error>", and the like, one line each.
 StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int local_rank, int local_size);

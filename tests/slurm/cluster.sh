@@ -266,8 +266,8 @@ slurm_add_gpus() {
 # the command line, before the caller's options: one node (--nodes=1, not 2), $GPU_TASKS tasks
 # on it (default 2, not 8: one per GPU of slurm_add_gpus) and one core each (--cpus-per-task=1,
 # not 8; the template passes it to srun and to --threads). The template's --gpus-per-task=1,
-# srun --mpi=pmix --gpu-bind=per_task:1, --mem=0, --time, --signal, --requeue and --open-mode
-# stay as they are.
+# srun --mpi=pmix --gpu-bind=$SHARDGPT_GPU_BIND (default none), --mem=0, --time, --signal,
+# --requeue and --open-mode stay as they are.
 sbatch_gpu() {
   local name=$1 opts=(); shift
   while [ $# -gt 0 ] && [ "$1" != -- ]; do opts+=("$1"); shift; done

@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # slurm/train_gpu.sbatch, unmodified, on a real Slurm: a private single-node cluster
 # (tests/slurm/cluster.sh) whose node has $GPUS GPUs as Slurm sees them (Gres=gpu:$GPUS over
-# placeholder character devices, slurm_add_gpus), so that the template's
-# `srun --gpu-bind=per_task:1` makes Slurm itself give each task its own CUDA_VISIBLE_DEVICES.
+# placeholder character devices, slurm_add_gpus), so that Slurm itself sets each task's
+# CUDA_VISIBLE_DEVICES from the template's `srun --gpu-bind=$SHARDGPT_GPU_BIND` (default none:
+# every task sees all the node's GPUs; per_task:1: each task sees its own).
 # The trainer is a shardgpt built with the CUDA emulation (emu/cuda/: --device cuda and
 # --comm nccl on the CPU; $SHARDGPT_CUDA_EMU_DEVICES emulated GPUs, each with its own PCI bus
 # id, chosen by CUDA_VISIBLE_DEVICES). What this machine cannot give is overridden on the
 # sbatch command line (sbatch_gpu: --nodes=1 --ntasks-per-node=2 --cpus-per-task=1).
 #   0. the template with a stand-in for shardgpt (a script printing what Slurm gave its task):
-#      each task gets one GPU, a different one: CUDA_VISIBLE_DEVICES 0 and 1;
-#   1. a 2-task job trains (--comm nccl) to COMPLETED 0:0: each rank's topology line names
-#      device cuda:0 (it sees one GPU) with the bus id of a different emulated GPU, the two
-#      GPUs `mpirun -np 2` outside Slurm uses; losses within 1e-4 of that mpirun run;
+#      by default every task sees both GPUs (Slurm 22.05 leaves CUDA_VISIBLE_DEVICES unset;
+#      "0,1" passes too) and has its own SLURM_LOCALID; with SHARDGPT_GPU_BIND=per_task:1 each task gets one GPU, a different one:
+#      CUDA_VISIBLE_DEVICES 0 and 1;
+#   1. a 2-task job trains (--comm nccl) to COMPLETED 0:0: rank r's topology line names device
+#      cuda:r (GPU = node-local rank of the 2 it sees), set before MPI_Init from SLURM_LOCALID,
+#      with the bus id of the GPU `mpirun -np 2` outside Slurm gives local rank r; losses within
+#      1e-4 of that mpirun run;
+#   1p. SHARDGPT_GPU_BIND=per_task:1: each rank on cuda:0 (the one GPU it sees), the two bus
+#      ids those of the reference's GPUs; losses within 1e-4 of the reference;
 #   2. a 2-task job gets `scancel --signal=USR1` mid-run: checkpoint, exit 75, the template
 #      requeues it, it resumes on 2 ranks and finishes: every step logged once, losses within
 #      1e-4 of the mpirun run.
@@ -24,7 +30,7 @@
 # build whose probe fails is a failure. Also 77 where mknod is not permitted (a container).
 #        tests/slurm/gpu.sh --cluster-only [SOURCE_DIR]: no shardgpt at all: 0, then
 #   0r. the stand-in waits for SIGUSR1 (scancel --signal=USR1), exits 75, the template
-#      requeues the job, the rerun (restart 1) again gets one GPU per task, COMPLETED 0:0.
+#      requeues the job, the rerun (restart 1) again sees all GPUs in every task, COMPLETED 0:0.
 # Every wait is bounded; a watchdog ends the script (and the cluster) after 14 minutes.
 set -uo pipefail
 CLUSTER_ONLY=0
@@ -86,7 +92,7 @@ echo "private cluster up in $((SECONDS - t0)) s: $(sinfo -h -o '%P %D %t %N %G')
 # checkpointed stop; reruns exit 0. $RUN_DIR/ready.<task> tells the test its trap is set.
 cat > "$T/fake-shardgpt" <<'EOF'
 #!/bin/bash
-echo "fake: task $SLURM_PROCID/$SLURM_NTASKS restart ${SLURM_RESTART_COUNT:-0} CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset} SLURM_STEP_GPUS=${SLURM_STEP_GPUS-unset} args: $*"
+echo "fake: task $SLURM_PROCID/$SLURM_NTASKS restart ${SLURM_RESTART_COUNT:-0} CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset} SLURM_LOCALID=${SLURM_LOCALID-unset} SLURM_STEP_GPUS=${SLURM_STEP_GPUS-unset} args: $*"
 if [ "${FAKE_STOP:-0}" = 1 ] && [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then
   trap 'kill $s 2>/dev/null; echo "fake: task $SLURM_PROCID: SIGUSR1, exit 75"; exit 75' USR1
   sleep 120 & s=$!
@@ -97,27 +103,46 @@ fi
 exit 0
 EOF
 chmod 755 "$T/fake-shardgpt"
-# fake_gpus OUTPUT RESTART: the tasks' CUDA_VISIBLE_DEVICES in that run, by task ("0 1");
-# fails unless there is one line per task, each with one GPU, all different.
+# fake_gpus OUTPUT RESTART [all]: the tasks' CUDA_VISIBLE_DEVICES in that run, by task ("0 1",
+# or with `all` "unset unset"); fails unless there is one line per task, task r with
+# SLURM_LOCALID r (one node), and each task with one GPU, all different (all: every task sees
+# all the node's GPUs: CUDA_VISIBLE_DEVICES unset, as Slurm 22.05 leaves it under
+# --gpu-bind=none, or listing all $GPUS).
 fake_gpus() {
-  local got
-  got=$(sed -n "s/^fake: task \([0-9]*\)\/[0-9]* restart $2 CUDA_VISIBLE_DEVICES=\([^ ]*\) .*/\1 \2/p" "$1" | sort -n)
-  [ "$(wc -l <<<"$got")" = "$GPUS" ] || { echo "  expected $GPUS task lines of restart $2, got: $got"; return 1; }
+  local got all
+  all=$(seq -s, 0 $((GPUS - 1)))
+  got=$(sed -n "s/^fake: task \([0-9]*\)\/[0-9]* restart $2 CUDA_VISIBLE_DEVICES=\([^ ]*\) SLURM_LOCALID=\1 .*/\1 \2/p" "$1" | sort -n)
+  [ "$(wc -l <<<"$got")" = "$GPUS" ] || { echo "  expected $GPUS task lines of restart $2 (SLURM_LOCALID = task), got: $got"; return 1; }
   [ "$(cut -d' ' -f1 <<<"$got" | tr '\n' ' ')" = "$(seq -s ' ' 0 $((GPUS - 1))) " ] || { echo "  tasks: $got"; return 1; }
+  if [ "${3:-}" = all ]; then
+    cut -d' ' -f2 <<<"$got" | grep -qvx "$all\|unset" && { echo "  not all $GPUS GPUs ($all or unset) in every task: $got"; return 1; }
+    cut -d' ' -f2 <<<"$got" | paste -sd' '
+    return 0
+  fi
   cut -d' ' -f2 <<<"$got" | grep -qvx '[0-9]*' && { echo "  not one GPU each: $got"; return 1; }
   [ "$(cut -d' ' -f2 <<<"$got" | sort -u | wc -l)" = "$GPUS" ] || { echo "  GPUs shared: $got"; return 1; }
   [ "$(cut -d' ' -f2 <<<"$got" | sort -n | tr '\n' ' ')" = "$(seq -s ' ' 0 $((GPUS - 1))) " ] || { echo "  GPUs outside 0..$((GPUS - 1)): $got"; return 1; }
   cut -d' ' -f2 <<<"$got" | paste -sd' '
 }
 
-# ---- 0. the template gives every task its own GPU ----
+# ---- 0. by default every task sees all the node's GPUs; per_task:1 on request ----
+# (with --gpu-bind=none Slurm 22.05 sets no CUDA_VISIBLE_DEVICES: a task sees every GPU its
+# node's device cgroup, if any, lets through, and an emulated rank all $GPUS)
+unset SHARDGPT_GPU_BIND  # the template's default
 id=$(BIN=$T/fake-shardgpt sbatch_gpu bind -- --fake-flag) || fail "sbatch"
 wait_job "$id" 60 || { show "$T/bind.out"; fail "job $id did not end"; }
 expect_job "$id" COMPLETED 0:0
-g=$(fake_gpus "$T/bind.out" 0) || { show "$T/bind.out"; fail "per-task GPU binding: $g"; }
+g=$(fake_gpus "$T/bind.out" 0 all) || { show "$T/bind.out"; fail "default GPU binding (none): $g"; }
 grep -q "^fake: task 0/$GPUS .* args: train --device cuda --threads 1 --ckpt-dir $T/bind/ckpt --resume auto --log $T/bind/train.jsonl --fake-flag$" "$T/bind.out" \
   || { show "$T/bind.out"; fail "the stand-in did not get the template's arguments"; }
-echo "0. train_gpu.sbatch, $GPUS tasks: CUDA_VISIBLE_DEVICES by task: $g (srun --gpu-bind=per_task:1), COMPLETED 0:0 [$((SECONDS - t0)) s]"
+grep -q "^run: job $id restart 0, .*, --gpu-bind=none$" "$T/bind.out" || { show "$T/bind.out"; fail "no '--gpu-bind=none' in the run line"; }
+echo "0. train_gpu.sbatch, $GPUS tasks: CUDA_VISIBLE_DEVICES by task: $g (srun --gpu-bind=none), COMPLETED 0:0 [$((SECONDS - t0)) s]"
+id=$(BIN=$T/fake-shardgpt SHARDGPT_GPU_BIND=per_task:1 sbatch_gpu bindpt -- --fake-flag) || fail "sbatch"
+wait_job "$id" 60 || { show "$T/bindpt.out"; fail "job $id did not end"; }
+expect_job "$id" COMPLETED 0:0
+g=$(fake_gpus "$T/bindpt.out" 0) || { show "$T/bindpt.out"; fail "per-task GPU binding: $g"; }
+grep -q "^run: job $id restart 0, .*, --gpu-bind=per_task:1$" "$T/bindpt.out" || { show "$T/bindpt.out"; fail "no '--gpu-bind=per_task:1' in the run line"; }
+echo "0. SHARDGPT_GPU_BIND=per_task:1: CUDA_VISIBLE_DEVICES by task: $g (srun --gpu-bind=per_task:1), COMPLETED 0:0 [$((SECONDS - t0)) s]"
 
 if [ $CLUSTER_ONLY = 1 ]; then
   # ---- 0r. stop signal -> exit 75 -> requeue -> rerun, again one GPU per task ----
@@ -131,8 +156,8 @@ if [ $CLUSTER_ONLY = 1 ]; then
     grep -q -- "$want" "$T/stop.out" || { show "$T/stop.out"; fail "'$want' not in the job's output"; }
   done
   [ "$(job_field "$id" Restarts)" = 1 ] || fail "job $id: Restarts=$(job_field "$id" Restarts), expected 1"
-  g0=$(fake_gpus "$T/stop.out" 0) || { show "$T/stop.out"; fail "restart 0: $g0"; }
-  g1=$(fake_gpus "$T/stop.out" 1) || { show "$T/stop.out"; fail "restart 1: $g1"; }
+  g0=$(fake_gpus "$T/stop.out" 0 all) || { show "$T/stop.out"; fail "restart 0: $g0"; }
+  g1=$(fake_gpus "$T/stop.out" 1 all) || { show "$T/stop.out"; fail "restart 1: $g1"; }
   echo "0r. scancel --signal=USR1: exit 75, requeued, rerun COMPLETED 0:0 (Restarts=1); CUDA_VISIBLE_DEVICES by task:" \
        "run 1: $g0, run 2: $g1 [$((SECONDS - t0)) s]"
   echo "slurm gpu (cluster only) ok in $((SECONDS - t0)) s"
@@ -156,21 +181,39 @@ ref_bus=$(awk '{print $4}' <<<"$ref_topo" | sort)
   || { show "$T/ref.out"; fail "reference: expected 2 topology lines, two bus ids, comm nccl"; }
 echo "reference: mpirun -np 2, $N steps in $t_ref s; $(tr '\n' ';' <<<"$ref_topo")"
 
-# ---- 1. trains to the end, one GPU per task ----
+# ---- 1. trains to the end, every task seeing both GPUs and taking its local rank's ----
 id=$(sbatch_gpu full -- $FLAGS) || fail "sbatch"
 wait_job "$id" 300 || { show "$T/full.out"; fail "job $id did not end"; }
 expect_job "$id" COMPLETED 0:0
 [ "$(job_field "$id" Restarts)" = 0 ] || fail "job $id was requeued"
 topo=$(topology "$T/full.out")
-# every rank sees one GPU (cuda:0) on local rank r/2, comm nccl; the two bus ids are those of
-# the reference's two GPUs
-awk '{print $1, $2, $3, $5}' <<<"$topo" | diff - <(printf '0 0/2 cuda:0 nccl\n1 1/2 cuda:0 nccl\n') >/dev/null \
-  || { show "$T/full.out"; fail "topology: expected ranks 0 and 1 on local ranks 0/2, 1/2, each on cuda:0 (one visible GPU), comm nccl"; }
-[ "$(awk '{print $4}' <<<"$topo" | sort)" = "$ref_bus" ] \
-  || { show "$T/full.out"; fail "bus ids $(awk '{print $4}' <<<"$topo" | tr '\n' ' ')are not two different GPUs of the reference's ($(tr '\n' ' ' <<<"$ref_bus"))"; }
+# rank r on local rank r/2 takes cuda:r (GPU = local rank of the 2 it sees), comm nccl, on the
+# bus id the reference's rank r has
+awk '{print $1, $2, $3, $5}' <<<"$topo" | diff - <(printf '0 0/2 cuda:0 nccl\n1 1/2 cuda:1 nccl\n') >/dev/null \
+  || { show "$T/full.out"; fail "topology: expected ranks 0 and 1 on local ranks 0/2, 1/2, on cuda:0 and cuda:1 (both GPUs visible), comm nccl"; }
+[ "$(awk '{print $1, $4}' <<<"$topo")" = "$(awk '{print $1, $4}' <<<"$ref_topo")" ] \
+  || { show "$T/full.out"; fail "bus ids by rank $(awk '{print $4}' <<<"$topo" | tr '\n' ' ')differ from the reference's ($(awk '{print $4}' <<<"$ref_topo" | tr '\n' ' '))"; }
+# the GPU was set before MPI_Init, from srun's SLURM_LOCALID
+for r in 0 1; do
+  grep -q "^rank $r: .*, set before MPI_Init from SLURM_LOCALID=$r\b" "$T/full.out" \
+    || { show "$T/full.out"; fail "rank $r: no 'set before MPI_Init from SLURM_LOCALID=$r' in its topology line"; }
+done
 check_losses "$T/full/train.jsonl" 1 0 1e-4 || { show "$T/full.out"; fail "srun job vs mpirun"; }
-echo "1. 2-task job, --comm nccl, COMPLETED 0:0; rank 0 on bus $(awk '$1 == 0 {print $4}' <<<"$topo"), rank 1 on bus" \
-     "$(awk '$1 == 1 {print $4}' <<<"$topo") (each sees one GPU); losses within 1e-4 of mpirun -np 2 [$((SECONDS - t0)) s]"
+echo "1. 2-task job, --gpu-bind=none, --comm nccl, COMPLETED 0:0; rank 0 on cuda:0 bus $(awk '$1 == 0 {print $4}' <<<"$topo"), rank 1 on" \
+     "cuda:1 bus $(awk '$1 == 1 {print $4}' <<<"$topo") (set before MPI_Init from SLURM_LOCALID); losses within 1e-4 of mpirun -np 2 [$((SECONDS - t0)) s]"
+
+# ---- 1p. SHARDGPT_GPU_BIND=per_task:1: each task sees one GPU ----
+id=$(SHARDGPT_GPU_BIND=per_task:1 sbatch_gpu pertask -- $FLAGS) || fail "sbatch"
+wait_job "$id" 300 || { show "$T/pertask.out"; fail "job $id did not end"; }
+expect_job "$id" COMPLETED 0:0
+topo=$(topology "$T/pertask.out")
+awk '{print $1, $2, $3, $5}' <<<"$topo" | diff - <(printf '0 0/2 cuda:0 nccl\n1 1/2 cuda:0 nccl\n') >/dev/null \
+  || { show "$T/pertask.out"; fail "per_task:1 topology: expected ranks 0 and 1 on local ranks 0/2, 1/2, each on cuda:0 (one visible GPU), comm nccl"; }
+[ "$(awk '{print $4}' <<<"$topo" | sort)" = "$ref_bus" ] \
+  || { show "$T/pertask.out"; fail "per_task:1 bus ids $(awk '{print $4}' <<<"$topo" | tr '\n' ' ')are not two different GPUs of the reference's ($(tr '\n' ' ' <<<"$ref_bus"))"; }
+check_losses "$T/pertask/train.jsonl" 1 0 1e-4 || { show "$T/pertask.out"; fail "per_task:1 job vs mpirun"; }
+echo "1p. SHARDGPT_GPU_BIND=per_task:1: each rank on cuda:0 (one visible GPU), buses" \
+     "$(awk '{print $4}' <<<"$topo" | paste -sd' '); losses within 1e-4 of mpirun -np 2 [$((SECONDS - t0)) s]"
 
 # ---- 2. scancel --signal=USR1 mid-run -> checkpoint, exit 75, requeue, resume, finish ----
 # Held at step N/10 until the signal has come (SHARDGPT_TEST_HOLD_AT_STEP; a resumed run is not
