@@ -77,6 +77,10 @@ void FireFaultOnPhase(FlightPhase phase, int unit) {
   if (g_fault == FlightFault::kStopForward && phase == FlightPhase::kForward && unit == g_fault_unit) {
     for (;;) pause();  // hung inside the unit; the communication threads go on
   }
+  if (g_fault == FlightFault::kStopData && phase == FlightPhase::kData) {
+    for (;;) pause();  // stuck in the data loader; the communication threads go on
+  }
+  if (g_fault == FlightFault::kKill && phase == FlightPhase::kData) std::raise(SIGKILL);
   if (g_fault == FlightFault::kSegv && phase == FlightPhase::kData) std::raise(SIGSEGV);
 }
 
@@ -316,6 +320,8 @@ void ArmFlightFault(int world_rank) {
   long long step = -1;
   if (std::sscanf(s.c_str() + a + 1, "%d:%lld:%d", &rank, &step, &unit) < 2) return;
   if (kind == "stop-forward") g_fault = FlightFault::kStopForward;
+  else if (kind == "stop-data") g_fault = FlightFault::kStopData;
+  else if (kind == "kill") g_fault = FlightFault::kKill;
   else if (kind == "segv") g_fault = FlightFault::kSegv;
   else if (kind == "skip") g_fault = FlightFault::kSkip;
   else if (kind == "size") g_fault = FlightFault::kSize;

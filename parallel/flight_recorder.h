@@ -172,10 +172,15 @@ FlightRing* FlightRingAt(int i);
 // ---- test-only fault hooks ----
 // SHARDGPT_TEST_FAULT=KIND:RANK:STEP[:UNIT] makes world rank RANK misbehave at step STEP:
 //   stop-forward  blocks forever when its forward of unit UNIT begins (a hung kernel);
+//   stop-data     blocks forever when its step's data phase begins (a stuck data loader);
+//   kill          raises SIGKILL when its step's data phase begins (a rank killed outright:
+//                 no handler runs, no dump is written);
 //   segv          raises SIGSEGV when its step begins;
 //   skip          skips the step boundary's stop-flag agreement and hangs (the trainer asks);
 //   size          issues the step's extra test broadcast with one more element, then hangs.
-enum class FlightFault { kNone, kStopForward, kSegv, kSkip, kSize };
+// The phase-bound kinds (stop-forward, stop-data, kill, segv) fire from SetFlightPhase on any
+// device, so they work under --device cuda as well.
+enum class FlightFault { kNone, kStopForward, kStopData, kKill, kSegv, kSkip, kSize };
 // Reads the variable once (call after MPI_Init: it needs the world rank).
 void ArmFlightFault(int world_rank);
 // True on the faulty rank at its step, for the trainer's hooks.

@@ -449,6 +449,20 @@ void MpiCommunicator::DumpFlightEverywhere(const char* reason) {
   for (MPI_Request& r : reqs) MPI_Request_free(&r);
 }
 
+void MpiCommunicator::RequestFlightDumps(const char* reason) {
+  WriteFlightDumpOnce(reason);
+  if (world_ <= 1 || arrivals_ == MPI_COMM_NULL || !FlightDumpsConfigured()) return;
+  std::shared_ptr<Work> work = Enqueue([this, reason] {
+    DumpFlightEverywhere(reason);
+    return Status::OK();
+  });
+  const double limit = std::min(60.0, std::max(10.0, timeout_s_)) + 5.0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!work->IsCompleted() &&
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < limit)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
 void MpiCommunicator::TimedOut(const char* name, const std::string& verdict) {
   const long long step = g_diagnostic_step.load();
   char buf[768];

@@ -127,6 +127,14 @@ class MpiCommunicator final : public Communicator {
   // naming peers from stale notes. Before the job ends, this rank writes its flight dump and asks
   // every peer for theirs on the side channel (parallel/flight_dump.h).
   void SetTimeout(double seconds) { timeout_s_ = seconds; }
+  // Any thread, before the job ends (another communicator's watchdog, e.g. NCCL's over this
+  // control communicator): this rank's flight dump, then, from the communication thread, the
+  // dump request to every peer and the bounded wait for their answers (as when this
+  // communicator's own watchdog expires). Returns when that is done, or at most 5 s after the
+  // answers' bound (min(60, max(10, timeout)) s) when the communication thread is held up in
+  // another call. A peer answers while its communication thread is idle only under the
+  // watchdog (SetTimeout) and MPI_THREAD_MULTIPLE.
+  void RequestFlightDumps(const char* reason);
   // The training step the watchdog's line names (process-wide; the training loop sets it).
   static void SetDiagnosticStep(long long step);
   // The side channels of destroyed communicators this process still keeps (each is freed once

@@ -49,8 +49,13 @@ struct CUstream_st {
   int device = 0;
   bool non_blocking = false;
   bool legacy = false;
+  struct Op {
+    uint64_t index;  // 1-based, in queue order
+    std::function<void()> run;
+    bool collective;  // an NCCL operation: a query never runs it on its own thread (RunUntil)
+  };
   std::mutex queue_mu;  // guards ops, enqueued
-  std::deque<std::pair<uint64_t, std::function<void()>>> ops;
+  std::deque<Op> ops;
   uint64_t enqueued = 0;
   std::mutex run_mu;  // held by the thread running the queue
   std::atomic<uint64_t> executed{0};
@@ -206,7 +211,10 @@ void NotifyProgress(CUstream_st* s) {
 }
 
 // Runs stream s until `target` closures have run. blocking = false: give up (false) when
-// another thread is running the queue (cudaEventQuery must not block).
+// another thread is running the queue (cudaEventQuery must not block); and when the next
+// closure is an NCCL operation, hand the rest of the run to a new thread and give up: a
+// collective whose peers never arrive then hangs on that thread, as a kernel on a GPU, and
+// the queries go on answering "not ready" (a watchdog that polls its events sees it hang).
 //
 // A blocking waiter whose stream another thread is running waits for `executed` to reach its
 // target rather than for the queue: that thread may run past the target into a closure that
@@ -226,22 +234,33 @@ bool RunUntil(CUstream_st* s, uint64_t target, bool blocking) {
     if (s->executed.load() >= target) return true;
   }
   s->runner = std::this_thread::get_id();
+  bool handed_off = false;
   while (s->executed.load() < target) {
-    std::pair<uint64_t, std::function<void()>> op;
+    CUstream_st::Op op;
     {
       std::lock_guard<std::mutex> q(s->queue_mu);
+      if (!blocking && s->ops.front().collective) {
+        handed_off = true;
+        break;
+      }
       op = std::move(s->ops.front());
       s->ops.pop_front();
     }
-    op.second();
-    s->executed = op.first;
-    TraceExecuted(s, op.first);
+    op.run();
+    s->executed = op.index;
+    TraceExecuted(s, op.index);
     NotifyProgress(s);
   }
   s->runner = std::thread::id();
   run.unlock();
   NotifyProgress(s);
-  return true;
+  if (!handed_off) return true;
+  const int device = tls_device;
+  std::thread([s, target, device] {
+    tls_device = device;
+    RunUntil(s, target, true);
+  }).detach();
+  return false;
 }
 
 uint64_t Enqueued(CUstream_st* s) {
@@ -274,7 +293,7 @@ uint64_t Push(CUstream_st* s, std::function<void()> op, TraceKind kind = TraceKi
               const char* name = nullptr, const CUstream_st* ref = nullptr, uint64_t ref_index = 0) {
   std::lock_guard<std::mutex> q(s->queue_mu);
   if (s->destroyed) Fail("work queued on a destroyed stream");
-  s->ops.emplace_back(++s->enqueued, std::move(op));
+  s->ops.push_back(CUstream_st::Op{++s->enqueued, std::move(op), kind == TraceKind::kCollective});
   // under queue_mu, so that the trace's order of one stream's ops is their FIFO order
   if (g_tracing.load(std::memory_order_relaxed)) TraceAdd(kind, s->id, s->enqueued, ref, ref_index, name);
   return s->enqueued;

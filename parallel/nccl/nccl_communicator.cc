@@ -17,7 +17,6 @@
 
 #include "base/clock.h"
 #include "model/cuda/cuda_device.h"
-#include "parallel/flight_dump.h"
 #include "parallel/gpu_binding.h"
 #include "parallel/mpi_communicator.h"
 
@@ -310,8 +309,10 @@ class NcclCommunicator final : public Communicator {
     std::fflush(stderr);
   }
 
+  // This rank's flight dump and its peers' (asked over the control communicator), then the
+  // error line and the end of the process.
   [[noreturn]] void Abort(const std::string& why) {
-    WriteFlightDumpOnce("nccl_watchdog");
+    control_->RequestFlightDumps("nccl_watchdog");
     ncclCommAbort(nccl_);
     Fatal(rank_, why);
   }
@@ -435,6 +436,9 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(MPI_Comm comm, De
   auto control_or = MpiCommunicator::Create(comm, nullptr);
   if (!control_or.ok()) return control_or.status();
   std::unique_ptr<MpiCommunicator> control = std::move(control_or.value());
+  // The control calls get the same watchdog; with it, the control communicator's idle thread
+  // answers a peer's flight dump request while this rank hangs elsewhere.
+  control->SetTimeout(options.timeout_s);
   const int rank = control->rank(), world = control->world_size();
   const int ordinal = CudaDeviceOrdinal(device);
   Status st = ordinal < 0 ? Status::InvalidArgument("--comm nccl needs --device cuda") : Status::OK();

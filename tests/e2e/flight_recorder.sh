@@ -9,7 +9,16 @@
 #   size          3 ranks, rank 2 broadcasts 65 floats where the others broadcast 64: mismatch,
 #                 rank 2 the culprit
 #   skip          2 ranks, rank 1 skips a step boundary's agreement: not-arrived, rank 1
+#   stop-data     3 ranks, rank 2 hangs when its data phase of step 3 begins (a stuck data
+#                 loader): not-arrived, rank 2, phase data
 #   killed        the stop-forward dumps without rank 1's: no-dump names rank 1
+#   kill          rank 1 dies by SIGKILL when its data phase of step 3 begins (no handler, no
+#                 dump). 2 ranks under mpirun's defaults: mpirun ends every rank at once (no
+#                 survivor lives to dump) and names rank 1 killed by signal 9; the job ends
+#                 non-zero, no rank left running. 3 ranks with a launcher that lets the
+#                 survivors run (orte_abort_on_non_zero_status 0, as srun without
+#                 --kill-on-bad-exit): their watchdog names rank 1, they dump, and diagnose
+#                 says no-dump, rank 1
 #   segv          1 rank raises SIGSEGV: it dies by it and leaves a dump that diagnose reads
 #   sigusr2       a dump on SIGUSR2 while the run goes on (it then stops on SIGTERM as usual)
 # and diagnose's refusals: a folder without dumps, a truncated dump, dumps of two runs.
@@ -67,6 +76,32 @@ expect skip 3 '^not-arrived$' 'rank 1 never reached it'
 
 mkdir "$T/killed" && cp "$T/stop/rank_00000.json" "$T/stop/rank_00002.json" "$T/killed/"
 expect killed 3 'no dump from rank\(s\) 1'
+
+run_fault loader 3 stop-data:2:3
+ls "$T/loader"/rank_0000{0,1,2}.json >/dev/null || fail "stop-data: not every rank wrote a dump"
+expect loader 3 '^not-arrived$' 'rank 2 never reached it.*phase data for' 'rank\(s\) 0, 1 arrived' 'rank 2: peer_request'
+
+# kill under mpirun's defaults: the job ends at once, mpirun's own line names the killed rank
+SHARDGPT_TEST_FAULT=kill:1:3 timeout 300 mpirun -np 2 --oversubscribe "$BIN" train $ARGS --comm-timeout 10 \
+  --flight-dir "$T/kill" > "$T/kill.out" 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || { cat "$T/kill.out"; fail "kill: exit status $rc"; }
+grep -qE "process rank 1 with PID [0-9]+ on node .* exited on signal 9" "$T/kill.out" ||
+  { cat "$T/kill.out"; fail "kill: the job's output does not name rank 1 killed by signal 9"; }
+pgrep -f "$T/data/train.bin" >/dev/null && fail "kill: a rank is still running"
+[ ! -e "$T/kill/rank_00001.json" ] || fail "kill: the killed rank left a dump"
+echo "ok   kill (mpirun's defaults): exit $rc; $(grep -m1 'exited on signal 9' "$T/kill.out")"
+
+# kill with the survivors left running: their watchdog ends the job, diagnose names rank 1
+SHARDGPT_TEST_FAULT=kill:1:3 timeout 300 mpirun --mca orte_abort_on_non_zero_status 0 -np 3 --oversubscribe \
+  "$BIN" train $ARGS --comm-timeout 10 --flight-dir "$T/kill3" > "$T/kill3.out" 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || { cat "$T/kill3.out"; fail "kill3: exit status $rc"; }
+grep -q "rank(s) 1 did not arrive" "$T/kill3.out" || { cat "$T/kill3.out"; fail "kill3: no watchdog line naming rank 1"; }
+pgrep -f "$T/data/train.bin" >/dev/null && fail "kill3: a rank is still running"
+ls "$T/kill3"/rank_0000{0,2}.json >/dev/null || { cat "$T/kill3.out"; fail "kill3: a survivor wrote no dump"; }
+[ ! -e "$T/kill3/rank_00001.json" ] || fail "kill3: the killed rank left a dump"
+expect kill3 3 '^no-dump$' 'rank\(s\) 0, 2 arrived and none completed' 'no dump from rank\(s\) 1 '
 
 # SIGSEGV in the only rank: the dump is written before the process dies by the signal
 SHARDGPT_TEST_FAULT=segv:0:2 timeout 300 "$BIN" train $ARGS --flight-dir "$T/segv" > "$T/segv.out" 2>&1

@@ -1,7 +1,8 @@
 // The emulated NCCL (emu/cuda/nccl.cc) on 1..3 ranks, through the standard CUDA runtime and
 // NCCL APIs as shardgpt uses them: every collective in fp32 and bf16 (sum and avg) against
 // host-computed values, in-place variants, other types and ops, grouped send/receive
-// all-to-all-v, split, non-blocking init/finalize, abort, failure injection, and the misuse
+// all-to-all-v, split, non-blocking init/finalize, abort, queries that never run a collective on
+// their own thread, failure injection, and the misuse
 // that ends the process. Linked with tests/mpi/mpi_main.cc; every rank runs every test.
 //
 // Exactness: each element's contributions are either small integers on every rank (every
@@ -649,6 +650,38 @@ TEST_F(NcclEmuTest, PollAndAbortDoNotWaitForMpi) {
   cudaEventDestroy(ev);
   ExpectSame(ExpectedAll(kN, world_, false, ncclSum), buf.Get(kN));  // it was already inside MPI
   // TearDown destroys the aborted comm
+}
+
+// A query (cudaEventQuery, cudaStreamQuery) that reaches an NCCL operation does not run it on
+// the querying thread: it answers "not ready" while the peers have not joined (rank 0 joins
+// only after every other rank's queries answered, a barrier on a communicator of the test's
+// own), as a GPU's would, and the operation completes on the runtime's thread once they have.
+TEST_F(NcclEmuTest, QueryHandsACollectiveToAThreadOfItsOwn) {
+  if (world_ < 2) GTEST_SKIP() << "needs a late peer";
+  MPI_Comm checks_done = MPI_COMM_NULL;
+  ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &checks_done), MPI_SUCCESS);
+  Buf buf(kN, false);
+  buf.Put(Contribution(rank_, kN, world_, false));
+  if (rank_ == 0) {
+    MPI_Barrier(checks_done);  // the others' queries answered meanwhile
+    MPI_Comm_free(&checks_done);
+    ASSERT_EQ(ncclAllReduce(buf.get(), buf.get(), kN, ncclFloat32, ncclSum, comm_, stream_), ncclSuccess);
+    Sync();
+    ExpectSame(ExpectedAll(kN, world_, false, ncclSum), buf.Get(kN));
+    return;
+  }
+  ASSERT_EQ(ncclAllReduce(buf.get(), buf.get(), kN, ncclFloat32, ncclSum, comm_, stream_), ncclSuccess);
+  cudaEvent_t ev = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(ev, stream_), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(ev), cudaErrorNotReady);
+  EXPECT_EQ(cudaStreamQuery(stream_), cudaErrorNotReady);
+  MPI_Barrier(checks_done);
+  MPI_Comm_free(&checks_done);
+  while (cudaEventQuery(ev) == cudaErrorNotReady) std::this_thread::yield();
+  EXPECT_EQ(cudaEventQuery(ev), cudaSuccess);
+  cudaEventDestroy(ev);
+  ExpectSame(ExpectedAll(kN, world_, false, ncclSum), buf.Get(kN));
 }
 
 // SHARDGPT_NCCL_EMU_FAIL_AT=2: the second operation from now does nothing and sets the
