@@ -2,6 +2,10 @@
 #include "parallel/straggler.h"
 
 #include <algorithm>
+#include <set>
+#include <sstream>
+
+#include "io/json_fields.h"
 
 namespace shardgpt {
 
@@ -87,6 +91,40 @@ StragglerVerdict ScoreStragglers(const std::vector<StragglerTimes>& ranks, doubl
     if (v.score.back() < threshold) v.stragglers.push_back(static_cast<int>(r));
   }
   return v;
+}
+
+std::vector<std::string> StragglerStreaks::Report(const std::vector<std::string>& named,
+                                                  const std::vector<std::string>& all_hosts) {
+  const std::set<std::string> now(named.begin(), named.end());
+  std::vector<std::pair<std::string, int>> next;
+  for (const std::string& h : now) {
+    int n = 1;
+    for (const auto& [host, count] : streak_)
+      if (host == h) n = count + 1;
+    next.emplace_back(h, n);
+  }
+  streak_ = std::move(next);
+  const std::set<std::string> every(all_hosts.begin(), all_hosts.end());
+  std::vector<std::string> out;
+  for (const auto& [host, count] : streak_)
+    if (k_ > 0 && count >= k_) out.push_back(host);
+  if (out.size() >= every.size()) out.clear();  // no host would be left
+  return out;
+}
+
+Status RecordExcludedHosts(const std::string& path, const std::vector<std::string>& hosts) {
+  std::string text;
+  StatusOr<std::string> old = ReadTextFile(path, "the hosts to exclude");
+  if (old.ok()) text = *old;
+  else if (old.status().code() != Status::Code::kNotFound) return old.status();
+  std::set<std::string> have;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) have.insert(line);
+  if (!text.empty() && text.back() != '\n') text += '\n';
+  for (const std::string& h : hosts)
+    if (!h.empty() && have.insert(h).second) text += h + "\n";
+  return WriteTextFileAtomic(path, text);
 }
 
 }  // namespace shardgpt
