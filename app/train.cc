@@ -861,7 +861,7 @@ class Trainer {
       for (const std::string& h : exclude_hosts_) names += (names.empty() ? "" : ", ") + h;
       if (recorded.ok())
         std::printf("straggler: host %s named in %d reports in a row (--straggler-exclude-after): recorded in %s; "
-                    "checkpointing at step %d and exiting (status %d) for a requeue without it\n",
+                    "checkpointing at step %d and exiting (status %d) to be restarted without it\n",
                     names.c_str(), o_.straggler_exclude_after, path.c_str(), step, kExitExcludeHost);
       std::fflush(stdout);
     }
