@@ -371,6 +371,9 @@ class Trainer {
         o_.flight_entries == 0 ? "" : !o_.flight_dir.empty() ? o_.flight_dir
                                     : CheckpointManager::FlightDir(o_.checkpoint);
     SHARDGPT_RETURN_IF_ERROR(SetUpFlightRecorder(comm_, flight_dir, &job_));
+    // --straggler-exclude-after: a watchdog verdict's hosts are recorded too (exit status 1)
+    if (o_.straggler_exclude_after > 0)
+      MpiCommunicator::SetExcludeHostsOnTimeout(o_.checkpoint.dir + "/" + kExcludeHostsFile, job_.hosts);
     if (o_.straggler_every > 0 || !o_.trace_dir.empty()) SetFlightPhaseTiming(true);
     if (!o_.trace_dir.empty()) {
       std::error_code ec;

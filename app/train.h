@@ -69,7 +69,8 @@ struct TrainOptions {
   int straggler_every = 50;
   double straggler_threshold = 0.7;
   // > 0: a host named in this many reports in a row is recorded in --ckpt-dir/exclude_hosts and
-  // the run checkpoints and exits kExitExcludeHost (0: off)
+  // the run checkpoints and exits kExitExcludeHost; the hosts a watchdog verdict names
+  // (--comm-timeout) are recorded there too before the job ends (0: off)
   int straggler_exclude_after = 0;
   // the timeline: each rank's phases and collectives of steps trace_first..trace_last as a Chrome
   // trace in trace_dir (empty: none)

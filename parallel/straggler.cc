@@ -2,6 +2,12 @@
 #include "parallel/straggler.h"
 
 #include <algorithm>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <set>
 #include <sstream>
 
@@ -124,7 +130,30 @@ Status RecordExcludedHosts(const std::string& path, const std::vector<std::strin
   if (!text.empty() && text.back() != '\n') text += '\n';
   for (const std::string& h : hosts)
     if (!h.empty() && have.insert(h).second) text += h + "\n";
-  return WriteTextFileAtomic(path, text);
+  // a temporary of this process's own: ranks ended by the watchdog may record at once
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) {
+      std::remove(tmp.c_str());
+      return Status::IOError(tmp + ": write failed: " + std::strerror(errno));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return Status::IOError(path + ": cannot rename into place: " + std::strerror(errno));
+  }
+  return Status::OK();
+}
+
+std::vector<std::string> HostsToExclude(const std::vector<int>& ranks, const std::vector<std::string>& hosts_by_rank) {
+  std::set<std::string> named, every(hosts_by_rank.begin(), hosts_by_rank.end());
+  for (int r : ranks)
+    if (r >= 0 && static_cast<size_t>(r) < hosts_by_rank.size()) named.insert(hosts_by_rank[r]);
+  if (named.size() >= every.size()) return {};
+  return {named.begin(), named.end()};
 }
 
 }  // namespace shardgpt

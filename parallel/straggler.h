@@ -81,4 +81,8 @@ class StragglerStreaks {
 // atomically (a temporary, then a rename). Returns the error naming the path.
 Status RecordExcludedHosts(const std::string& path, const std::vector<std::string>& hosts);
 
+// The hosts of `ranks` (world ranks; hosts_by_rank[r] is rank r's host), ascending and once
+// each; empty when they would be every host of the job. Pure.
+std::vector<std::string> HostsToExclude(const std::vector<int>& ranks, const std::vector<std::string>& hosts_by_rank);
+
 }  // namespace shardgpt

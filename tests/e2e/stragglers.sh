@@ -9,7 +9,9 @@
 #            --ckpt-dir/exclude_hosts, a checkpoint is saved and the run exits 76; the resume on
 #            ONE rank (--batch-tokens: the same global batch) completes with the losses of an
 #            uninterrupted 2-rank run (bitwise before the stop, within 1e-5 after). On a single
-#            host (both ranks' hostname alike) nothing is recorded: the run completes.
+#            host (both ranks' hostname alike) nothing is recorded: the run completes. A rank
+#            hung on its own host (SHARDGPT_TEST_FAULT=skip): the watchdog (--comm-timeout 5)
+#            records that host before the job ends.
 # Independent of the machine's speed: the hook's 300 ms is far above a step of this model, and
 # the runs use --straggler-threshold 0.3 so that a loaded machine's jitter (a rank preempted for
 # a few ms) is never a straggler while the hooked rank's score (well under 0.1) always is. Only
@@ -82,6 +84,17 @@ PY
     --straggler-exclude-after 1 --ckpt-dir "$T/x2ck" > "$T/x2.out" 2>&1 || { cat "$T/x2.out"; fail "exclude: the one-host run failed"; }
   [ -e "$T/x2ck/exclude_hosts" ] && fail "exclude: a one-host job recorded its only host"
   echo "ok   exclude: host recorded, exit 76, resumed on 1 rank with the 2-rank losses; one host: nothing recorded"
+  # the watchdog's verdict: rank 1 (its own host name) hangs at step 6 (SHARDGPT_TEST_FAULT=skip);
+  # rank 0's watchdog names it and records its host before the job ends
+  W="$ARGS --steps 30 --straggler-every 5 --straggler-exclude-after 2 --ckpt-dir $T/wck --comm-timeout 5"
+  SHARDGPT_TEST_FAULT=skip:1:6 timeout 300 mpirun -np 1 "$BIN" train $W : \
+    -np 1 unshare --uts /bin/sh -c 'hostname sg-hung-host && exec "$0" "$@"' "$BIN" train $W > "$T/w.out" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] || { cat "$T/w.out"; fail "watchdog: exit $rc, expected the watchdog's failure"; }
+  grep -q "^shardgpt: rank 0: the watchdog's verdict names host sg-hung-host: recorded in $T/wck/exclude_hosts$" "$T/w.out" ||
+    { cat "$T/w.out"; fail "watchdog: no recording line"; }
+  [ "$(cat "$T/wck/exclude_hosts")" = sg-hung-host ] || { cat "$T/w.out"; fail "watchdog: exclude_hosts holds '$(cat "$T/wck/exclude_hosts")'"; }
+  echo "ok   watchdog: the verdict's host recorded (exit $rc)"
 else
   echo "skip exclude: needs root and unshare --uts"
 fi

@@ -51,7 +51,7 @@ for want in "run: job $id restart 0, .* 2 node(s) h\[1-2\], 2 task(s)" \
             "^shardgpt: straggler: rank 1 on host h2, phase forward, score .* over steps 2-5 " \
             "^shardgpt: straggler: rank 1 on host h2, phase forward, score .* over steps 6-10 " \
             "^straggler: host h2 named in 2 reports in a row (--straggler-exclude-after): recorded in $T/sx/ckpt/exclude_hosts; checkpointing at step 10 and exiting (status 76)" \
-            "run: straggling host recorded in $T/sx/ckpt/exclude_hosts (exit 76): resuming on the other node(s) of job $id" \
+            "run: host recorded in $T/sx/ckpt/exclude_hosts (exit 76): resuming on the other node(s) of job $id" \
             "run: leaving out h2 ($T/sx/ckpt/exclude_hosts): 1 node(s) h1, 1 task(s)" \
             "resumed from .*step_00000010 at step 10 .* on 1 rank(s), zero stage 1 (saved by 2 rank(s)" \
             "final train loss"; do

@@ -102,6 +102,15 @@ TEST(Straggler, StreaksCountReportsInARowPerHost) {
   EXPECT_EQ(off.Report({"h2"}, {"h1", "h2"}), V{});
 }
 
+TEST(Straggler, HostsToExcludeNeverEveryHost) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(HostsToExclude({1, 3}, {"h1", "h2", "h1", "h3"}), (V{"h2", "h3"}));
+  EXPECT_EQ(HostsToExclude({1, 2}, {"h1", "h2", "h2"}), V{"h2"});
+  EXPECT_EQ(HostsToExclude({0, 1}, {"h1", "h2"}), V{});  // every host
+  EXPECT_EQ(HostsToExclude({1}, {"vm", "vm"}), V{});     // one host
+  EXPECT_EQ(HostsToExclude({7}, {"h1", "h2"}), V{});     // no such rank
+}
+
 TEST(Straggler, RecordExcludedHostsAppendsOnceEach) {
   const fs::path dir = fs::temp_directory_path() / ("shardgpt_exclude_test_" + std::to_string(getpid()));
   fs::remove_all(dir);
@@ -118,7 +127,7 @@ TEST(Straggler, RecordExcludedHostsAppendsOnceEach) {
   std::ofstream(path, std::ios::app) << "h4";  // written by hand, no final newline
   ASSERT_TRUE(RecordExcludedHosts(path, {"h4", "h5"}).ok());
   EXPECT_EQ(text(), "h2\nh3\nh4\nh5\n");
-  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  for (const auto& e : fs::directory_iterator(dir)) EXPECT_EQ(e.path().filename(), "exclude_hosts");  // no temporary left
   const Status bad = RecordExcludedHosts((dir / "missing" / "exclude_hosts").string(), {"h2"});
   EXPECT_FALSE(bad.ok());
   EXPECT_NE(bad.message().find("missing"), std::string::npos) << bad.message();
