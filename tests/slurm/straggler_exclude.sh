@@ -10,6 +10,9 @@
 #     saved by 2 ranks reshards; --batch-tokens keeps the global batch, grad-accum 2);
 #   - the job COMPLETES (0:0, no requeue); every step is logged once, steps 1..10 bitwise equal
 #     to an uninterrupted `mpirun -np 2` run with the same flags, steps 11..N within 1e-5.
+# 2. The watchdog's verdict: rank 1 (h2) hangs at step 13 (SHARDGPT_TEST_FAULT=skip), rank 0's
+#    --comm-timeout 5 names it and records h2, the job's step fails; the template resumes from
+#    the checkpoint of step 10 (--ckpt-every 5) on h1 alone; the same checks.
 # Usage: tests/slurm/straggler_exclude.sh BUILD/shardgpt [SOURCE_DIR]. Root only (exit 77
 # otherwise). Every wait is bounded; a watchdog ends it after 10 minutes.
 set -uo pipefail
@@ -59,5 +62,22 @@ for want in "run: job $id restart 0, .* 2 node(s) h\[1-2\], 2 task(s)" \
 done
 [ "$(grep -c "straggler: rank" "$T/sx.out")" = 2 ] || { show "$T/sx.out" 40; fail "a straggler named after the exclusion"; }
 check_losses "$T/sx/train.jsonl" 1 10 1e-5 || { show "$T/sx.out"; fail "losses"; }
-echo "straggler exclude: h2 named at steps 5 and 10, recorded, checkpoint at 10, exit 76; resumed on h1 alone" \
+echo "1. straggler: h2 named at steps 5 and 10, recorded, checkpoint at 10, exit 76; resumed on h1 alone" \
      "(1 rank, same global batch), COMPLETED 0:0 [$((SECONDS - t0)) s]"
+
+# ---- 2. the watchdog's verdict: rank 1 (h2) hangs at step 13 ----
+id=$(SHARDGPT_TEST_FAULT=skip:1:13 sbatch_cpu wd -N 2 --ntasks=2 -- $A --straggler-exclude-after 2 --comm-timeout 5 --ckpt-every 5) || fail sbatch
+wait_job "$id" 400 || { show "$T/wd.out" 40; fail "job $id did not end"; }
+expect_job "$id" COMPLETED 0:0
+[ "$(cat "$T/wd/ckpt/exclude_hosts")" = h2 ] || { show "$T/wd.out" 40; fail "exclude_hosts holds '$(cat "$T/wd/ckpt/exclude_hosts" 2>&1)', expected h2"; }
+for want in "^shardgpt: error: rank 0: .* step 13) made no progress for 5 s (--comm-timeout): rank(s) 1 did not arrive" \
+            "^shardgpt: rank 0: the watchdog's verdict names host h2: recorded in $T/wd/ckpt/exclude_hosts" \
+            "run: host recorded in $T/wd/ckpt/exclude_hosts (exit [0-9]*): resuming on the other node(s) of job $id" \
+            "run: leaving out h2 ($T/wd/ckpt/exclude_hosts): 1 node(s) h1, 1 task(s)" \
+            "resumed from .*step_00000010 at step 10 .* on 1 rank(s), zero stage 1 (saved by 2 rank(s)" \
+            "final train loss"; do
+  grep -q -- "$want" "$T/wd.out" || { show "$T/wd.out" 40; fail "'$want' not in the output"; }
+done
+check_losses "$T/wd/train.jsonl" 1 10 1e-5 || { show "$T/wd.out"; fail "losses"; }
+echo "2. watchdog: rank 1 on h2 hung at step 13, rank 0's verdict recorded h2; resumed from step 10 on h1 alone," \
+     "COMPLETED 0:0 [$((SECONDS - t0)) s]"
