@@ -99,6 +99,12 @@ else
   echo "skip exclude: needs root and unshare --uts"
 fi
 
+# --straggler-exclude-after needs --ckpt-dir and reports to count
+n=0
+expect_error "exclude without --ckpt-dir" "--straggler-exclude-after 2 needs --ckpt-dir" -- "$BIN" train $ARGS --straggler-exclude-after 2
+expect_error "exclude without reports" "needs --ckpt-dir (where it records the host and checkpoints) and --straggler-every > 0" -- \
+  "$BIN" train $ARGS --straggler-every 0 --straggler-exclude-after 2 --ckpt-dir "$T/eck"
+
 # --straggler-every 0: no report, no field
 "$BIN" train $ARGS --straggler-every 0 --steps 3 --log "$T/off.jsonl" > "$T/off.out" 2>&1 || { cat "$T/off.out"; fail "off: the run failed"; }
 grep -q '"stragglers"' "$T/off.jsonl" && fail "off: a row has stragglers"
