@@ -331,6 +331,10 @@ Status ValidateLoopOptions(TrainOptions& o, int world) {
   if (o.grad_accum < 1) return Status::InvalidArgument("--grad-accum must be >= 1");
   if (o.steps < 1) return Status::InvalidArgument("--steps must be >= 1");
   SHARDGPT_RETURN_IF_ERROR(CheckpointManager::ValidateOptions(o.checkpoint));
+  if (o.straggler_exclude_after > 0 && (o.checkpoint.dir.empty() || o.straggler_every < 1))
+    return Status::InvalidArgument("--straggler-exclude-after " + std::to_string(o.straggler_exclude_after) +
+                                   " needs --ckpt-dir (where it records the host and checkpoints) and "
+                                   "--straggler-every > 0 (the reports it counts)");
   if (o.gelu_fused && o.recompute == Recompute::kGelu)
     return Status::InvalidArgument("--gelu fused with --recompute gelu: the fused forward's GELU reads the fc "
                                    "matmul's unrounded result, which the backward cannot recompute from the stored "
@@ -368,6 +372,9 @@ class Trainer {
         o_.flight_entries == 0 ? "" : !o_.flight_dir.empty() ? o_.flight_dir
                                     : CheckpointManager::FlightDir(o_.checkpoint);
     SHARDGPT_RETURN_IF_ERROR(SetUpFlightRecorder(comm_, flight_dir, &job_));
+    // --straggler-exclude-after: a watchdog verdict's hosts are recorded too (exit status 1)
+    if (o_.straggler_exclude_after > 0)
+      MpiCommunicator::SetExcludeHostsOnTimeout(o_.checkpoint.dir + "/" + kExcludeHostsFile, job_.hosts);
     if (o_.straggler_every > 0 || !o_.trace_dir.empty()) SetFlightPhaseTiming(true);
     if (!o_.trace_dir.empty()) {
       std::error_code ec;
@@ -704,6 +711,7 @@ class Trainer {
       if (FlightFaultAt(FlightFault::kSkip, step + 1))
         for (;;) pause();  // skipped the agreement below and waits elsewhere
       if (StopRequested()) return StopOnSignal(step, "", exit_code);
+      if (exclude_agreed_) return StopToExcludeHosts(step, exit_code);
       if (FlightFaultArmedAt(FlightFault::kSize, step + 1)) TestSizeFault(step + 1);
       // the run's first step (allocations, first touches) is not timed for stragglers
       const bool timed = o_.straggler_every > 0 && step > first_step;
@@ -713,7 +721,11 @@ class Trainer {
         const StepReport& rep = engine_->last_report();
         straggler_.EndStep(rep.forward_wait_s, rep.backward_wait_s, rep.after_backward_wait_s);
       }
-      if (o_.straggler_every > 0 && (step + 1) % o_.straggler_every == 0) ReportStragglers(step + 1);
+      if (o_.straggler_every > 0 && (step + 1) % o_.straggler_every == 0) {
+        ReportStragglers(step + 1);
+        // rank 0 alone counts the reports: every rank learns whether to stop at the next boundary
+        if (o_.straggler_exclude_after > 0) exclude_agreed_ = !comm_.AllTrue(exclude_hosts_.empty());
+      }
       // Divergence: the loss and the norm are the same on every rank (all-reduced), so every
       // rank stops here, before anything of this state can be saved or published.
       if (!std::isfinite(r.loss) || !std::isfinite(r.norm)) {
@@ -781,6 +793,12 @@ class Trainer {
       names.push_back({{"rank", r}, {"host", host(r)}, {"phase", phase}, {"score", round4(verdict.score[r])}});
     }
     std::fflush(stderr);
+    if (o_.straggler_exclude_after > 0) {
+      std::vector<std::string> named, all;
+      for (int r : verdict.stragglers) named.push_back(host(r));
+      for (size_t r = 0; r < world; r++) all.push_back(host(r));
+      exclude_hosts_ = straggler_streaks_.Report(named, all);
+    }
     for (size_t r = 0; r < world; r++) scores.push_back(round4(verdict.score[r]));
     for (int f = 0; f < kStragglerFigures; f++) {
       nlohmann::json& col = ms[StragglerFigureName(f)] = nlohmann::json::array();
@@ -860,6 +878,29 @@ class Trainer {
     }
     SHARDGPT_RETURN_IF_ERROR(Save());
     *exit_code = code;
+    stopped_ = true;
+    return Status::OK();
+  }
+
+  // --straggler-exclude-after: rank 0 records the hosts of exclude_hosts_ in
+  // --ckpt-dir/exclude_hosts, then every rank checkpoints at this step boundary and the run
+  // exits kExitExcludeHost. Collective.
+  Status StopToExcludeHosts(int step, int* exit_code) {
+    Status recorded = Status::OK();
+    if (lead_) {
+      const std::string path = o_.checkpoint.dir + "/" + kExcludeHostsFile;
+      recorded = RecordExcludedHosts(path, exclude_hosts_);
+      std::string names;
+      for (const std::string& h : exclude_hosts_) names += (names.empty() ? "" : ", ") + h;
+      if (recorded.ok())
+        std::printf("straggler: host %s named in %d reports in a row (--straggler-exclude-after): recorded in %s; "
+                    "checkpointing at step %d and exiting (status %d) to be restarted without it\n",
+                    names.c_str(), o_.straggler_exclude_after, path.c_str(), step, kExitExcludeHost);
+      std::fflush(stdout);
+    }
+    SHARDGPT_RETURN_IF_ERROR(Agree(comm_, recorded));
+    SHARDGPT_RETURN_IF_ERROR(Save());
+    *exit_code = kExitExcludeHost;
     stopped_ = true;
     return Status::OK();
   }
@@ -1155,6 +1196,9 @@ class Trainer {
   FlightJob job_;  // the run's identity: run id, hosts by rank (the straggler lines, the traces)
   StragglerWindow straggler_;
   nlohmann::json straggler_row_;  // rank 0: a report's figures, for the step's JSONL row
+  StragglerStreaks straggler_streaks_{o_.straggler_exclude_after};  // rank 0
+  std::vector<std::string> exclude_hosts_;  // rank 0: the hosts the last report found to exclude
+  bool exclude_agreed_ = false;             // every rank: stop at the next step boundary to exclude them
   bool tracing_ = false;  // --trace: the window's spans are being kept
   static constexpr size_t kTraceSpans = 1 << 18;  // the phase trace's buffer, in spans
 };

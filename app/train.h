@@ -68,6 +68,10 @@ struct TrainOptions {
   // a rank scoring below the threshold is named
   int straggler_every = 50;
   double straggler_threshold = 0.7;
+  // > 0: a host named in this many reports in a row is recorded in --ckpt-dir/exclude_hosts and
+  // the run checkpoints and exits kExitExcludeHost; the hosts a watchdog verdict names
+  // (--comm-timeout) are recorded there too before the job ends (0: off)
+  int straggler_exclude_after = 0;
   // the timeline: each rank's phases and collectives of steps trace_first..trace_last as a Chrome
   // trace in trace_dir (empty: none)
   std::string trace_dir;
@@ -91,11 +95,18 @@ constexpr int kExitSignalled = 75;
 // Exit status after the first SIGINT (Ctrl-C) on any rank: the same stop and checkpoint, but
 // the shell's status for an interrupt (128 + SIGINT) and no requeue. A second SIGINT aborts.
 constexpr int kExitInterrupted = 130;
+// Exit status after --straggler-exclude-after: a host was named a straggler in that many reports
+// in a row; it is in --ckpt-dir/exclude_hosts (kExcludeHostsFile), all ranks saved a checkpoint
+// and stopped; resubmit without the hosts of that file (slurm/*.sbatch requeue with
+// ExcludeNodeList) and --resume auto.
+constexpr int kExitExcludeHost = 76;
+constexpr const char* kExcludeHostsFile = "exclude_hosts";
 
 // Runs training on every rank of comm, on `device` (the communicator must carry buffers of that
 // device). Returns OK or the first error (already agreed on by
 // all ranks where the error can differ between them). *exit_code is 0, or kExitSignalled
-// (kExitInterrupted for SIGINT) when a signal stopped the run after a checkpoint.
+// (kExitInterrupted for SIGINT) when a signal stopped the run after a checkpoint, or
+// kExitExcludeHost when a straggling host was recorded and the run stopped after a checkpoint.
 Status RunTrain(TrainOptions opts, Communicator& comm, Device& device, int* exit_code);
 
 // Installs the SIGUSR1 / SIGTERM / SIGINT handlers that ask the loop to checkpoint and stop. Called

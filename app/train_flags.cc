@@ -109,6 +109,10 @@ void TrainFlags::Register(CLI::App& app) {
   command->add_option("--straggler-threshold", options.straggler_threshold,
                       "a rank whose score (the median rank's busy time / its own, at most 1) is below this is a straggler")
       ->check(Finite(0, false, 1))->capture_default_str();
+  command->add_option("--straggler-exclude-after", options.straggler_exclude_after,
+                      "a host named a straggler in K reports in a row is written to --ckpt-dir/exclude_hosts and the "
+                      "run checkpoints and exits 76, for a requeue without that host (slurm/*.sbatch; 0: off)")
+      ->check(CLI::Range(0, 1000000))->capture_default_str();
   command->add_option("--trace", options.trace_dir,
                       "write each rank's phases and collectives of --trace-steps as a Chrome trace, "
                       "DIR/trace_rank_XXXXX.json (merge: shardgpt diagnose --merge-trace DIR)");

@@ -18,6 +18,7 @@
 #include "base/bf16.h"
 #include "parallel/flight_dump.h"
 #include "parallel/stall_verdict.h"
+#include "parallel/straggler.h"
 
 namespace shardgpt {
 
@@ -318,6 +319,32 @@ void MpiCommunicator::RetireArrivals() {
 
 void MpiCommunicator::SetDiagnosticStep(long long step) { g_diagnostic_step.store(step); }
 
+namespace {
+std::string g_exclude_path;               // SetExcludeHostsOnTimeout: set before any collective
+std::vector<std::string> g_exclude_hosts;  // hosts by world rank
+}  // namespace
+
+void MpiCommunicator::SetExcludeHostsOnTimeout(const std::string& path, const std::vector<std::string>& hosts) {
+  g_exclude_path = path;
+  g_exclude_hosts = hosts;
+}
+
+void MpiCommunicator::RecordCulpritHosts(const std::vector<int>& culprits) {
+  if (g_exclude_path.empty()) return;
+  const std::vector<std::string> hosts = HostsToExclude(culprits, g_exclude_hosts);
+  if (hosts.empty()) return;
+  std::string names;
+  for (const std::string& h : hosts) names += (names.empty() ? "" : ", ") + h;
+  const Status st = RecordExcludedHosts(g_exclude_path, hosts);
+  if (st.ok())
+    std::fprintf(stderr, "shardgpt: rank %d: the watchdog's verdict names host %s: recorded in %s\n", world_rank_,
+                 names.c_str(), g_exclude_path.c_str());
+  else
+    std::fprintf(stderr, "shardgpt: warning: rank %d: cannot record host %s: %s\n", world_rank_, names.c_str(),
+                 st.message().c_str());
+  std::fflush(stderr);
+}
+
 size_t MpiCommunicator::RetiredChannels() {
   ReapRetiredChannels();
   std::lock_guard<std::mutex> lock(g_retired_mu);
@@ -411,18 +438,23 @@ Status MpiCommunicator::Await(MPI_Request* req, const char* name) {
     if (waited <= timeout_s_) continue;
     // Past the deadline with every peer heard from recently: wait one silence longer, so that a
     // peer stopped just after its latest note is told apart from MPI being stuck.
-    std::string verdict = Verdict(silence_s);
-    if (!verdict.empty() || waited > timeout_s_ + silence_s) TimedOut(name, verdict);
+    std::vector<int> culprits;
+    std::string verdict = Verdict(silence_s, &culprits);
+    if (!verdict.empty() || waited > timeout_s_ + silence_s) {
+      RecordCulpritHosts(culprits);
+      TimedOut(name, verdict);
+    }
   }
   if (world_ > 1) DrainNotes();
   return Status::OK();
 }
 
-std::string MpiCommunicator::Verdict(double silence_s) {
+std::string MpiCommunicator::Verdict(double silence_s, std::vector<int>* culprits) {
   const auto now = std::chrono::steady_clock::now();
   std::vector<PeerNotes> peers(static_cast<size_t>(world_));
   for (int p = 0; p < world_; p++)
     peers[p] = {seen_[p], std::chrono::duration<double>(now - heard_[p]).count()};
+  if (culprits != nullptr) *culprits = StallCulprits(calls_, rank_, peers, silence_s, world_ranks_);
   return StallVerdict(calls_, rank_, peers, silence_s, world_ranks_);
 }
 

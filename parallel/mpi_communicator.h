@@ -137,6 +137,11 @@ class MpiCommunicator final : public Communicator {
   void RequestFlightDumps(const char* reason);
   // The training step the watchdog's line names (process-wide; the training loop sets it).
   static void SetDiagnosticStep(long long step);
+  // Process-wide, set once before the first collective (the trainer, with
+  // --straggler-exclude-after): when this process's watchdog ends the job, the hosts of the
+  // world ranks its verdict names (hosts_by_world_rank) are appended to `path`
+  // (RecordExcludedHosts, HostsToExclude: never every host) before the abort. Empty path: off.
+  static void SetExcludeHostsOnTimeout(const std::string& path, const std::vector<std::string>& hosts_by_world_rank);
   // The side channels of destroyed communicators this process still keeps (each is freed once
   // every peer's closing note came in, so that no message reaches a freed communicator); frees
   // those it can first, without waiting. For tests and diagnostics.
@@ -189,7 +194,9 @@ class MpiCommunicator final : public Communicator {
   void RetireArrivals();
   // The verdict on the call stalled in Await (stall_verdict.h): empty when every peer is
   // waiting in it, noting it every heartbeat.
-  std::string Verdict(double silence_s);
+  std::string Verdict(double silence_s, std::vector<int>* culprits = nullptr);
+  // SetExcludeHostsOnTimeout's recording of the hosts of `culprits` (world ranks), if set.
+  void RecordCulpritHosts(const std::vector<int>& culprits);
   [[noreturn]] void TimedOut(const char* name, const std::string& verdict);
   // Communication thread, before the job ends: this rank's flight dump, then a dump request to
   // every peer on the side channel, and a bounded wait for their answers (a peer that is

@@ -29,4 +29,16 @@ std::string StallVerdict(long long call, int self, const std::vector<PeerNotes>&
   return verdict;
 }
 
+std::vector<int> StallCulprits(long long call, int self, const std::vector<PeerNotes>& peers, double silence_s,
+                               const std::vector<int>& world_ranks) {
+  std::vector<int> missing, silent;
+  for (size_t p = 0; p < peers.size(); p++) {
+    if (static_cast<int>(p) == self) continue;
+    if (peers[p].latest_call < call) missing.push_back(world_ranks[p]);
+    else if (peers[p].latest_call == call && peers[p].quiet_s > silence_s) silent.push_back(world_ranks[p]);
+  }
+  missing.insert(missing.end(), silent.begin(), silent.end());
+  return missing;
+}
+
 }  // namespace shardgpt

@@ -26,5 +26,8 @@ struct PeerNotes {
 // waiting (MPI itself is stuck). peers[self] is ignored; world_ranks names each member.
 std::string StallVerdict(long long call, int self, const std::vector<PeerNotes>& peers, double silence_s,
                          const std::vector<int>& world_ranks);
+// The world ranks that verdict names (missing, then silent), in peer order; empty when it names none.
+std::vector<int> StallCulprits(long long call, int self, const std::vector<PeerNotes>& peers, double silence_s,
+                               const std::vector<int>& world_ranks);
 
 }  // namespace shardgpt

@@ -2,6 +2,16 @@
 #include "parallel/straggler.h"
 
 #include <algorithm>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "io/json_fields.h"
 
 namespace shardgpt {
 
@@ -87,6 +97,63 @@ StragglerVerdict ScoreStragglers(const std::vector<StragglerTimes>& ranks, doubl
     if (v.score.back() < threshold) v.stragglers.push_back(static_cast<int>(r));
   }
   return v;
+}
+
+std::vector<std::string> StragglerStreaks::Report(const std::vector<std::string>& named,
+                                                  const std::vector<std::string>& all_hosts) {
+  const std::set<std::string> now(named.begin(), named.end());
+  std::vector<std::pair<std::string, int>> next;
+  for (const std::string& h : now) {
+    int n = 1;
+    for (const auto& [host, count] : streak_)
+      if (host == h) n = count + 1;
+    next.emplace_back(h, n);
+  }
+  streak_ = std::move(next);
+  const std::set<std::string> every(all_hosts.begin(), all_hosts.end());
+  std::vector<std::string> out;
+  for (const auto& [host, count] : streak_)
+    if (k_ > 0 && count >= k_) out.push_back(host);
+  if (out.size() >= every.size()) out.clear();  // no host would be left
+  return out;
+}
+
+Status RecordExcludedHosts(const std::string& path, const std::vector<std::string>& hosts) {
+  std::string text;
+  StatusOr<std::string> old = ReadTextFile(path, "the hosts to exclude");
+  if (old.ok()) text = *old;
+  else if (old.status().code() != Status::Code::kNotFound) return old.status();
+  std::set<std::string> have;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) have.insert(line);
+  if (!text.empty() && text.back() != '\n') text += '\n';
+  for (const std::string& h : hosts)
+    if (!h.empty() && have.insert(h).second) text += h + "\n";
+  // a temporary of this process's own: ranks ended by the watchdog may record at once
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) {
+      std::remove(tmp.c_str());
+      return Status::IOError(tmp + ": write failed: " + std::strerror(errno));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return Status::IOError(path + ": cannot rename into place: " + std::strerror(errno));
+  }
+  return Status::OK();
+}
+
+std::vector<std::string> HostsToExclude(const std::vector<int>& ranks, const std::vector<std::string>& hosts_by_rank) {
+  std::set<std::string> named, every(hosts_by_rank.begin(), hosts_by_rank.end());
+  for (int r : ranks)
+    if (r >= 0 && static_cast<size_t>(r) < hosts_by_rank.size()) named.insert(hosts_by_rank[r]);
+  if (named.size() >= every.size()) return {};
+  return {named.begin(), named.end()};
 }
 
 }  // namespace shardgpt

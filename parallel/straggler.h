@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "base/status.h"
 #include "parallel/flight_recorder.h"
 
 namespace shardgpt {
@@ -59,5 +60,29 @@ struct StragglerVerdict {
 
 // ranks: every rank's window (the same number of steps each, > 0). Pure.
 StragglerVerdict ScoreStragglers(const std::vector<StragglerTimes>& ranks, double threshold);
+
+// --straggler-exclude-after K: how many reports in a row have named each host. Report() takes
+// one report: the hosts of the ranks it named (repeats count once) and the hosts of every rank
+// of the job. A host named counts one more, any other host drops back to 0. It returns the
+// hosts that have now been named in K reports in a row, ascending, except when that would be
+// every host of the job (a single-host job, or all hosts slow alike: no host to leave out).
+class StragglerStreaks {
+ public:
+  explicit StragglerStreaks(int k) : k_(k) {}
+  std::vector<std::string> Report(const std::vector<std::string>& named, const std::vector<std::string>& all_hosts);
+
+ private:
+  int k_;
+  std::vector<std::pair<std::string, int>> streak_;  // host, reports in a row (named ones only)
+};
+
+// The file of hosts to leave out of a requeued job (slurm/*.sbatch read it): one host name a
+// line. Appends each of `hosts` not already in it; a missing file is created; written
+// atomically (a temporary, then a rename). Returns the error naming the path.
+Status RecordExcludedHosts(const std::string& path, const std::vector<std::string>& hosts);
+
+// The hosts of `ranks` (world ranks; hosts_by_rank[r] is rank r's host), ascending and once
+// each; empty when they would be every host of the job. Pure.
+std::vector<std::string> HostsToExclude(const std::vector<int>& ranks, const std::vector<std::string>& hosts_by_rank);
 
 }  // namespace shardgpt

@@ -34,6 +34,14 @@ TEST(StallVerdict, EmptyWhenEveryPeerIsWaitingOrPastTheCall) {
   // root), so it is not stuck inside it
   const std::vector<PeerNotes> peers = {{0, 0}, {12, 2.9}, {13, 50.0}, {12, 0.0}};
   EXPECT_EQ(StallVerdict(12, 0, peers, 3.0, kWorldRanks), "");
+  EXPECT_TRUE(StallCulprits(12, 0, peers, 3.0, kWorldRanks).empty());
+}
+
+TEST(StallVerdict, CulpritsAreTheWorldRanksItNames) {
+  const std::vector<PeerNotes> peers = {{9, 0.1}, {12, 5.0}, {12, 4.0}, {0, 99}};
+  EXPECT_EQ(StallCulprits(12, 3, peers, 3.0, kWorldRanks), (std::vector<int>{4, 5, 6}));
+  const std::vector<PeerNotes> one = {{0, 0}, {12, 0.1}, {11, 0.2}, {12, 0.1}};
+  EXPECT_EQ(StallCulprits(12, 0, one, 3.0, kWorldRanks), (std::vector<int>{6}));
 }
 
 }  // namespace

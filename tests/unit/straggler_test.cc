@@ -84,6 +84,56 @@ TEST(Straggler, WindowSumsPhasesLessTheirCollectiveWaits) {
   EXPECT_EQ(w.Take().steps, 0);  // Take starts the next window
 }
 
+TEST(Straggler, StreaksCountReportsInARowPerHost) {
+  using V = std::vector<std::string>;
+  const V hosts = {"h1", "h1", "h2", "h3"};
+  StragglerStreaks s(2);
+  EXPECT_EQ(s.Report({"h2"}, hosts), V{});
+  EXPECT_EQ(s.Report({}, hosts), V{});            // a report without it starts the count again
+  EXPECT_EQ(s.Report({"h2", "h2"}, hosts), V{});  // two ranks of one host count once
+  EXPECT_EQ(s.Report({"h2", "h3"}, hosts), V{"h2"});
+  EXPECT_EQ(s.Report({"h3", "h2"}, hosts), (V{"h2", "h3"}));
+  // never every host of the job: a one-host job, or all slow alike
+  StragglerStreaks one(1);
+  EXPECT_EQ(one.Report({"vm"}, {"vm", "vm"}), V{});
+  EXPECT_EQ(one.Report({"h1", "h2"}, {"h1", "h2"}), V{});
+  EXPECT_EQ(one.Report({"h2"}, {"h1", "h2"}), V{"h2"});
+  StragglerStreaks off(0);
+  EXPECT_EQ(off.Report({"h2"}, {"h1", "h2"}), V{});
+}
+
+TEST(Straggler, HostsToExcludeNeverEveryHost) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(HostsToExclude({1, 3}, {"h1", "h2", "h1", "h3"}), (V{"h2", "h3"}));
+  EXPECT_EQ(HostsToExclude({1, 2}, {"h1", "h2", "h2"}), V{"h2"});
+  EXPECT_EQ(HostsToExclude({0, 1}, {"h1", "h2"}), V{});  // every host
+  EXPECT_EQ(HostsToExclude({1}, {"vm", "vm"}), V{});     // one host
+  EXPECT_EQ(HostsToExclude({7}, {"h1", "h2"}), V{});     // no such rank
+}
+
+TEST(Straggler, RecordExcludedHostsAppendsOnceEach) {
+  const fs::path dir = fs::temp_directory_path() / ("shardgpt_exclude_test_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string path = (dir / "exclude_hosts").string();
+  auto text = [&] {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  ASSERT_TRUE(RecordExcludedHosts(path, {"h2"}).ok());
+  EXPECT_EQ(text(), "h2\n");
+  ASSERT_TRUE(RecordExcludedHosts(path, {"h2", "h3"}).ok());
+  EXPECT_EQ(text(), "h2\nh3\n");
+  std::ofstream(path, std::ios::app) << "h4";  // written by hand, no final newline
+  ASSERT_TRUE(RecordExcludedHosts(path, {"h4", "h5"}).ok());
+  EXPECT_EQ(text(), "h2\nh3\nh4\nh5\n");
+  for (const auto& e : fs::directory_iterator(dir)) EXPECT_EQ(e.path().filename(), "exclude_hosts");  // no temporary left
+  const Status bad = RecordExcludedHosts((dir / "missing" / "exclude_hosts").string(), {"h2"});
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("missing"), std::string::npos) << bad.message();
+  fs::remove_all(dir);
+}
+
 class TraceMerge : public ::testing::Test {
  protected:
   void SetUp() override {
