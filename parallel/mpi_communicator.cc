@@ -352,6 +352,12 @@ void MpiCommunicator::DrainNotes() {
     if (seq == kClosingNote) {  // the peer destroyed its side (after this call's last collective)
       closed_[status.MPI_SOURCE] = true;
     } else if (seq == kDumpRequest) {  // a peer's watchdog expired: our dump, then the answer
+      // this rank's own recent pause is the likely cause: it says so, and names no peer
+      if (PausedRecently() && !pause_said_) {
+        pause_said_ = true;
+        std::fprintf(stderr, "shardgpt: error: rank %d: %s\n", world_rank_, SelfPauseText(pause_).c_str());
+        std::fflush(stderr);
+      }
       WriteFlightDumpOnce("peer_request");
       dump_note_out_ = kDumpAnswer;
       MPI_Request req = MPI_REQUEST_NULL;
@@ -388,10 +394,7 @@ Status MpiCommunicator::Await(MPI_Request* req, const char* name) {
     // This loop looks at least every 0.5 ms plus a heartbeat's work; a gap of several heartbeats
     // means this rank itself was paused (SIGSTOP and SIGCONT, a frozen VM): what it heard of its
     // peers is stale, so it neither accuses them nor counts the pause against the deadline.
-    if (timeout_s_ > 0 && std::chrono::duration<double>(now - last_look).count() > silence_s) {
-      deadline_from = now;
-      for (auto& h : heard_) h = now;
-    }
+    if (timeout_s_ > 0 && NotePause(last_look, now)) deadline_from = now;
     last_look = now;
     if (now - t0 < std::chrono::milliseconds(1)) continue;
     // The peers are busy (computing, or gone): sleep, doubling up to 0.5 ms, so the waiting
@@ -418,6 +421,24 @@ Status MpiCommunicator::Await(MPI_Request* req, const char* name) {
   return Status::OK();
 }
 
+bool MpiCommunicator::NotePause(std::chrono::steady_clock::time_point last, std::chrono::steady_clock::time_point now) {
+  const double heartbeat_s = std::min(1.0, timeout_s_ / 4);
+  const SelfPause pause = DetectSelfPause({0.0, std::chrono::duration<double>(now - last).count()}, heartbeat_s);
+  if (pause.paused_s <= 0) return false;
+  pause_ = pause;
+  pause_end_ = now;
+  pause_said_ = false;
+  for (auto& h : heard_) h = now;
+  return true;
+}
+
+bool MpiCommunicator::PausedRecently() const {
+  return pause_.paused_s > 0 &&
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - pause_end_).count() <= timeout_s_;
+}
+
+double MpiCommunicator::DumpWaitLimit() const { return std::min(60.0, std::max(10.0, timeout_s_)); }
+
 std::string MpiCommunicator::Verdict(double silence_s) {
   const auto now = std::chrono::steady_clock::now();
   std::vector<PeerNotes> peers(static_cast<size_t>(world_));
@@ -439,7 +460,7 @@ void MpiCommunicator::DumpFlightEverywhere(const char* reason) {
   }
   // A peer answers from its communication thread, which drains notes whether it is idle or
   // waiting in a call; a stopped or dead one never does: the wait is bounded.
-  const double limit = std::min(60.0, std::max(10.0, timeout_s_));
+  const double limit = DumpWaitLimit();
   const auto t0 = std::chrono::steady_clock::now();
   while (dumps_answered_ < asked &&
          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < limit) {
@@ -451,15 +472,45 @@ void MpiCommunicator::DumpFlightEverywhere(const char* reason) {
 
 void MpiCommunicator::TimedOut(const char* name, const std::string& verdict) {
   const long long step = g_diagnostic_step.load();
-  char buf[768];
-  std::snprintf(buf, sizeof(buf),
+  char what[512];
+  std::snprintf(what, sizeof(what),
                 "%s (MPI call %lld on a communicator of %d rank(s), %s%lld) made no progress for %.0f s "
-                "(--comm-timeout): %s; ending the job",
-                name, calls_, world_, step >= 0 ? "step " : "before step ", step >= 0 ? step : 1LL, timeout_s_,
-                verdict.empty() ? "every rank arrived and is waiting (MPI itself is stuck)" : verdict.c_str());
-  std::fprintf(stderr, "shardgpt: error: rank %d: %s\n", world_rank_, buf);
-  std::fflush(stderr);
-  DumpFlightEverywhere("comm_timeout");
+                "(--comm-timeout)",
+                name, calls_, world_, step >= 0 ? "step " : "before step ", step >= 0 ? step : 1LL, timeout_s_);
+  // this rank's own view: never its peers after its own pause
+  const std::string own = PausedRecently() ? SelfPauseText(pause_)
+                          : verdict.empty() ? "every rank arrived and is waiting (MPI itself is stuck)"
+                                            : verdict;
+  auto say = [&](const std::string& text) {
+    std::fprintf(stderr, "shardgpt: error: rank %d: %s: %s; ending the job\n", world_rank_, what, text.c_str());
+    std::fflush(stderr);
+  };
+  const int lead = ClaimJobVerdict(world_rank_);
+  if (lead < 0) {  // no dumps to merge: this rank's own view, marked as such
+    say("this rank's view: " + own);
+    DumpFlightEverywhere("comm_timeout");
+  } else if (lead != world_rank_) {
+    // another rank prints the job's verdict: the dumps of this rank and of its peers (that rank
+    // may not reach them all), answers to its dump request, and a bounded wait for its line
+    // before the job ends
+    std::fprintf(stderr, "shardgpt: error: rank %d: %s; the job's verdict is rank %d's (from the flight dumps in %s)\n",
+                 world_rank_, what, lead, FlightDumpDir().c_str());
+    std::fflush(stderr);
+    DumpFlightEverywhere("comm_timeout");
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!JobVerdictPrinted() &&
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < DumpWaitLimit() + 30) {
+      if (arrivals_ != MPI_COMM_NULL) DrainNotes();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (!JobVerdictPrinted()) say("rank " + std::to_string(lead) + " printed no verdict; this rank's view: " + own);
+  } else {
+    DumpFlightEverywhere("comm_timeout");
+    const std::string job = JobVerdictFromDumps();
+    say(job.empty() ? "this rank's view: " + own
+                    : "the job's verdict from the flight dumps (shardgpt diagnose " + FlightDumpDir() + "): " + job);
+    MarkJobVerdictPrinted();
+  }
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::_Exit(1);
 }
@@ -480,8 +531,10 @@ void MpiCommunicator::Loop() {
           cv_.wait(lock);
           continue;
         }
+        const auto before = std::chrono::steady_clock::now();
         if (!cv_.wait_for(lock, heartbeat, [this] { return stop_ || !queue_.empty(); })) {
           lock.unlock();
+          NotePause(before, std::chrono::steady_clock::now());
           DrainNotes();
           lock.lock();
         }
