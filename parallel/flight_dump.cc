@@ -318,10 +318,14 @@ std::string JobVerdictFromDumps() {
 std::string FlightDumpDir() { return g_configured.load() ? g_dir_str : ""; }
 std::string FlightRunId() { return g_configured.load() ? g_run_id : ""; }
 
-int ClaimJobVerdict(int world_rank) {
+int ClaimJobVerdict(int world_rank, bool* claimed) {
+  *claimed = false;
   if (!FlightDumpsConfigured() || !MakeDirs()) return -1;
-  // the claim names its rank from the moment it exists: written aside, then linked to its name
-  const std::string claim = VerdictFile(".lead"), tmp = claim + "." + std::to_string(world_rank) + ".tmp";
+  // the claim names its rank from the moment it exists: written aside (a name of this call's
+  // own: the watchdogs of several communicators of one rank may race), then linked to its name
+  static std::atomic<int> attempts{0};
+  const std::string claim = VerdictFile(".lead"),
+                    tmp = claim + "." + std::to_string(world_rank) + "." + std::to_string(attempts++) + ".tmp";
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return -1;
   const std::string text = std::to_string(world_rank) + "\n";
@@ -330,7 +334,10 @@ int ClaimJobVerdict(int world_rank) {
   const int linked = wrote ? link(tmp.c_str(), claim.c_str()) : -1;
   const int link_errno = errno;
   unlink(tmp.c_str());
-  if (linked == 0) return world_rank;
+  if (linked == 0) {
+    *claimed = true;
+    return world_rank;
+  }
   if (wrote && link_errno != EEXIST) return -1;
   int lead = -1;
   if (FILE* f = std::fopen(claim.c_str(), "r")) {

@@ -61,10 +61,10 @@ std::string JobVerdictFromDumps();
 // The dump directory and run id ConfigureFlightDumps was given (empty before).
 std::string FlightDumpDir();
 std::string FlightRunId();
-// Claims this run's verdict for `world_rank`: returns world_rank when this call made the claim,
-// the claiming rank when another rank (or an earlier call) made it, -1 when the directory
-// cannot be written (no one leads: each rank states its own view).
-int ClaimJobVerdict(int world_rank);
+// Claims this run's verdict for `world_rank`: returns the claiming rank, *claimed true only for
+// the one call (over all ranks and threads) that made the claim; -1 when the directory cannot
+// be written (no one leads: each rank states its own view).
+int ClaimJobVerdict(int world_rank, bool* claimed);
 // The leader marks the verdict printed; the others poll JobVerdictPrinted.
 void MarkJobVerdictPrinted();
 bool JobVerdictPrinted();

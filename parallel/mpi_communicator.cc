@@ -485,11 +485,12 @@ void MpiCommunicator::TimedOut(const char* name, const std::string& verdict) {
     std::fprintf(stderr, "shardgpt: error: rank %d: %s: %s; ending the job\n", world_rank_, what, text.c_str());
     std::fflush(stderr);
   };
-  const int lead = ClaimJobVerdict(world_rank_);
+  bool claimed = false;
+  const int lead = ClaimJobVerdict(world_rank_, &claimed);
   if (lead < 0) {  // no dumps to merge: this rank's own view, marked as such
     say("this rank's view: " + own);
     DumpFlightEverywhere("comm_timeout");
-  } else if (lead != world_rank_) {
+  } else if (!claimed) {
     // another rank prints the job's verdict: the dumps of this rank and of its peers (that rank
     // may not reach them all), answers to its dump request, and a bounded wait for its line
     // before the job ends
