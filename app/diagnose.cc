@@ -238,6 +238,7 @@ StatusOr<DiagnoseReport> Diagnose(const std::string& dir, const std::string& run
   for (auto& [rank, d] : dumps) {
     r.dumped.push_back(rank);
     r.reasons.push_back("rank " + std::to_string(rank) + ": " + d.j.value("reason", "?"));
+    if (d.j.value("reason", "") == "paused") r.paused.push_back(rank);
   }
   for (int k = 0; k < r.world_size; k++)
     if (!dumps.count(k)) r.no_dump.push_back(k);
@@ -254,6 +255,8 @@ StatusOr<DiagnoseReport> Diagnose(const std::string& dir, const std::string& run
     if (Strength(j.verdict) > Strength(r.verdict)) r.verdict = j.verdict;
     r.comms.push_back(std::move(j));
   }
+  // a rank that was itself paused explains its peers' stall; only a mismatch is stronger
+  if (!r.paused.empty() && r.verdict != "mismatch") r.verdict = "paused";
   // the communicators with a finding first
   std::stable_sort(r.comms.begin(), r.comms.end(),
                    [](const DiagnoseComm& a, const DiagnoseComm& b) { return Strength(a.verdict) > Strength(b.verdict); });
@@ -292,6 +295,9 @@ std::string FormatDiagnose(const DiagnoseReport& r) {
         << (c.verdict == "no-dump" ? " (a member left no dump: dead?)" : " (the network or MPI/NCCL itself)") << "\n";
     }
   }
+  if (!r.paused.empty())
+    o << "rank(s) " << RankList(r.paused)
+      << " paused (the process itself did not run for several heartbeats: SIGSTOP, a frozen VM, swapped out)\n";
   if (!r.no_dump.empty()) o << "no dump from rank(s) " << RankList(r.no_dump) << " (dead, or killed before it could write)\n";
   o << "dumps: ";
   for (size_t i = 0; i < r.reasons.size(); i++) o << (i ? ", " : "") << r.reasons[i];
@@ -311,7 +317,15 @@ std::string DiagnoseHeadline(const DiagnoseReport& r) {
   auto where = [&](const DiagnoseComm& x) {
     return "seq " + std::to_string(x.seq) + " on " + x.name + " (" + Describe(x.op, x.dtype, x.count, x.unit, x.step) + ")";
   };
-  if ((r.verdict == "not-arrived" || r.verdict == "mismatch") && c != nullptr && !c->culprits.empty()) {
+  if (r.verdict == "paused") {
+    o << ": culprit rank(s) " << RankList(r.paused)
+      << ": the process itself was paused (SIGSTOP, a frozen VM, swapped out)";
+    for (const DiagnoseComm& x : r.comms)
+      if (x.seq != 0) {
+        o << "; rank(s) " << RankList(x.arrived) << " wait in " << where(x);
+        break;
+      }
+  } else if ((r.verdict == "not-arrived" || r.verdict == "mismatch") && c != nullptr && !c->culprits.empty()) {
     std::vector<int> ranks;
     for (const DiagnoseRank& k : c->culprits) ranks.push_back(k.rank);
     const DiagnoseRank& k = c->culprits.front();
@@ -349,6 +363,7 @@ json DiagnoseToJson(const DiagnoseReport& r) {
   j["world_size"] = r.world_size;
   j["dumped"] = r.dumped;
   j["no_dump"] = r.no_dump;
+  j["paused"] = r.paused;
   j["communicators"] = json::array();
   for (const DiagnoseComm& c : r.comms) {
     json x;

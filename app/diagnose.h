@@ -46,6 +46,7 @@ struct DiagnoseReport {
   std::string run_id, dir;
   int world_size = 0;
   std::vector<int> dumped, no_dump;
+  std::vector<int> paused;  // ranks whose dump says the process itself was paused (reason "paused")
   std::vector<std::string> reasons;  // per dumped rank, "rank 1: comm_timeout"
   std::vector<DiagnoseComm> comms;
 };

@@ -85,6 +85,13 @@ Status MpiError(int rc, const char* call) {
 
 std::atomic<long long> g_diagnostic_step{-1};
 
+// This process's latest own pause, as any communicator's watchdog saw it (a pause stops every
+// thread), and whether its line was printed.
+std::mutex g_pause_mu;
+SelfPause g_pause;                                  // guarded by g_pause_mu
+std::chrono::steady_clock::time_point g_pause_end;  // guarded by g_pause_mu
+std::atomic<bool> g_pause_said{false};
+
 // The closing note: the last message a rank sends to each peer on a side channel (arrival notes
 // carry call numbers, which start at 1).
 constexpr long long kClosingNote = -1;
@@ -353,12 +360,12 @@ void MpiCommunicator::DrainNotes() {
       closed_[status.MPI_SOURCE] = true;
     } else if (seq == kDumpRequest) {  // a peer's watchdog expired: our dump, then the answer
       // this rank's own recent pause is the likely cause: it says so, and names no peer
-      if (PausedRecently() && !pause_said_) {
-        pause_said_ = true;
-        std::fprintf(stderr, "shardgpt: error: rank %d: %s\n", world_rank_, SelfPauseText(pause_).c_str());
+      SelfPause pause;
+      if (PausedRecently(&pause) && !g_pause_said.exchange(true)) {
+        std::fprintf(stderr, "shardgpt: error: rank %d: %s\n", world_rank_, SelfPauseText(pause).c_str());
         std::fflush(stderr);
       }
-      WriteFlightDumpOnce("peer_request");
+      WriteFlightDumpOnce(PausedRecently() ? "paused" : "peer_request");
       dump_note_out_ = kDumpAnswer;
       MPI_Request req = MPI_REQUEST_NULL;
       if (MPI_Isend(&dump_note_out_, 1, MPI_LONG_LONG, status.MPI_SOURCE, 0, arrivals_, &req) == MPI_SUCCESS)
@@ -387,20 +394,28 @@ Status MpiCommunicator::Await(MPI_Request* req, const char* name) {
     int done = 0;
     const int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) return MpiError(rc, name);
-    if (done) break;
-    // The first millisecond spins: a collective the peers are already in (a large transfer
-    // moving fragment by fragment included) completes at full speed in here.
     const auto now = Clock::now();
     // This loop looks at least every 0.5 ms plus a heartbeat's work; a gap of several heartbeats
     // means this rank itself was paused (SIGSTOP and SIGCONT, a frozen VM): what it heard of its
-    // peers is stale, so it neither accuses them nor counts the pause against the deadline.
+    // peers is stale, so it neither accuses them nor counts the pause against the deadline. It
+    // looks after every test, the last one included (a call that completes on resuming still
+    // records the pause, for the dump request drained next).
     if (timeout_s_ > 0 && NotePause(last_look, now)) deadline_from = now;
     last_look = now;
+    if (done) break;
+    // The first millisecond spins: a collective the peers are already in (a large transfer
+    // moving fragment by fragment included) completes at full speed in here.
     if (now - t0 < std::chrono::milliseconds(1)) continue;
     // The peers are busy (computing, or gone): sleep, doubling up to 0.5 ms, so the waiting
     // thread does not take a core from the compute threads it waits for.
     std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
     sleep_us = std::min(2 * sleep_us, 500);
+    // a pause in the sleep is known before the notes drained next are acted on
+    if (timeout_s_ > 0) {
+      const auto woke = Clock::now();
+      if (NotePause(last_look, woke)) deadline_from = woke;
+      last_look = woke;
+    }
     if (world_ == 1) continue;
     bool owed = false;
     for (int p = 0; p < world_; p++) owed = owed || note_owed_[p];
@@ -425,16 +440,21 @@ bool MpiCommunicator::NotePause(std::chrono::steady_clock::time_point last, std:
   const double heartbeat_s = std::min(1.0, timeout_s_ / 4);
   const SelfPause pause = DetectSelfPause({0.0, std::chrono::duration<double>(now - last).count()}, heartbeat_s);
   if (pause.paused_s <= 0) return false;
-  pause_ = pause;
-  pause_end_ = now;
-  pause_said_ = false;
+  {
+    std::lock_guard<std::mutex> lock(g_pause_mu);
+    g_pause = pause;
+    g_pause_end = now;
+  }
+  g_pause_said.store(false);
   for (auto& h : heard_) h = now;
   return true;
 }
 
-bool MpiCommunicator::PausedRecently() const {
-  return pause_.paused_s > 0 &&
-         std::chrono::duration<double>(std::chrono::steady_clock::now() - pause_end_).count() <= timeout_s_;
+bool MpiCommunicator::PausedRecently(SelfPause* pause) const {
+  std::lock_guard<std::mutex> lock(g_pause_mu);
+  if (pause != nullptr) *pause = g_pause;
+  return g_pause.paused_s > 0 &&
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - g_pause_end).count() <= timeout_s_;
 }
 
 double MpiCommunicator::DumpWaitLimit() const { return std::min(60.0, std::max(10.0, timeout_s_)); }
@@ -478,9 +498,11 @@ void MpiCommunicator::TimedOut(const char* name, const std::string& verdict) {
                 "(--comm-timeout)",
                 name, calls_, world_, step >= 0 ? "step " : "before step ", step >= 0 ? step : 1LL, timeout_s_);
   // this rank's own view: never its peers after its own pause
-  const std::string own = PausedRecently() ? SelfPauseText(pause_)
+  SelfPause pause;
+  const std::string own = PausedRecently(&pause) ? SelfPauseText(pause)
                           : verdict.empty() ? "every rank arrived and is waiting (MPI itself is stuck)"
                                             : verdict;
+  const char* reason = PausedRecently() ? "paused" : "comm_timeout";  // diagnose names a paused rank
   auto say = [&](const std::string& text) {
     std::fprintf(stderr, "shardgpt: error: rank %d: %s: %s; ending the job\n", world_rank_, what, text.c_str());
     std::fflush(stderr);
@@ -489,7 +511,7 @@ void MpiCommunicator::TimedOut(const char* name, const std::string& verdict) {
   const int lead = ClaimJobVerdict(world_rank_, &claimed);
   if (lead < 0) {  // no dumps to merge: this rank's own view, marked as such
     say("this rank's view: " + own);
-    DumpFlightEverywhere("comm_timeout");
+    DumpFlightEverywhere(reason);
   } else if (!claimed) {
     // another rank prints the job's verdict: the dumps of this rank and of its peers (that rank
     // may not reach them all), answers to its dump request, and a bounded wait for its line
@@ -497,7 +519,7 @@ void MpiCommunicator::TimedOut(const char* name, const std::string& verdict) {
     std::fprintf(stderr, "shardgpt: error: rank %d: %s; the job's verdict is rank %d's (from the flight dumps in %s)\n",
                  world_rank_, what, lead, FlightDumpDir().c_str());
     std::fflush(stderr);
-    DumpFlightEverywhere("comm_timeout");
+    DumpFlightEverywhere(reason);
     const auto t0 = std::chrono::steady_clock::now();
     while (!JobVerdictPrinted() &&
            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < DumpWaitLimit() + 30) {
@@ -506,7 +528,7 @@ void MpiCommunicator::TimedOut(const char* name, const std::string& verdict) {
     }
     if (!JobVerdictPrinted()) say("rank " + std::to_string(lead) + " printed no verdict; this rank's view: " + own);
   } else {
-    DumpFlightEverywhere("comm_timeout");
+    DumpFlightEverywhere(reason);
     const std::string job = JobVerdictFromDumps();
     say(job.empty() ? "this rank's view: " + own
                     : "the job's verdict from the flight dumps (shardgpt diagnose " + FlightDumpDir() + "): " + job);
@@ -532,10 +554,13 @@ void MpiCommunicator::Loop() {
           cv_.wait(lock);
           continue;
         }
+        // a wait of several heartbeats is this rank's own pause, whether it ends by the timeout
+        // or with work queued meanwhile (both threads resume together)
         const auto before = std::chrono::steady_clock::now();
-        if (!cv_.wait_for(lock, heartbeat, [this] { return stop_ || !queue_.empty(); })) {
+        const bool woken = cv_.wait_for(lock, heartbeat, [this] { return stop_ || !queue_.empty(); });
+        NotePause(before, std::chrono::steady_clock::now());
+        if (!woken) {
           lock.unlock();
-          NotePause(before, std::chrono::steady_clock::now());
           DrainNotes();
           lock.lock();
         }

@@ -190,8 +190,9 @@ class MpiCommunicator final : public Communicator {
   // The watchdog thread looked at its clock at `last` and again at `now`: a gap past three
   // heartbeats is this rank's own pause (recorded; true), and what it heard of its peers is stale.
   bool NotePause(std::chrono::steady_clock::time_point last, std::chrono::steady_clock::time_point now);
-  // A pause ended within the last timeout: this rank names no peer.
-  bool PausedRecently() const;
+  // A pause (seen by the watchdog of any communicator of this process: a pause stops every
+  // thread) ended within the last timeout: this rank names no peer. *pause: that pause.
+  bool PausedRecently(SelfPause* pause = nullptr) const;
   // The bounded wait for the peers' answers to a dump request.
   double DumpWaitLimit() const;
   // Communication thread, before the job ends: this rank's flight dump, then a dump request to
@@ -229,9 +230,6 @@ class MpiCommunicator final : public Communicator {
   std::vector<bool> note_owed_;         // a note not sent (the previous one was in flight)
   bool poll_when_idle_ = false;         // MPI_THREAD_MULTIPLE: the idle thread drains notes too
   int dumps_answered_ = 0;              // peers that answered our dump request
-  SelfPause pause_;                     // this rank's latest own pause (stall_verdict.h)
-  std::chrono::steady_clock::time_point pause_end_;  // when it ended
-  bool pause_said_ = false;             // its line was printed
   long long dump_note_out_ = 0;         // the send buffer of dump requests and answers
   std::unique_ptr<FlightRing> ring_;    // the flight recorder; null when off
   std::thread thread_;      // started last, by Create
