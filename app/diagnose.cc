@@ -201,7 +201,7 @@ std::string Seconds(double s) {
 
 }  // namespace
 
-StatusOr<DiagnoseReport> Diagnose(const std::string& dir) {
+StatusOr<DiagnoseReport> Diagnose(const std::string& dir, const std::string& run_id) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return Status::NotFound(dir + ": no such directory (give the flight dump folder, e.g. CKPT_DIR/flight)");
   const std::regex name(R"(rank_(\d{5})(\.(\d+))?\.json)");
@@ -219,8 +219,10 @@ StatusOr<DiagnoseReport> Diagnose(const std::string& dir) {
   for (auto& [rank, at] : latest) {
     Dump d;
     SHARDGPT_RETURN_IF_ERROR(ReadDump(at.second, &d));
+    if (!run_id.empty() && d.j.value("run_id", "") != run_id) continue;
     dumps[d.rank] = std::move(d);
   }
+  if (dumps.empty()) return Status::NotFound(dir + ": no flight dumps of run " + run_id + " here");
   DiagnoseReport r;
   r.dir = dir;
   std::map<std::string, std::vector<int>> runs;
@@ -236,6 +238,7 @@ StatusOr<DiagnoseReport> Diagnose(const std::string& dir) {
   for (auto& [rank, d] : dumps) {
     r.dumped.push_back(rank);
     r.reasons.push_back("rank " + std::to_string(rank) + ": " + d.j.value("reason", "?"));
+    if (d.j.value("reason", "") == "paused") r.paused.push_back(rank);
   }
   for (int k = 0; k < r.world_size; k++)
     if (!dumps.count(k)) r.no_dump.push_back(k);
@@ -252,6 +255,8 @@ StatusOr<DiagnoseReport> Diagnose(const std::string& dir) {
     if (Strength(j.verdict) > Strength(r.verdict)) r.verdict = j.verdict;
     r.comms.push_back(std::move(j));
   }
+  // a rank that was itself paused explains its peers' stall; only a mismatch is stronger
+  if (!r.paused.empty() && r.verdict != "mismatch") r.verdict = "paused";
   // the communicators with a finding first
   std::stable_sort(r.comms.begin(), r.comms.end(),
                    [](const DiagnoseComm& a, const DiagnoseComm& b) { return Strength(a.verdict) > Strength(b.verdict); });
@@ -290,11 +295,65 @@ std::string FormatDiagnose(const DiagnoseReport& r) {
         << (c.verdict == "no-dump" ? " (a member left no dump: dead?)" : " (the network or MPI/NCCL itself)") << "\n";
     }
   }
+  if (!r.paused.empty())
+    o << "rank(s) " << RankList(r.paused)
+      << " paused (the process itself did not run for several heartbeats: SIGSTOP, a frozen VM, swapped out)\n";
   if (!r.no_dump.empty()) o << "no dump from rank(s) " << RankList(r.no_dump) << " (dead, or killed before it could write)\n";
   o << "dumps: ";
   for (size_t i = 0; i < r.reasons.size(); i++) o << (i ? ", " : "") << r.reasons[i];
   o << " (run " << r.run_id << ", " << r.world_size << " rank(s))\n";
   return o.str();
+}
+
+std::string DiagnoseHeadline(const DiagnoseReport& r) {
+  const DiagnoseComm* c = nullptr;  // the communicator the verdict comes from
+  for (const DiagnoseComm& x : r.comms)
+    if (x.verdict == r.verdict && x.seq != 0) {
+      c = &x;
+      break;
+    }
+  std::ostringstream o;
+  o << r.verdict;
+  auto where = [&](const DiagnoseComm& x) {
+    return "seq " + std::to_string(x.seq) + " on " + x.name + " (" + Describe(x.op, x.dtype, x.count, x.unit, x.step) + ")";
+  };
+  if (r.verdict == "paused") {
+    o << ": culprit rank(s) " << RankList(r.paused)
+      << ": the process itself was paused (SIGSTOP, a frozen VM, swapped out)";
+    for (const DiagnoseComm& x : r.comms)
+      if (x.seq != 0) {
+        o << "; rank(s) " << RankList(x.arrived) << " wait in " << where(x);
+        break;
+      }
+  } else if ((r.verdict == "not-arrived" || r.verdict == "mismatch") && c != nullptr && !c->culprits.empty()) {
+    std::vector<int> ranks;
+    for (const DiagnoseRank& k : c->culprits) ranks.push_back(k.rank);
+    const DiagnoseRank& k = c->culprits.front();
+    o << ": culprit rank(s) " << RankList(ranks) << ": ";
+    if (r.verdict == "not-arrived")
+      o << "never reached " << where(*c);
+    else
+      o << "issued " << Describe(k.op, k.dtype, k.count, k.unit, -1) << " at " << where(*c) << " where rank(s) "
+        << RankList(c->arrived) << " issued " << Describe(c->op, c->dtype, c->count, c->unit, -1)
+        << (c->no_majority ? " (no majority: either side may be the culprit)" : "");
+    o << ", phase " << k.phase << " for " << Seconds(k.phase_age_s);
+  } else if (r.verdict == "no-dump") {
+    if (!r.no_dump.empty())
+      o << ": culprit rank(s) " << RankList(r.no_dump) << ": left no dump (stopped, dead or killed before it could write)";
+    else
+      o << ": a member left no record of a communicator";
+    if (c != nullptr) o << "; rank(s) " << RankList(c->arrived) << " wait in " << where(*c);
+  } else if (r.verdict == "stuck-in-transport" && c != nullptr) {
+    o << ": every rank arrived at " << where(*c) << " and none completed (the network or MPI itself)";
+  } else {
+    o << ": no disagreement in the dumps";
+  }
+  return o.str();
+}
+
+std::string JobVerdictHeadline(const std::string& dir, const std::string& run_id) {
+  StatusOr<DiagnoseReport> r = Diagnose(dir, run_id);
+  return r.ok() ? DiagnoseHeadline(r.value()) : "";
 }
 
 json DiagnoseToJson(const DiagnoseReport& r) {
@@ -304,6 +363,7 @@ json DiagnoseToJson(const DiagnoseReport& r) {
   j["world_size"] = r.world_size;
   j["dumped"] = r.dumped;
   j["no_dump"] = r.no_dump;
+  j["paused"] = r.paused;
   j["communicators"] = json::array();
   for (const DiagnoseComm& c : r.comms) {
     json x;

@@ -46,6 +46,7 @@ struct DiagnoseReport {
   std::string run_id, dir;
   int world_size = 0;
   std::vector<int> dumped, no_dump;
+  std::vector<int> paused;  // ranks whose dump says the process itself was paused (reason "paused")
   std::vector<std::string> reasons;  // per dumped rank, "rank 1: comm_timeout"
   std::vector<DiagnoseComm> comms;
 };
@@ -53,8 +54,17 @@ struct DiagnoseReport {
 // Reads DIR (rank_XXXXX[.N].json; the highest N of each rank). Errors (one line naming the
 // file): no dumps, a dump that does not parse (truncated), another schema or version, dumps
 // of different runs.
-StatusOr<DiagnoseReport> Diagnose(const std::string& dir);
+// With `run_id` given, only that run's dumps count: a rank whose latest dump is of another run
+// counts as having left none.
+StatusOr<DiagnoseReport> Diagnose(const std::string& dir, const std::string& run_id = "");
 std::string FormatDiagnose(const DiagnoseReport& report);
+// The verdict in one line: its class, the culprit rank(s), where and in which phase, e.g.
+// "not-arrived: culprit rank(s) 1: never reached seq 57 on world (allgather f32 x 4096, unit 2,
+// step 3), phase forward unit 2 for 10.3 s".
+std::string DiagnoseHeadline(const DiagnoseReport& report);
+// The MPI watchdog's job verdict (parallel/flight_dump.h JobVerdictFn): the headline of this
+// run's dumps in `dir`, or empty when they cannot be read.
+std::string JobVerdictHeadline(const std::string& dir, const std::string& run_id);
 nlohmann::json DiagnoseToJson(const DiagnoseReport& report);
 
 // Exit status of `shardgpt diagnose`: 0 all-idle, 3 any other verdict (1: the dumps could not

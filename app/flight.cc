@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "app/diagnose.h"
 #include "base/clock.h"
 #include "parallel/flight_dump.h"
 #include "parallel/flight_recorder.h"
@@ -39,6 +40,7 @@ Status SetUpFlightRecorder(Communicator& world, const std::string& dir, FlightJo
   for (int r = 0; r < world.world_size(); r++) job.hosts.emplace_back(&hosts[r * kHost], strnlen(&hosts[r * kHost], kHost));
   if (const char* s = std::getenv("SLURM_JOB_ID")) job.slurm_job_id = s;
   ConfigureFlightDumps(job);
+  SetJobVerdictFn(&JobVerdictHeadline);  // the watchdog's one verdict: diagnose's analysis
   if (job_out != nullptr) *job_out = job;
   InstallFlightSignalHandlers();
   ArmFlightFault(world_rank);

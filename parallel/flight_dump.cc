@@ -10,6 +10,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
+#include <cstdio>
+#include <string>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -29,6 +32,16 @@ int g_rank = 0;
 std::atomic<bool> g_configured{false};
 std::atomic<bool> g_dumping{false};
 std::atomic<bool> g_dumped_once{false};
+// For the job's verdict (not read by signal handlers).
+std::string g_dir_str, g_run_id;
+std::atomic<JobVerdictFn> g_verdict_fn{nullptr};
+
+// DIR/verdict_<run id><suffix>, the run id reduced to file-name characters.
+std::string VerdictFile(const char* suffix) {
+  std::string id;
+  for (char c : g_run_id) id += (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-') ? c : '_';
+  return g_dir_str + "/verdict_" + id + suffix;
+}
 
 // A fixed-buffer writer on a file descriptor; the first failed write sticks.
 class Out {
@@ -280,6 +293,8 @@ void ConfigureFlightDumps(const FlightJob& job) {
   std::strncpy(g_identity, id.c_str(), sizeof(g_identity) - 1);
   std::strncpy(g_dir, job.dir.c_str(), sizeof(g_dir) - 1);
   g_rank = job.world_rank;
+  g_dir_str = job.dir;
+  g_run_id = job.run_id;
   g_configured.store(true);
 }
 
@@ -290,6 +305,56 @@ int WriteFlightDump(const char* reason) { return Dump(reason); }
 int WriteFlightDumpOnce(const char* reason) {
   if (g_dumped_once.exchange(true)) return -1;
   return Dump(reason);
+}
+
+void SetJobVerdictFn(JobVerdictFn fn) { g_verdict_fn.store(fn); }
+
+std::string JobVerdictFromDumps() {
+  const JobVerdictFn fn = g_verdict_fn.load();
+  if (fn == nullptr || !FlightDumpsConfigured()) return "";
+  return fn(g_dir_str, g_run_id);
+}
+
+std::string FlightDumpDir() { return g_configured.load() ? g_dir_str : ""; }
+std::string FlightRunId() { return g_configured.load() ? g_run_id : ""; }
+
+int ClaimJobVerdict(int world_rank, bool* claimed) {
+  *claimed = false;
+  if (!FlightDumpsConfigured() || !MakeDirs()) return -1;
+  // the claim names its rank from the moment it exists: written aside (a name of this call's
+  // own: the watchdogs of several communicators of one rank may race), then linked to its name
+  static std::atomic<int> attempts{0};
+  const std::string claim = VerdictFile(".lead"),
+                    tmp = claim + "." + std::to_string(world_rank) + "." + std::to_string(attempts++) + ".tmp";
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return -1;
+  const std::string text = std::to_string(world_rank) + "\n";
+  const bool wrote = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  close(fd);
+  const int linked = wrote ? link(tmp.c_str(), claim.c_str()) : -1;
+  const int link_errno = errno;
+  unlink(tmp.c_str());
+  if (linked == 0) {
+    *claimed = true;
+    return world_rank;
+  }
+  if (wrote && link_errno != EEXIST) return -1;
+  int lead = -1;
+  if (FILE* f = std::fopen(claim.c_str(), "r")) {
+    if (std::fscanf(f, "%d", &lead) != 1) lead = -1;
+    std::fclose(f);
+  }
+  return lead;
+}
+
+void MarkJobVerdictPrinted() {
+  if (!FlightDumpsConfigured()) return;
+  const int fd = open(VerdictFile(".printed").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd >= 0) close(fd);
+}
+
+bool JobVerdictPrinted() {
+  return FlightDumpsConfigured() && access(VerdictFile(".printed").c_str(), F_OK) == 0;
 }
 
 void InstallFlightSignalHandlers() {

@@ -44,4 +44,29 @@ int WriteFlightDumpOnce(const char* reason);
 // stack overflow still dumps.
 void InstallFlightSignalHandlers();
 
+// One verdict for the job when a watchdog expires. Each rank whose watchdog expired writes its
+// dump; the first of them to claim the verdict (a file created once per run in the dump
+// directory) asks every peer for its dump, waits a bounded time for them, and prints one line
+// from the dumps' analysis; the others print a line naming that rank and wait, bounded, for it
+// to finish before the job ends.
+//
+// The analysis: a function of the dump directory and the run id (only that run's dumps count)
+// returning one line ("not-arrived: rank 2 ..."), or empty when the dumps cannot tell. Set by
+// the program before the run (the trainer passes `shardgpt diagnose`'s analysis); unset, or
+// without a dump directory, every rank states its own view instead.
+using JobVerdictFn = std::string (*)(const std::string& dir, const std::string& run_id);
+void SetJobVerdictFn(JobVerdictFn fn);
+// The analysis of this run's dumps; empty without a function or a dump directory.
+std::string JobVerdictFromDumps();
+// The dump directory and run id ConfigureFlightDumps was given (empty before).
+std::string FlightDumpDir();
+std::string FlightRunId();
+// Claims this run's verdict for `world_rank`: returns the claiming rank, *claimed true only for
+// the one call (over all ranks and threads) that made the claim; -1 when the directory cannot
+// be written (no one leads: each rank states its own view).
+int ClaimJobVerdict(int world_rank, bool* claimed);
+// The leader marks the verdict printed; the others poll JobVerdictPrinted.
+void MarkJobVerdictPrinted();
+bool JobVerdictPrinted();
+
 }  // namespace shardgpt

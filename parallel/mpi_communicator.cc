@@ -86,6 +86,13 @@ Status MpiError(int rc, const char* call) {
 
 std::atomic<long long> g_diagnostic_step{-1};
 
+// This process's latest own pause, as any communicator's watchdog saw it (a pause stops every
+// thread), and whether its line was printed.
+std::mutex g_pause_mu;
+SelfPause g_pause;                                  // guarded by g_pause_mu
+std::chrono::steady_clock::time_point g_pause_end;  // guarded by g_pause_mu
+std::atomic<bool> g_pause_said{false};
+
 // The closing note: the last message a rank sends to each peer on a side channel (arrival notes
 // carry call numbers, which start at 1).
 constexpr long long kClosingNote = -1;
@@ -379,7 +386,13 @@ void MpiCommunicator::DrainNotes() {
     if (seq == kClosingNote) {  // the peer destroyed its side (after this call's last collective)
       closed_[status.MPI_SOURCE] = true;
     } else if (seq == kDumpRequest) {  // a peer's watchdog expired: our dump, then the answer
-      WriteFlightDumpOnce("peer_request");
+      // this rank's own recent pause is the likely cause: it says so, and names no peer
+      SelfPause pause;
+      if (PausedRecently(&pause) && !g_pause_said.exchange(true)) {
+        std::fprintf(stderr, "shardgpt: error: rank %d: %s\n", world_rank_, SelfPauseText(pause).c_str());
+        std::fflush(stderr);
+      }
+      WriteFlightDumpOnce(PausedRecently() ? "paused" : "peer_request");
       dump_note_out_ = kDumpAnswer;
       MPI_Request req = MPI_REQUEST_NULL;
       if (MPI_Isend(&dump_note_out_, 1, MPI_LONG_LONG, status.MPI_SOURCE, 0, arrivals_, &req) == MPI_SUCCESS)
@@ -408,23 +421,28 @@ Status MpiCommunicator::Await(MPI_Request* req, const char* name) {
     int done = 0;
     const int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) return MpiError(rc, name);
-    if (done) break;
-    // The first millisecond spins: a collective the peers are already in (a large transfer
-    // moving fragment by fragment included) completes at full speed in here.
     const auto now = Clock::now();
     // This loop looks at least every 0.5 ms plus a heartbeat's work; a gap of several heartbeats
     // means this rank itself was paused (SIGSTOP and SIGCONT, a frozen VM): what it heard of its
-    // peers is stale, so it neither accuses them nor counts the pause against the deadline.
-    if (timeout_s_ > 0 && std::chrono::duration<double>(now - last_look).count() > silence_s) {
-      deadline_from = now;
-      for (auto& h : heard_) h = now;
-    }
+    // peers is stale, so it neither accuses them nor counts the pause against the deadline. It
+    // looks after every test, the last one included (a call that completes on resuming still
+    // records the pause, for the dump request drained next).
+    if (timeout_s_ > 0 && NotePause(last_look, now)) deadline_from = now;
     last_look = now;
+    if (done) break;
+    // The first millisecond spins: a collective the peers are already in (a large transfer
+    // moving fragment by fragment included) completes at full speed in here.
     if (now - t0 < std::chrono::milliseconds(1)) continue;
     // The peers are busy (computing, or gone): sleep, doubling up to 0.5 ms, so the waiting
     // thread does not take a core from the compute threads it waits for.
     std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
     sleep_us = std::min(2 * sleep_us, 500);
+    // a pause in the sleep is known before the notes drained next are acted on
+    if (timeout_s_ > 0) {
+      const auto woke = Clock::now();
+      if (NotePause(last_look, woke)) deadline_from = woke;
+      last_look = woke;
+    }
     if (world_ == 1) continue;
     bool owed = false;
     for (int p = 0; p < world_; p++) owed = owed || note_owed_[p];
@@ -441,13 +459,36 @@ Status MpiCommunicator::Await(MPI_Request* req, const char* name) {
     std::vector<int> culprits;
     std::string verdict = Verdict(silence_s, &culprits);
     if (!verdict.empty() || waited > timeout_s_ + silence_s) {
-      RecordCulpritHosts(culprits);
+      if (!PausedRecently()) RecordCulpritHosts(culprits);  // a paused rank names no peer's host
       TimedOut(name, verdict);
     }
   }
   if (world_ > 1) DrainNotes();
   return Status::OK();
 }
+
+bool MpiCommunicator::NotePause(std::chrono::steady_clock::time_point last, std::chrono::steady_clock::time_point now) {
+  const double heartbeat_s = std::min(1.0, timeout_s_ / 4);
+  const SelfPause pause = DetectSelfPause({0.0, std::chrono::duration<double>(now - last).count()}, heartbeat_s);
+  if (pause.paused_s <= 0) return false;
+  {
+    std::lock_guard<std::mutex> lock(g_pause_mu);
+    g_pause = pause;
+    g_pause_end = now;
+  }
+  g_pause_said.store(false);
+  for (auto& h : heard_) h = now;
+  return true;
+}
+
+bool MpiCommunicator::PausedRecently(SelfPause* pause) const {
+  std::lock_guard<std::mutex> lock(g_pause_mu);
+  if (pause != nullptr) *pause = g_pause;
+  return g_pause.paused_s > 0 &&
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - g_pause_end).count() <= timeout_s_;
+}
+
+double MpiCommunicator::DumpWaitLimit() const { return std::min(60.0, std::max(10.0, timeout_s_)); }
 
 std::string MpiCommunicator::Verdict(double silence_s, std::vector<int>* culprits) {
   const auto now = std::chrono::steady_clock::now();
@@ -471,7 +512,7 @@ void MpiCommunicator::DumpFlightEverywhere(const char* reason) {
   }
   // A peer answers from its communication thread, which drains notes whether it is idle or
   // waiting in a call; a stopped or dead one never does: the wait is bounded.
-  const double limit = std::min(60.0, std::max(10.0, timeout_s_));
+  const double limit = DumpWaitLimit();
   const auto t0 = std::chrono::steady_clock::now();
   while (dumps_answered_ < asked &&
          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < limit) {
@@ -497,15 +538,48 @@ void MpiCommunicator::RequestFlightDumps(const char* reason) {
 
 void MpiCommunicator::TimedOut(const char* name, const std::string& verdict) {
   const long long step = g_diagnostic_step.load();
-  char buf[768];
-  std::snprintf(buf, sizeof(buf),
+  char what[512];
+  std::snprintf(what, sizeof(what),
                 "%s (MPI call %lld on a communicator of %d rank(s), %s%lld) made no progress for %.0f s "
-                "(--comm-timeout): %s; ending the job",
-                name, calls_, world_, step >= 0 ? "step " : "before step ", step >= 0 ? step : 1LL, timeout_s_,
-                verdict.empty() ? "every rank arrived and is waiting (MPI itself is stuck)" : verdict.c_str());
-  std::fprintf(stderr, "shardgpt: error: rank %d: %s\n", world_rank_, buf);
-  std::fflush(stderr);
-  DumpFlightEverywhere("comm_timeout");
+                "(--comm-timeout)",
+                name, calls_, world_, step >= 0 ? "step " : "before step ", step >= 0 ? step : 1LL, timeout_s_);
+  // this rank's own view: never its peers after its own pause
+  SelfPause pause;
+  const std::string own = PausedRecently(&pause) ? SelfPauseText(pause)
+                          : verdict.empty() ? "every rank arrived and is waiting (MPI itself is stuck)"
+                                            : verdict;
+  const char* reason = PausedRecently() ? "paused" : "comm_timeout";  // diagnose names a paused rank
+  auto say = [&](const std::string& text) {
+    std::fprintf(stderr, "shardgpt: error: rank %d: %s: %s; ending the job\n", world_rank_, what, text.c_str());
+    std::fflush(stderr);
+  };
+  bool claimed = false;
+  const int lead = ClaimJobVerdict(world_rank_, &claimed);
+  if (lead < 0) {  // no dumps to merge: this rank's own view, marked as such
+    say("this rank's view: " + own);
+    DumpFlightEverywhere(reason);
+  } else if (!claimed) {
+    // another rank prints the job's verdict: the dumps of this rank and of its peers (that rank
+    // may not reach them all), answers to its dump request, and a bounded wait for its line
+    // before the job ends
+    std::fprintf(stderr, "shardgpt: error: rank %d: %s; the job's verdict is rank %d's (from the flight dumps in %s)\n",
+                 world_rank_, what, lead, FlightDumpDir().c_str());
+    std::fflush(stderr);
+    DumpFlightEverywhere(reason);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!JobVerdictPrinted() &&
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < DumpWaitLimit() + 30) {
+      if (arrivals_ != MPI_COMM_NULL) DrainNotes();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (!JobVerdictPrinted()) say("rank " + std::to_string(lead) + " printed no verdict; this rank's view: " + own);
+  } else {
+    DumpFlightEverywhere(reason);
+    const std::string job = JobVerdictFromDumps();
+    say(job.empty() ? "this rank's view: " + own
+                    : "the job's verdict from the flight dumps (shardgpt diagnose " + FlightDumpDir() + "): " + job);
+    MarkJobVerdictPrinted();
+  }
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::_Exit(1);
 }
@@ -526,7 +600,12 @@ void MpiCommunicator::Loop() {
           cv_.wait(lock);
           continue;
         }
-        if (!cv_.wait_for(lock, heartbeat, [this] { return stop_ || !queue_.empty(); })) {
+        // a wait of several heartbeats is this rank's own pause, whether it ends by the timeout
+        // or with work queued meanwhile (both threads resume together)
+        const auto before = std::chrono::steady_clock::now();
+        const bool woken = cv_.wait_for(lock, heartbeat, [this] { return stop_ || !queue_.empty(); });
+        NotePause(before, std::chrono::steady_clock::now());
+        if (!woken) {
           lock.unlock();
           DrainNotes();
           lock.lock();

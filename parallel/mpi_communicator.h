@@ -69,6 +69,7 @@
 #include "base/status.h"
 #include "model/device.h"
 #include "parallel/communicator.h"
+#include "parallel/stall_verdict.h"
 
 namespace shardgpt {
 
@@ -197,7 +198,18 @@ class MpiCommunicator final : public Communicator {
   std::string Verdict(double silence_s, std::vector<int>* culprits = nullptr);
   // SetExcludeHostsOnTimeout's recording of the hosts of `culprits` (world ranks), if set.
   void RecordCulpritHosts(const std::vector<int>& culprits);
+  // Past the deadline: the job's one verdict (flight_dump.h: the rank that claims it prints the
+  // dumps' analysis, the others name that rank), or without dumps this rank's own view; then
+  // the job ends. Every wait in here is bounded.
   [[noreturn]] void TimedOut(const char* name, const std::string& verdict);
+  // The watchdog thread looked at its clock at `last` and again at `now`: a gap past three
+  // heartbeats is this rank's own pause (recorded; true), and what it heard of its peers is stale.
+  bool NotePause(std::chrono::steady_clock::time_point last, std::chrono::steady_clock::time_point now);
+  // A pause (seen by the watchdog of any communicator of this process: a pause stops every
+  // thread) ended within the last timeout: this rank names no peer. *pause: that pause.
+  bool PausedRecently(SelfPause* pause = nullptr) const;
+  // The bounded wait for the peers' answers to a dump request.
+  double DumpWaitLimit() const;
   // Communication thread, before the job ends: this rank's flight dump, then a dump request to
   // every peer on the side channel, and a bounded wait for their answers (a peer that is
   // stopped or dead answers nothing).

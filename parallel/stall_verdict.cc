@@ -41,4 +41,25 @@ std::vector<int> StallCulprits(long long call, int self, const std::vector<PeerN
   return missing;
 }
 
+SelfPause DetectSelfPause(const std::vector<double>& looks_s, double heartbeat_s, int max_heartbeats) {
+  SelfPause pause;
+  if (heartbeat_s <= 0) return pause;
+  for (size_t i = 1; i < looks_s.size(); i++) {
+    const double gap = looks_s[i] - looks_s[i - 1];
+    if (gap > max_heartbeats * heartbeat_s && gap > pause.paused_s) {
+      pause.paused_s = gap;
+      pause.heartbeats = static_cast<int>(gap / heartbeat_s);
+    }
+  }
+  return pause;
+}
+
+std::string SelfPauseText(const SelfPause& pause) {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf),
+                "this rank was paused for %.1f s (its own clock jumped past %d heartbeats); not naming peers",
+                pause.paused_s, pause.heartbeats);
+  return buf;
+}
+
 }  // namespace shardgpt

@@ -30,4 +30,17 @@ std::string StallVerdict(long long call, int self, const std::vector<PeerNotes>&
 std::vector<int> StallCulprits(long long call, int self, const std::vector<PeerNotes>& peers, double silence_s,
                                const std::vector<int>& world_ranks);
 
+// A pause of this process itself (SIGSTOP and SIGCONT, a frozen VM, swapped out): the watchdog
+// thread looks at its monotonic clock at least every heartbeat while it waits, so a gap between
+// two consecutive looks of more than `max_heartbeats` heartbeats means the process did not run.
+// What it heard of its peers before the gap is stale: such a rank names no peer.
+struct SelfPause {
+  double paused_s = 0;  // the longest gap (0: none past the bound)
+  int heartbeats = 0;   // whole heartbeats in it
+};
+// `looks_s`: the times of consecutive looks, ascending (any origin). heartbeat_s > 0.
+SelfPause DetectSelfPause(const std::vector<double>& looks_s, double heartbeat_s, int max_heartbeats = 3);
+// "this rank was paused for 7.1 s (its own clock jumped past 7 heartbeats); not naming peers"
+std::string SelfPauseText(const SelfPause& pause);
+
 }  // namespace shardgpt

@@ -3,7 +3,8 @@
 # (SHARDGPT_TEST_FAULT, parallel/flight_recorder.h): for each fault, every rank's dump and the
 # verdict naming the right rank, class and phase.
 #   stop-forward  3 ranks, rank 1 hangs when its forward of unit 2 at step 3 begins: not-arrived,
-#                 rank 1, phase forward unit 2 (its dump written at the watchdog's request)
+#                 rank 1, phase forward unit 2 (its dump written at the watchdog's request); the
+#                 job's own output has one verdict line, the same, and no line accuses rank 0 or 2
 #   hsdp          the same at 4 ranks in HSDP groups of 2: rank 3 named on its shard and replica
 #                 communicators
 #   size          3 ranks, rank 2 broadcasts 65 floats where the others broadcast 64: mismatch,
@@ -54,6 +55,19 @@ expect() {
 run_fault stop 3 stop-forward:1:3:2 --zero-stage 3
 ls "$T/stop"/rank_0000{0,1,2}.json >/dev/null || fail "stop: not every rank wrote a dump"
 expect stop 3 '^not-arrived$' 'rank 1 never reached it' 'phase forward unit 2' 'rank\(s\) 0, 2 arrived'
+# one verdict for the job: the rank that claimed it prints the dumps' analysis in exactly one
+# line naming rank 1; the other expired rank points to it; no line accuses rank 0 or 2
+job_verdict_ok() {  # NAME CULPRIT HEALTHY: the checks on $T/NAME.out; HEALTHY: a regex class
+  local name=$1 culprit=$2 healthy=$3 n
+  n=$(grep -c "the job's verdict from the flight dumps" "$T/$name.out")
+  [ "$n" -eq 1 ] || { cat "$T/$name.out"; fail "$name: $n job verdict lines, expected 1"; }
+  grep "the job's verdict from the flight dumps" "$T/$name.out" | grep -qE "$culprit" ||
+    { cat "$T/$name.out"; fail "$name: the job's verdict lacks /$culprit/"; }
+  if grep -E "this rank's view|culprit rank\(s\) [^:]*\b$healthy\b" "$T/$name.out"; then
+    cat "$T/$name.out"; fail "$name: a line names a healthy rank, or a rank states its own view"
+  fi
+}
+job_verdict_ok stop 'not-arrived: culprit rank\(s\) 1: never reached seq [0-9]+ on world .*phase forward unit 2' '[02]'
 "$BIN" diagnose --json "$T/stop" > "$T/stop.json"  # status 3: a verdict
 python3 - "$T/stop.json" <<'PY' || fail "stop: --json does not name rank 1 in forward unit 2"
 

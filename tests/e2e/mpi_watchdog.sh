@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A hung peer on the MPI path. One rank of a 2-rank run is SIGSTOPped after
+# A hung peer on the MPI path. Without flight dumps (each rank states its own view): one rank
+# of a 2-rank run is SIGSTOPped after
 # the log shows a step (a point the test waits for, not a time); with --comm-timeout 10 the
 # other rank ends the job with one line naming the MPI call, the step and rank 1, and a
 # non-zero exit, never a hang; rank 1 itself, resumed before its kill, names no peer.
@@ -62,4 +63,65 @@ run_case() {
 }
 
 run_case stop-rank1
+
+# 3 ranks at ZeRO-3 with flight dumps, rank 2 SIGSTOPped after a step: every rank whose watchdog
+# expires writes its dump; the first to claim the job's verdict asks the others for theirs,
+# waits (bounded) and prints the one verdict line, which names rank 2; any other expired rank
+# prints a line naming the claiming rank; no line names rank 0 or 1 as the culprit, and no rank
+# states its own view of its peers.
+#   stopped  rank 2 stays stopped: it never answers, the verdict is no-dump naming it
+#   resumed  rank 2 is resumed once the verdict is claimed (a file in the dump folder: an event),
+#            while the claiming rank still waits for the dumps: rank 2 answers with its dump and
+#            names no peer. Where its watchdog thread saw its own clock jump (it was waiting in
+#            a call or polling idle across the stop), it says it was paused and so does its
+#            dump: the verdict is paused naming it; otherwise every rank is in the call and the
+#            verdict is stuck-in-transport, which names no rank. Never a healthy rank.
+stop3() {
+  local mode=$1 name=stop3-rank2-$1 log="$T/stop3-$1.jsonl" out="$T/stop3-$1.out"
+  mpirun -np 3 --oversubscribe "$BIN" train $ARGS --zero-stage 3 --comm-timeout 10 --flight-dir "$T/flight-$mode" \
+    --log "$log" > "$out" 2>&1 &
+  local mpid=$!
+  for i in $(seq 1 600); do [ -s "$log" ] && break; sleep 0.1; done
+  [ -s "$log" ] || { echo "FAIL ($name): no step logged"; kill -9 $mpid; exit 1; }
+  local victim="" p r
+  for p in $(pgrep -f "shardgpt train.*$log" | grep -v "^$mpid\$"); do
+    r=$(tr '\0' '\n' < /proc/$p/environ 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
+    [ "$r" = 2 ] && victim=$p
+  done
+  [ -n "$victim" ] || { echo "FAIL ($name): rank 2 not found"; kill -9 $mpid; exit 1; }
+  kill -STOP "$victim"; stopped=$victim
+  if [ "$mode" = resumed ]; then
+    for i in $(seq 1 1200); do ls "$T/flight-$mode"/verdict_*.lead >/dev/null 2>&1 && break; sleep 0.1; done
+    ls "$T/flight-$mode"/verdict_*.lead >/dev/null 2>&1 || { echo "FAIL ($name): no verdict claimed"; kill -9 $mpid; exit 1; }
+    kill -CONT "$victim"
+  fi
+  # the watchdog (10 s), the bounded wait for dumps (10 s) and the verdict: bounded far above
+  for i in $(seq 1 1800); do kill -0 $mpid 2>/dev/null || break; sleep 0.1; done
+  if kill -0 $mpid 2>/dev/null; then echo "FAIL ($name): the job still runs 180 s after rank 2 was stopped"; kill -9 $mpid; exit 1; fi
+  wait $mpid; local rc=$?
+  kill -9 $victim 2>/dev/null; stopped=""
+  [ $rc -ne 0 ] || { echo "FAIL ($name): exit status 0"; cat "$out"; exit 1; }
+  local n line want="(no-dump|not-arrived)"
+  [ "$mode" = resumed ] && want="(paused: culprit rank\(s\) 2\b|stuck-in-transport: every rank arrived)"
+  n=$(grep -c "the job's verdict from the flight dumps" "$out")
+  [ "$n" -eq 1 ] || { echo "FAIL ($name): $n job verdict lines, expected 1"; cat "$out"; exit 1; }
+  line=$(grep "the job's verdict from the flight dumps" "$out")
+  grep -qE "^shardgpt: error: rank [01]: .*made no progress for 10 s.*: $want" <<<"$line" ||
+    { echo "FAIL ($name): the job's verdict is not /$want/: $line"; cat "$out"; exit 1; }
+  if grep -E "this rank's view|culprit rank\(s\) [^:]*\b[01]\b|rank\(s\) [^;]*\b[01]\b[^;]* (did not arrive|arrived but sent)" "$out"; then
+    echo "FAIL ($name): a line names a healthy rank, or a rank states its own view"; cat "$out"; exit 1
+  fi
+  # the stopped rank's only error line, if any, is its own pause (mpirun resumes it before its
+  # kill, or the test does); resumed by the test, its dump says so too and the verdict is paused
+  if grep -E "^shardgpt: error: rank 2: " "$out" | grep -vqE ": this rank was paused for [0-9.]+ s \(its own clock jumped past [0-9]+ heartbeats\); not naming peers$"; then
+    echo "FAIL ($name): rank 2 printed an error line other than its own pause"; cat "$out"; exit 1
+  fi
+  if [ "$mode" = resumed ] && grep -qE "^shardgpt: error: rank 2: this rank was paused" "$out" &&
+    ! grep -qE "paused: culprit rank\(s\) 2\b" <<<"$line"; then
+    echo "FAIL ($name): rank 2 says it was paused, the job's verdict does not: $line"; cat "$out"; exit 1
+  fi
+  echo "ok   $name: job ended with status $rc: $line"
+}
+stop3 stopped
+stop3 resumed
 echo "mpi_watchdog ok"

@@ -163,6 +163,58 @@ TEST_F(DiagnoseDir, TheLatestDumpOfEachRankCounts) {
   EXPECT_EQ(Run().verdict, "not-arrived");
 }
 
+TEST_F(DiagnoseDir, TheHeadlineIsOneLineNamingTheCulprit) {
+  Write(0, MakeDump(0, 2, {kDone, {"all_gather", "f32", 8, "started"}}));
+  Write(1, MakeDump(1, 2, {kDone}, "run-a", "data", -1));
+  EXPECT_EQ(DiagnoseHeadline(Run()),
+            "not-arrived: culprit rank(s) 1: never reached seq 2 on world (all_gather f32 x 8, unit 1, step 5), "
+            "phase data for 3.0 s");
+}
+
+TEST_F(DiagnoseDir, TheHeadlineOfAMissingDumpNamesThatRank) {
+  Write(0, MakeDump(0, 3, {kDone, {"all_gather", "f32", 8, "started"}}));
+  Write(1, MakeDump(1, 3, {kDone, {"all_gather", "f32", 8, "started"}}));
+  const std::string h = DiagnoseHeadline(Run());
+  EXPECT_EQ(h.find("no-dump: culprit rank(s) 2: left no dump"), 0u) << h;
+  EXPECT_EQ(h.find('\n'), std::string::npos) << h;
+}
+
+TEST_F(DiagnoseDir, ARankThatWasItselfPausedIsTheCulprit) {
+  // every rank in the same call, none completed: the transport, but for rank 2's own pause
+  for (int r = 0; r < 3; r++) {
+    json j = MakeDump(r, 3, {kDone, {"reduce_scatter", "f32", 8, "started"}});
+    if (r == 2) j["reason"] = "paused";
+    Write(r, j);
+  }
+  const DiagnoseReport rep = Run();
+  EXPECT_EQ(rep.verdict, "paused");
+  EXPECT_EQ(rep.paused, std::vector<int>{2});
+  EXPECT_EQ(DiagnoseHeadline(rep),
+            "paused: culprit rank(s) 2: the process itself was paused (SIGSTOP, a frozen VM, swapped out); "
+            "rank(s) 0, 1, 2 wait in seq 2 on world (reduce_scatter f32 x 8, unit 1, step 5)");
+  EXPECT_NE(FormatDiagnose(rep).find("rank(s) 2 paused"), std::string::npos) << FormatDiagnose(rep);
+}
+
+TEST_F(DiagnoseDir, AMismatchOutranksAPause) {
+  Write(0, MakeDump(0, 2, {{"all_gather", "f32", 8, "started"}}));
+  json j = MakeDump(1, 2, {{"all_gather", "f32", 9, "started"}});
+  j["reason"] = "paused";
+  Write(1, j);
+  EXPECT_EQ(Run().verdict, "mismatch");
+}
+
+TEST_F(DiagnoseDir, TheJobVerdictCountsOnlyItsRunsDumps) {
+  // rank 1's latest dump is of an earlier run in the same folder: this run has none from it
+  Write(0, MakeDump(0, 2, {kDone, {"all_gather", "f32", 8, "started"}}, "run-b"));
+  Write(1, MakeDump(1, 2, {kDone}, "run-a"));
+  EXPECT_FALSE(Diagnose(dir_.string()).ok());  // diagnose by hand refuses to mix runs
+  auto r = Diagnose(dir_.string(), "run-b");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r.value().no_dump, std::vector<int>{1});
+  EXPECT_EQ(JobVerdictHeadline(dir_.string(), "run-b").find("no-dump: culprit rank(s) 1: "), 0u);
+  EXPECT_EQ(JobVerdictHeadline(dir_.string(), "run-c"), "");  // none of that run
+}
+
 TEST_F(DiagnoseDir, Refusals) {
   auto message = [this]() {
     auto r = Diagnose(dir_.string());

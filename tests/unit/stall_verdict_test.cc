@@ -44,5 +44,29 @@ TEST(StallVerdict, CulpritsAreTheWorldRanksItNames) {
   EXPECT_EQ(StallCulprits(12, 0, one, 3.0, kWorldRanks), (std::vector<int>{6}));
 }
 
+TEST(SelfPause, LooksEveryHeartbeatOrSoAreNoPause) {
+  // looks every 0.5 ms, and a look late by two heartbeats (a busy machine): within the bound
+  EXPECT_EQ(DetectSelfPause({0.0, 0.0005, 0.001, 1.0, 3.0, 3.0005}, 1.0).paused_s, 0);
+  EXPECT_EQ(DetectSelfPause({}, 1.0).paused_s, 0);
+  EXPECT_EQ(DetectSelfPause({5.0}, 1.0).paused_s, 0);
+}
+
+TEST(SelfPause, AGapPastThreeHeartbeatsIsThisRanksOwnPause) {
+  const SelfPause p = DetectSelfPause({10.0, 10.5, 17.6, 18.0}, 1.0);
+  EXPECT_DOUBLE_EQ(p.paused_s, 17.6 - 10.5);
+  EXPECT_EQ(p.heartbeats, 7);
+  EXPECT_EQ(SelfPauseText(p), "this rank was paused for 7.1 s (its own clock jumped past 7 heartbeats); not naming peers");
+}
+
+TEST(SelfPause, TheLongestGapCountsAndTheBoundScalesWithTheHeartbeat) {
+  // heartbeat 0.25 s (--comm-timeout 1): a 0.8 s gap is past three heartbeats
+  EXPECT_DOUBLE_EQ(DetectSelfPause({0.0, 0.8, 0.9, 2.9}, 0.25).paused_s, 2.0);
+  EXPECT_EQ(DetectSelfPause({0.0, 0.8, 0.9, 2.9}, 0.25).heartbeats, 8);
+  // the same gaps against a 1 s heartbeat: none past the bound
+  EXPECT_EQ(DetectSelfPause({0.0, 0.8, 0.9, 2.9}, 1.0).paused_s, 0);
+  // a custom bound: past one heartbeat
+  EXPECT_DOUBLE_EQ(DetectSelfPause({0.0, 2.5}, 1.0, 1).paused_s, 2.5);
+}
+
 }  // namespace
 }  // namespace shardgpt
