@@ -70,7 +70,7 @@ id=$(SHARDGPT_TEST_FAULT=skip:1:13 sbatch_cpu wd -N 2 --ntasks=2 -- $A --straggl
 wait_job "$id" 400 || { show "$T/wd.out" 40; fail "job $id did not end"; }
 expect_job "$id" COMPLETED 0:0
 [ "$(cat "$T/wd/ckpt/exclude_hosts")" = h2 ] || { show "$T/wd.out" 40; fail "exclude_hosts holds '$(cat "$T/wd/ckpt/exclude_hosts" 2>&1)', expected h2"; }
-for want in "^shardgpt: error: rank 0: .* step 13) made no progress for 5 s (--comm-timeout): rank(s) 1 did not arrive" \
+for want in "^shardgpt: error: rank 0: .* step 13) made no progress for 5 s (--comm-timeout): .*\(culprit rank(s) 1:\|rank(s) 1 did not arrive\)" \
             "^shardgpt: rank 0: the watchdog's verdict names host h2: recorded in $T/wd/ckpt/exclude_hosts" \
             "run: host recorded in $T/wd/ckpt/exclude_hosts (exit [0-9]*): resuming on the other node(s) of job $id" \
             "run: leaving out h2 ($T/wd/ckpt/exclude_hosts): 1 node(s) h1, 1 task(s)" \
