@@ -1,5 +1,7 @@
 #include "io/json_fields.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -78,7 +80,8 @@ StatusOr<std::string> ReadTextFile(const std::string& path, const std::string& e
 }
 
 Status WriteTextFileAtomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
+  // a temporary of this process's own: two processes may write the same path at once
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     f << text;

@@ -39,7 +39,8 @@ Status JsonPositiveInt(const std::string& what, const nlohmann::json& o, const c
 // The whole text of a file (a config.json, an index), or NotFound / IOError naming the path and
 // what it was expected to hold.
 StatusOr<std::string> ReadTextFile(const std::string& path, const std::string& expected);
-// Replaces path with `text` atomically (path.tmp, then a rename); the temporary is removed on error.
+// Replaces path with `text` atomically (path.tmp.PID, then a rename); the temporary is removed on
+// error.
 Status WriteTextFileAtomic(const std::string& path, const std::string& text);
 
 }  // namespace shardgpt

@@ -130,22 +130,7 @@ Status RecordExcludedHosts(const std::string& path, const std::vector<std::strin
   if (!text.empty() && text.back() != '\n') text += '\n';
   for (const std::string& h : hosts)
     if (!h.empty() && have.insert(h).second) text += h + "\n";
-  // a temporary of this process's own: ranks ended by the watchdog may record at once
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      return Status::IOError(tmp + ": write failed: " + std::strerror(errno));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return Status::IOError(path + ": cannot rename into place: " + std::strerror(errno));
-  }
-  return Status::OK();
+  return WriteTextFileAtomic(path, text);  // ranks ended by the watchdog may record at once
 }
 
 std::vector<std::string> HostsToExclude(const std::vector<int>& ranks, const std::vector<std::string>& hosts_by_rank) {

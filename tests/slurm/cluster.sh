@@ -314,6 +314,14 @@ wait_rows() {
 stop_step() { sed -n 's/.*stop signal received.*checkpointing at step \([0-9]*\) .*/\1/p' "$1" | tail -1; }
 
 # ---- hosts made of network namespaces ----
+# netns_tools: the tools of the two-host cluster: ip (iproute2, installed when missing), nsenter and unshare
+# (util-linux). Fails with one line naming them.
+netns_tools() {
+  command -v ip >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2 >/dev/null
+  command -v ip >/dev/null && command -v nsenter >/dev/null && command -v unshare >/dev/null \
+    || { echo "FAIL: needs ip (iproute2), nsenter and unshare (util-linux)"; exit 1; }
+}
+
 # netns_pick_prefix: sets P (a name prefix) and NET (a /24) that no namespace, bridge or
 # interface here uses yet.
 netns_pick_prefix() {

@@ -21,9 +21,7 @@ SRC=$(realpath "${2:-$(dirname "$0")/../..}")
 if [ "$(id -u)" -ne 0 ]; then echo "SKIP: starts Slurm daemons and network namespaces: run as root"; exit 77; fi
 source "$SRC/tests/slurm/cluster.sh"
 slurm_install || { echo "FAIL: cannot install slurm-wlm"; exit 1; }
-command -v ip >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2 >/dev/null
-command -v ip >/dev/null && command -v nsenter >/dev/null && command -v unshare >/dev/null \
-  || { echo "FAIL: needs ip (iproute2), nsenter and unshare (util-linux)"; exit 1; }
+netns_tools
 
 # shared storage outside /tmp (each host has its own /tmp), the binary too
 slurm_work_dir /var/tmp/shardgpt-slurm-sx.XXXXXX || fail "mktemp"
