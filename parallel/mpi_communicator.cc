@@ -93,6 +93,59 @@ SelfPause g_pause;                                  // guarded by g_pause_mu
 std::chrono::steady_clock::time_point g_pause_end;  // guarded by g_pause_mu
 std::atomic<bool> g_pause_said{false};
 
+// The pause sentinel: one thread per process that looks at the clock every heartbeat, whatever
+// the communicators are doing. A pause while every communication thread sleeps without a timer
+// (the training thread computing) is visible only here. Started by the first call of a
+// communicator with a watchdog; its heartbeat is that communicator's.
+std::once_flag g_sentinel_once;
+std::atomic<long long> g_sentinel_period_ns{0};  // 0: not started
+std::atomic<long long> g_sentinel_look_ns{0};    // steady clock of the sentinel's latest look
+
+long long SteadyNs(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+// A gap of more than three heartbeats between two looks at the clock, ending at `now`: this
+// process's own pause. Records it (the latest one wins) and returns true.
+bool RecordPause(double gap_s, double heartbeat_s, std::chrono::steady_clock::time_point now) {
+  const SelfPause pause = DetectSelfPause({0.0, gap_s}, heartbeat_s);
+  if (pause.paused_s <= 0) return false;
+  {
+    std::lock_guard<std::mutex> lock(g_pause_mu);
+    g_pause = pause;
+    g_pause_end = now;
+  }
+  g_pause_said.store(false);
+  return true;
+}
+
+// The sentinel's latest look is more than three heartbeats old: the process was paused and has
+// just resumed, before the sentinel looked again. Records the pause like the sentinel would.
+void CheckSentinel() {
+  const long long period = g_sentinel_period_ns.load();
+  if (period == 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  const long long look = g_sentinel_look_ns.load();
+  if (SteadyNs(now) - look > 3 * period) RecordPause((SteadyNs(now) - look) * 1e-9, period * 1e-9, now);
+}
+
+void StartPauseSentinel(double heartbeat_s) {
+  std::call_once(g_sentinel_once, [heartbeat_s] {
+    const auto period = std::chrono::nanoseconds(static_cast<long long>(heartbeat_s * 1e9));
+    g_sentinel_look_ns.store(SteadyNs(std::chrono::steady_clock::now()));
+    g_sentinel_period_ns.store(period.count());
+    // detached: it only sleeps and reads the clock, and ends with the process
+    std::thread([period] {
+      for (;;) {
+        std::this_thread::sleep_for(period);
+        const auto now = std::chrono::steady_clock::now();
+        const long long last = g_sentinel_look_ns.exchange(SteadyNs(now));
+        RecordPause((SteadyNs(now) - last) * 1e-9, period.count() * 1e-9, now);
+      }
+    }).detach();
+  });
+}
+
 // The closing note: the last message a rank sends to each peer on a side channel (arrival notes
 // carry call numbers, which start at 1).
 constexpr long long kClosingNote = -1;
@@ -415,6 +468,7 @@ Status MpiCommunicator::Await(MPI_Request* req, const char* name) {
   // that is silent although it noted the call is known to be stopped or hung inside it (not
   // waiting, as this rank is). Silence: three heartbeats missed.
   const double heartbeat_s = std::min(1.0, timeout_s_ / 4), silence_s = 3 * heartbeat_s;
+  if (timeout_s_ > 0) StartPauseSentinel(heartbeat_s);
   auto announced = t0, deadline_from = t0, last_look = t0;
   int sleep_us = 20;
   for (;;) {
@@ -468,20 +522,13 @@ Status MpiCommunicator::Await(MPI_Request* req, const char* name) {
 }
 
 bool MpiCommunicator::NotePause(std::chrono::steady_clock::time_point last, std::chrono::steady_clock::time_point now) {
-  const double heartbeat_s = std::min(1.0, timeout_s_ / 4);
-  const SelfPause pause = DetectSelfPause({0.0, std::chrono::duration<double>(now - last).count()}, heartbeat_s);
-  if (pause.paused_s <= 0) return false;
-  {
-    std::lock_guard<std::mutex> lock(g_pause_mu);
-    g_pause = pause;
-    g_pause_end = now;
-  }
-  g_pause_said.store(false);
+  if (!RecordPause(std::chrono::duration<double>(now - last).count(), std::min(1.0, timeout_s_ / 4), now)) return false;
   for (auto& h : heard_) h = now;
   return true;
 }
 
 bool MpiCommunicator::PausedRecently(SelfPause* pause) const {
+  CheckSentinel();
   std::lock_guard<std::mutex> lock(g_pause_mu);
   if (pause != nullptr) *pause = g_pause;
   return g_pause.paused_s > 0 &&

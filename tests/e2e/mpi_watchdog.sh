@@ -72,10 +72,9 @@ run_case stop-rank1
 #   stopped  rank 2 stays stopped: it never answers, the verdict is no-dump naming it
 #   resumed  rank 2 is resumed once the verdict is claimed (a file in the dump folder: an event),
 #            while the claiming rank still waits for the dumps: rank 2 answers with its dump and
-#            names no peer. Where its watchdog thread saw its own clock jump (it was waiting in
-#            a call or polling idle across the stop), it says it was paused and so does its
-#            dump: the verdict is paused naming it; otherwise every rank is in the call and the
-#            verdict is stuck-in-transport, which names no rank. Never a healthy rank.
+#            names no peer. Its clock jumped (its pause sentinel looks every heartbeat, wherever
+#            the stop caught it), so it says it was paused and so does its dump: the verdict is
+#            paused naming it.
 stop3() {
   local mode=$1 name=stop3-rank2-$1 log="$T/stop3-$1.jsonl" out="$T/stop3-$1.out"
   mpirun -np 3 --oversubscribe "$BIN" train $ARGS --zero-stage 3 --comm-timeout 10 --flight-dir "$T/flight-$mode" \
@@ -102,7 +101,7 @@ stop3() {
   kill -9 $victim 2>/dev/null; stopped=""
   [ $rc -ne 0 ] || { echo "FAIL ($name): exit status 0"; cat "$out"; exit 1; }
   local n line want="(no-dump|not-arrived)"
-  [ "$mode" = resumed ] && want="(paused: culprit rank\(s\) 2\b|stuck-in-transport: every rank arrived)"
+  [ "$mode" = resumed ] && want="paused: culprit rank\(s\) 2\b"
   n=$(grep -c "the job's verdict from the flight dumps" "$out")
   [ "$n" -eq 1 ] || { echo "FAIL ($name): $n job verdict lines, expected 1"; cat "$out"; exit 1; }
   line=$(grep "the job's verdict from the flight dumps" "$out")
@@ -116,9 +115,8 @@ stop3() {
   if grep -E "^shardgpt: error: rank 2: " "$out" | grep -vqE ": this rank was paused for [0-9.]+ s \(its own clock jumped past [0-9]+ heartbeats\); not naming peers$"; then
     echo "FAIL ($name): rank 2 printed an error line other than its own pause"; cat "$out"; exit 1
   fi
-  if [ "$mode" = resumed ] && grep -qE "^shardgpt: error: rank 2: this rank was paused" "$out" &&
-    ! grep -qE "paused: culprit rank\(s\) 2\b" <<<"$line"; then
-    echo "FAIL ($name): rank 2 says it was paused, the job's verdict does not: $line"; cat "$out"; exit 1
+  if [ "$mode" = resumed ] && ! grep -qE "^shardgpt: error: rank 2: this rank was paused" "$out"; then
+    echo "FAIL ($name): rank 2, resumed, does not say it was paused"; cat "$out"; exit 1
   fi
   echo "ok   $name: job ended with status $rc: $line"
 }
