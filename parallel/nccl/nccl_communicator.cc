@@ -6,6 +6,7 @@
 #include <nccl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -17,6 +18,7 @@
 
 #include "base/clock.h"
 #include "model/cuda/cuda_device.h"
+#include "parallel/flight_dump.h"
 #include "parallel/gpu_binding.h"
 #include "parallel/mpi_communicator.h"
 
@@ -310,11 +312,33 @@ class NcclCommunicator final : public Communicator {
   }
 
   // This rank's flight dump and its peers' (asked over the control communicator), then the
-  // error line and the end of the process.
+  // error line and the end of the process. With dumps on, the line carries the job's one verdict
+  // (flight_dump.h): the first rank to claim it appends the dumps' analysis; any other names
+  // that rank and waits, bounded, for its line before ending the process.
   [[noreturn]] void Abort(const std::string& why) {
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    bool claimed = false;
+    const int lead = FlightDumpsConfigured() ? ClaimJobVerdict(world_rank, &claimed) : -1;
     control_->RequestFlightDumps("nccl_watchdog");
     ncclCommAbort(nccl_);
-    Fatal(rank_, why);
+    if (claimed) {
+      const std::string job = JobVerdictFromDumps();
+      std::string line = why;
+      if (!job.empty()) line += "; the job's verdict from the flight dumps (shardgpt diagnose " + FlightDumpDir() + "): " + job;
+      std::fprintf(stderr, "shardgpt: error: rank %d: NCCL: %s\n", rank_, line.c_str());
+      std::fflush(stderr);
+      MarkJobVerdictPrinted();
+      std::_Exit(1);
+    }
+    if (lead < 0) Fatal(rank_, why);
+    std::fprintf(stderr, "shardgpt: error: rank %d: NCCL: %s; the job's verdict is rank %d's (from the flight dumps in %s)\n",
+                 rank_, why.c_str(), lead, FlightDumpDir().c_str());
+    std::fflush(stderr);
+    const double limit = std::min(60.0, std::max(10.0, timeout_s_)) + 30.0, t0 = MonotonicSeconds();
+    while (!JobVerdictPrinted() && MonotonicSeconds() - t0 < limit)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::_Exit(1);
   }
 
   // The watchdog: every 100 ms, retire completed collectives and check NCCL's asynchronous

@@ -31,6 +31,11 @@ took=$((SECONDS - start))
 grep -q "shardgpt: error: rank 0: NCCL: .*did not complete within --comm-timeout 10 s" "$T/stop.out" ||
   { cat "$T/stop.out"; fail "stop-forward: no NCCL watchdog line from rank 0"; }
 pgrep -f "$T/data/train.bin" >/dev/null && fail "stop-forward: a rank is still running"
+# the job's one verdict, printed by rank 0 (the rank whose watchdog expired) from both dumps
+[ "$(grep -c "the job's verdict from the flight dumps" "$T/stop.out")" -eq 1 ] ||
+  { cat "$T/stop.out"; fail "stop-forward: not exactly one job verdict line"; }
+grep -qE "^shardgpt: error: rank 0: NCCL: .*the job's verdict from the flight dumps \(shardgpt diagnose [^)]*\): not-arrived: culprit rank\(s\) 1\b" "$T/stop.out" ||
+  { cat "$T/stop.out"; fail "stop-forward: rank 0's line does not carry the verdict naming rank 1"; }
 ls "$T/stop"/rank_0000{0,1}.json >/dev/null || { cat "$T/stop.out"; fail "stop-forward: not both ranks wrote a dump"; }
 grep -q '"reason":"nccl_watchdog"' "$T/stop/rank_00000.json" || fail "stop-forward: rank 0's dump is not the watchdog's"
 grep -q '"reason":"peer_request"' "$T/stop/rank_00001.json" || fail "stop-forward: rank 1's dump is not at rank 0's request"
