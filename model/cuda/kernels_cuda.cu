@@ -378,7 +378,7 @@ __global__ void layernorm_backward_partial_kernel(float* partial, const A* dout,
     for (int n = n0 + ty; n < n1; n += 8) {
       const float d = load_f32(dout, (size_t)n * C + c);
       const float norm = (load_f32(inp, (size_t)n * C + c) - mean[n]) * rstd[n];
-      dw += norm * d;
+      dw = fmaf(norm, d, dw);  // a written fma: the 128-bit kernel's sums are bitwise these
       db += d;
     }
   }
@@ -390,6 +390,42 @@ __global__ void layernorm_backward_partial_kernel(float* partial, const A* dout,
     for (int k = 0; k < 8; k++) a += sdw[k][tx], b += sdb[k][tx];
     partial[(size_t)blockIdx.y * 2 * C + c] = a;
     partial[(size_t)blockIdx.y * 2 * C + C + c] = b;
+  }
+}
+
+
+// layernorm_backward_partial_kernel's sums for 256 columns a block (blockIdx.x): lane tx owns
+// columns 8 tx .. + 8 of them, read 128 bits at a time (C % 8 == 0, dout and inp 16-byte
+// aligned). Each column's sums run in the same order as there, so the result is bitwise its.
+template <typename A>
+__global__ void layernorm_backward_partial_vec_kernel(float* partial, const A* dout, const A* inp,
+                                                      const float* mean, const float* rstd, int N, int C) {
+  __shared__ float sdw[8][kLnGroupCols], sdb[8][kLnGroupCols];
+  const int tx = threadIdx.x, ty = threadIdx.y, k0 = tx * cuda::kVec;
+  const int c = blockIdx.x * kLnGroupCols + k0;
+  const int n0 = blockIdx.y * kRowsPerChunk, n1 = min(N, n0 + kRowsPerChunk);
+  float dw[cuda::kVec] = {}, db[cuda::kVec] = {};
+  if (c < C) {
+    for (int n = n0 + ty; n < n1; n += 8) {
+      float d[cuda::kVec], x[cuda::kVec];
+      cuda::load8(d, dout + (size_t)n * C + c);
+      cuda::load8(x, inp + (size_t)n * C + c);
+      for (int j = 0; j < cuda::kVec; j++) {
+        const float norm = (x[j] - mean[n]) * rstd[n];
+        dw[j] = fmaf(norm, d[j], dw[j]);
+        db[j] += d[j];
+      }
+    }
+  }
+  for (int j = 0; j < cuda::kVec; j++) sdw[ty][k0 + j] = dw[j], sdb[ty][k0 + j] = db[j];
+  __syncthreads();
+  if (ty == 0 && c < C) {
+    for (int j = 0; j < cuda::kVec; j++) {
+      float a = 0.0f, b = 0.0f;
+      for (int k = 0; k < 8; k++) a += sdw[k][k0 + j], b += sdb[k][k0 + j];
+      partial[(size_t)blockIdx.y * 2 * C + c + j] = a;
+      partial[(size_t)blockIdx.y * 2 * C + C + c + j] = b;
+    }
   }
 }
 
@@ -873,7 +909,8 @@ void CudaKernels::layernorm_forward(void* out, float* mean, float* rstd, const v
     using A = decltype(t);
     A* o = static_cast<A*>(out);
     const A* x = static_cast<const A*>(inp);
-    auto* layernorm_forward_regs = groups == 4 ? &layernorm_forward_regs_kernel<4, A> : &layernorm_forward_regs_kernel<8, A>;
+    auto* layernorm_forward_regs =
+        groups == 4 ? &layernorm_forward_regs_kernel<4, A> : &layernorm_forward_regs_kernel<8, A>;
     if (groups != 0)
       SHARDGPT_LAUNCH(layernorm_forward_regs, blocks, kThreads, 0, stream_)(o, mean, rstd, x, w, b, N, C, vec);
     else
@@ -882,8 +919,9 @@ void CudaKernels::layernorm_forward(void* out, float* mean, float* rstd, const v
   SHARDGPT_CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
 }
 
-// dinp: one warp per row (in registers where LnGroups(C) allows). dw, db: per-chunk partials (fixed chunks of kRowsPerChunk rows), then
-// one thread per column adds the chunks in order.
+// dinp: one warp per row (in registers where LnGroups(C) allows). dw, db: per-chunk partials
+// (fixed chunks of kRowsPerChunk rows; 128-bit loads where C % 8 == 0 and dout, inp are
+// aligned), then one thread per column adds the chunks in order.
 void CudaKernels::layernorm_backward(void* dinp, float* dw, float* db, const void* dout, const void* inp,
                                      const float* w, const float* mean, const float* rstd, int N, int C) const {
   if (N == 0 || C == 0) return;
@@ -905,8 +943,12 @@ void CudaKernels::layernorm_backward(void* dinp, float* dw, float* db, const voi
     else
       SHARDGPT_LAUNCH(layernorm_backward_dinp_kernel<A>, blocks, kThreads, 0, stream_)(dx, d, x, w, mean, rstd, N, C);
     SHARDGPT_CUDA_CHECK_LAUNCH("layernorm_backward_dinp_kernel");
-    SHARDGPT_LAUNCH(layernorm_backward_partial_kernel<A>, dim3((C + 31) / 32, chunks), dim3(32, 8), 0, stream_)(
-        partial, d, x, mean, rstd, N, C);
+    if (C % cuda::kVec == 0 && cuda::Aligned16(dout) && cuda::Aligned16(inp))
+      SHARDGPT_LAUNCH(layernorm_backward_partial_vec_kernel<A>, dim3((C + kLnGroupCols - 1) / kLnGroupCols, chunks),
+                      dim3(32, 8), 0, stream_)(partial, d, x, mean, rstd, N, C);
+    else
+      SHARDGPT_LAUNCH(layernorm_backward_partial_kernel<A>, dim3((C + 31) / 32, chunks), dim3(32, 8), 0, stream_)(
+          partial, d, x, mean, rstd, N, C);
     SHARDGPT_CUDA_CHECK_LAUNCH("layernorm_backward_partial_kernel");
   });
   SHARDGPT_LAUNCH(add_chunk_sums_kernel, (C + kThreads - 1) / kThreads, kThreads, 0, stream_)(dw, partial, chunks, 2 * C, C);

@@ -303,13 +303,14 @@ TEST_F(GpuTest, ResidualLayernormFused) {
 // The register path of LayerNorm (C % 8 == 0, C <= 2048) loads with 128-bit accesses only
 // when every pointer is 16-byte aligned, else with scalar loads of the same columns: from
 // tensors one float off alignment it gives bitwise the aligned results (forward, residual +
-// LayerNorm, backward), and they match the CPU twin.
+// LayerNorm, backward), and they match the CPU twin. dw and db: the 128-bit column sums
+// (aligned) are bitwise the scalar kernel's (misaligned).
 TEST_F(GpuTest, LayernormMisalignedIsBitwiseAligned) {
   const int N = 21, C = 264;
   const size_t NC = (size_t)N * C;
   const auto x = RandomFloats(NC, 30, -2.0f, 3.0f), a = RandomFloats(NC, 31), dout = RandomFloats(NC, 32);
   const auto dinp0 = RandomFloats(NC, 33), w = RandomFloats(C, 34), b = RandomFloats(C, 35);
-  std::vector<float> out[2], res[2], ln[2], dinp[2], stats[2];  // [offset], the GPU's
+  std::vector<float> out[2], res[2], ln[2], dinp[2], stats[2], dwb[2];  // [offset], the GPU's
   for (int off : {0, 1}) {
     SCOPED_TRACE("offset " + std::to_string(off));
     auto at = [&](const std::vector<float>& v, const std::string& what) {
@@ -335,6 +336,11 @@ TEST_F(GpuTest, LayernormMisalignedIsBitwiseAligned) {
     ExpectNear(tail(tln.Gpu()), tail(tln.Cpu()), kTolF32, "fused ln");
     ExpectNear(tail(tdx.Gpu()), tail(tdx.Cpu()), kTolF32, "dinp");
     out[off] = tail(tout.Gpu()), res[off] = tail(tres.Gpu()), ln[off] = tail(tln.Gpu()), dinp[off] = tail(tdx.Gpu());
+    ExpectNear(dw.Gpu(), dw.Cpu(), kTolF32, "dw");
+    ExpectNear(db.Gpu(), db.Cpu(), kTolF32, "db");
+    dwb[off] = dw.Gpu();
+    const auto dbv = db.Gpu();
+    dwb[off].insert(dwb[off].end(), dbv.begin(), dbv.end());
     stats[off] = mean.Gpu();
     for (auto* t : {&rstd, &mean2, &rstd2}) {
       const auto v = t->Gpu();
@@ -346,6 +352,7 @@ TEST_F(GpuTest, LayernormMisalignedIsBitwiseAligned) {
   ExpectBitwise(ln[1], ln[0], "fused ln");
   ExpectBitwise(dinp[1], dinp[0], "dinp");
   ExpectBitwise(stats[1], stats[0], "mean, rstd");
+  ExpectBitwise(dwb[1], dwb[0], "dw, db");  // the 128-bit column sums are the scalar ones
 }
 
 struct MatmulCase {
