@@ -205,6 +205,163 @@ __global__ void layernorm_backward_dinp_kernel(A* dinp, const A* dout, const A* 
   }
 }
 
+// ---- LayerNorm with the row in registers (rows of C % 8 == 0, C <= 256 * G) ----
+// Lane l owns the 8-column groups l, l+32, ... of its row: columns 8 (32 g + l) .. + 8 for
+// g < G. Each kernel reads its inputs once and writes its outputs once, 128 bits at a time when
+// `vec` (every pointer 16-byte aligned, checked on the host; C % 8 == 0 keeps every row
+// aligned), else with scalar loads of the same columns: the sums run in the same order either
+// way, so the result does not depend on the alignment. Rows of other C take the kernels above.
+constexpr int kLnGroupCols = 32 * cuda::kVec;  // columns of one group step of the warp
+
+template <typename T>
+__device__ __forceinline__ void ln_load8(float x[cuda::kVec], const T* p, bool vec) {
+  if (vec) {
+    cuda::load8(x, p);
+  } else {
+    for (int j = 0; j < cuda::kVec; j++) x[j] = load_f32(p, j);
+  }
+}
+template <typename T>
+__device__ __forceinline__ void ln_store8(T* p, const float x[cuda::kVec], bool vec) {
+  if (vec) {
+    cuda::store8(p, x);
+  } else {
+    for (int j = 0; j < cuda::kVec; j++) store_f32(p, j, x[j]);
+  }
+}
+
+// The value p's dtype stores for v: v itself (fp32), v rounded to bf16 and widened (bf16).
+__device__ __forceinline__ float stored_value(const float*, float v) { return v; }
+__device__ __forceinline__ float stored_value(const uint16_t*, float v) {
+  return cuda::bf16_to_f32(cuda::f32_to_bf16(v));
+}
+
+// y = layernorm(x) for the row x held by the warp in registers (the layout above); the maths
+// of layernorm_row_warp. The residual kernel runs this code on its rounded sums, so its
+// LayerNorm is bitwise layernorm_forward's on the stored residual.
+template <int G, typename A>
+__device__ __forceinline__ void layernorm_row_regs(A* y, float* mean, float* rstd, const float (&x)[G][cuda::kVec],
+                                                   const float* w, const float* b, int C, int lane, bool vec) {
+  float s = 0.0f;
+#pragma unroll
+  for (int g = 0; g < G; g++)
+    if ((g * 32 + lane) * cuda::kVec < C)
+      for (int j = 0; j < cuda::kVec; j++) s += x[g][j];
+  const float m = cuda::warp_sum(s) / C;
+  float v = 0.0f;
+#pragma unroll
+  for (int g = 0; g < G; g++)
+    if ((g * 32 + lane) * cuda::kVec < C)
+      for (int j = 0; j < cuda::kVec; j++) v += (x[g][j] - m) * (x[g][j] - m);
+  const float r = 1.0f / sqrtf(cuda::warp_sum(v) / C + 1e-5f);
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    const int c = (g * 32 + lane) * cuda::kVec;
+    if (c >= C) continue;
+    float wv[cuda::kVec], bv[cuda::kVec], o[cuda::kVec];
+    ln_load8(wv, w + c, vec);
+    ln_load8(bv, b + c, vec);
+    for (int j = 0; j < cuda::kVec; j++) o[j] = (x[g][j] - m) * r * wv[j] + bv[j];
+    ln_store8(y + c, o, vec);
+  }
+  if (lane == 0) {
+    *mean = m;
+    *rstd = r;
+  }
+}
+
+template <int G, typename A>
+__global__ void layernorm_forward_regs_kernel(A* out, float* mean, float* rstd, const A* inp, const float* w,
+                                              const float* b, int N, int C, bool vec) {
+  const int lane = threadIdx.x % 32;
+  const int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (n >= N) return;
+  const A* x = inp + (size_t)n * C;
+  float xr[G][cuda::kVec] = {};
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    const int c = (g * 32 + lane) * cuda::kVec;
+    if (c < C) ln_load8(xr[g], x + c, vec);
+  }
+  layernorm_row_regs<G>(out + (size_t)n * C, mean + n, rstd + n, xr, w, b, C, lane, vec);
+}
+
+// res = a + b (stored in A), ln = layernorm(res as stored): a and b read once, res written
+// once and never read back.
+template <int G, typename A>
+__global__ void residual_layernorm_forward_regs_kernel(A* res, A* ln, float* mean, float* rstd, const A* a,
+                                                       const A* b, const float* w, const float* bias, int N, int C,
+                                                       bool vec) {
+  const int lane = threadIdx.x % 32;
+  const int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (n >= N) return;
+  const size_t o = (size_t)n * C;
+  float xr[G][cuda::kVec] = {};
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    const int c = (g * 32 + lane) * cuda::kVec;
+    if (c >= C) continue;
+    float av[cuda::kVec], bv[cuda::kVec];
+    ln_load8(av, a + o + c, vec);
+    ln_load8(bv, b + o + c, vec);
+    for (int j = 0; j < cuda::kVec; j++) xr[g][j] = stored_value(res, av[j] + bv[j]);
+    ln_store8(res + o + c, xr[g], vec);  // xr holds stored values: storing them is exact
+  }
+  layernorm_row_regs<G>(ln + o, mean + n, rstd + n, xr, w, bias, C, lane, vec);
+}
+
+// dinp += (g - mean(g) - norm * mean(g*norm)) * rstd, the maths of layernorm_backward_dinp_kernel;
+// dout and inp read once (kept in registers), dinp read once and written once.
+template <int G, typename A>
+__global__ void layernorm_backward_dinp_regs_kernel(A* dinp, const A* dout, const A* inp, const float* w,
+                                                    const float* mean, const float* rstd, int N, int C, bool vec) {
+  const int lane = threadIdx.x % 32;
+  const int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (n >= N) return;
+  const size_t o = (size_t)n * C;
+  const float m = mean[n], r = rstd[n];
+  float xr[G][cuda::kVec] = {}, dr[G][cuda::kVec] = {};
+  float g_mean = 0.0f, gn_mean = 0.0f;
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    const int c = (g * 32 + lane) * cuda::kVec;
+    if (c >= C) continue;
+    float wv[cuda::kVec];
+    ln_load8(xr[g], inp + o + c, vec);
+    ln_load8(dr[g], dout + o + c, vec);
+    ln_load8(wv, w + c, vec);
+    for (int j = 0; j < cuda::kVec; j++) {
+      const float gj = wv[j] * dr[g][j];
+      g_mean += gj;
+      gn_mean += gj * (xr[g][j] - m) * r;
+    }
+  }
+  g_mean = cuda::warp_sum(g_mean) / C;
+  gn_mean = cuda::warp_sum(gn_mean) / C;
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    const int c = (g * 32 + lane) * cuda::kVec;
+    if (c >= C) continue;
+    float wv[cuda::kVec], dx[cuda::kVec];
+    ln_load8(wv, w + c, vec);  // w is shared by every row: an L1 / L2 hit
+    ln_load8(dx, dinp + o + c, vec);
+    for (int j = 0; j < cuda::kVec; j++) {
+      const float norm = (xr[g][j] - m) * r;
+      dx[j] = dx[j] + (wv[j] * dr[g][j] - g_mean - norm * gn_mean) * r;
+    }
+    ln_store8(dinp + o + c, dx, vec);
+  }
+}
+
+// Groups a lane holds for a row of C columns: 4 (C <= 1024) or 8 (C <= 2048), or 0 where the
+// row does not fit the register layout (C % 8 != 0 or C > 2048: the kernels above).
+inline int LnGroups(int C) {
+  if (C % cuda::kVec != 0) return 0;
+  if (C <= 4 * kLnGroupCols) return 4;
+  if (C <= 8 * kLnGroupCols) return 8;
+  return 0;
+}
+
 // Partial sums of dw = sum_n dout*norm and db = sum_n dout over the rows of one chunk
 // (kRowsPerChunk rows, blockIdx.y) for 32 columns (blockIdx.x). Block (32, 8): thread (x, y)
 // sums rows y, y+8, ... of the chunk in order; then row y = 0 adds the 8 sums in order.
@@ -221,7 +378,7 @@ __global__ void layernorm_backward_partial_kernel(float* partial, const A* dout,
     for (int n = n0 + ty; n < n1; n += 8) {
       const float d = load_f32(dout, (size_t)n * C + c);
       const float norm = (load_f32(inp, (size_t)n * C + c) - mean[n]) * rstd[n];
-      dw += norm * d;
+      dw = fmaf(norm, d, dw);  // a written fma: the 128-bit kernel's sums are bitwise these
       db += d;
     }
   }
@@ -233,6 +390,42 @@ __global__ void layernorm_backward_partial_kernel(float* partial, const A* dout,
     for (int k = 0; k < 8; k++) a += sdw[k][tx], b += sdb[k][tx];
     partial[(size_t)blockIdx.y * 2 * C + c] = a;
     partial[(size_t)blockIdx.y * 2 * C + C + c] = b;
+  }
+}
+
+
+// layernorm_backward_partial_kernel's sums for 256 columns a block (blockIdx.x): lane tx owns
+// columns 8 tx .. + 8 of them, read 128 bits at a time (C % 8 == 0, dout and inp 16-byte
+// aligned). Each column's sums run in the same order as there, so the result is bitwise its.
+template <typename A>
+__global__ void layernorm_backward_partial_vec_kernel(float* partial, const A* dout, const A* inp,
+                                                      const float* mean, const float* rstd, int N, int C) {
+  __shared__ float sdw[8][kLnGroupCols], sdb[8][kLnGroupCols];
+  const int tx = threadIdx.x, ty = threadIdx.y, k0 = tx * cuda::kVec;
+  const int c = blockIdx.x * kLnGroupCols + k0;
+  const int n0 = blockIdx.y * kRowsPerChunk, n1 = min(N, n0 + kRowsPerChunk);
+  float dw[cuda::kVec] = {}, db[cuda::kVec] = {};
+  if (c < C) {
+    for (int n = n0 + ty; n < n1; n += 8) {
+      float d[cuda::kVec], x[cuda::kVec];
+      cuda::load8(d, dout + (size_t)n * C + c);
+      cuda::load8(x, inp + (size_t)n * C + c);
+      for (int j = 0; j < cuda::kVec; j++) {
+        const float norm = (x[j] - mean[n]) * rstd[n];
+        dw[j] = fmaf(norm, d[j], dw[j]);
+        db[j] += d[j];
+      }
+    }
+  }
+  for (int j = 0; j < cuda::kVec; j++) sdw[ty][k0 + j] = dw[j], sdb[ty][k0 + j] = db[j];
+  __syncthreads();
+  if (ty == 0 && c < C) {
+    for (int j = 0; j < cuda::kVec; j++) {
+      float a = 0.0f, b = 0.0f;
+      for (int k = 0; k < 8; k++) a += sdw[k][k0 + j], b += sdb[k][k0 + j];
+      partial[(size_t)blockIdx.y * 2 * C + c + j] = a;
+      partial[(size_t)blockIdx.y * 2 * C + C + c + j] = b;
+    }
   }
 }
 
@@ -681,31 +874,54 @@ void CudaKernels::residual_layernorm_forward(void* res_out, void* ln_out, float*
                                              const void* b, const float* w, const float* bias, int N, int C) const {
   if (N == 0) return;
   Bind();
-  const int rows_per_block = kThreads / 32;
+  const int rows_per_block = kThreads / 32, blocks = (N + rows_per_block - 1) / rows_per_block;
+  const int groups = LnGroups(C);
+  const bool vec = cuda::Aligned16(res_out) && cuda::Aligned16(ln_out) && cuda::Aligned16(a) && cuda::Aligned16(b) &&
+                   cuda::Aligned16(w) && cuda::Aligned16(bias);
   WithAct([&](auto t) {
     using A = decltype(t);
-    SHARDGPT_LAUNCH(residual_layernorm_forward_kernel<A>, (N + rows_per_block - 1) / rows_per_block, kThreads, 0,
-                    stream_)(static_cast<A*>(res_out), static_cast<A*>(ln_out), mean, rstd, static_cast<const A*>(a),
-                             static_cast<const A*>(b), w, bias, N, C);
+    A *r = static_cast<A*>(res_out), *l = static_cast<A*>(ln_out);
+    const A *pa = static_cast<const A*>(a), *pb = static_cast<const A*>(b);
+    // (a template-id has commas: the macro takes a pointer)
+    auto* residual_layernorm_forward_regs =
+        groups == 4 ? &residual_layernorm_forward_regs_kernel<4, A> : &residual_layernorm_forward_regs_kernel<8, A>;
+    if (groups != 0)
+      SHARDGPT_LAUNCH(residual_layernorm_forward_regs, blocks, kThreads, 0, stream_)(r, l, mean, rstd, pa, pb, w, bias,
+                                                                                     N, C, vec);
+    else
+      SHARDGPT_LAUNCH(residual_layernorm_forward_kernel<A>, blocks, kThreads, 0, stream_)(r, l, mean, rstd, pa, pb, w,
+                                                                                         bias, N, C);
   });
   SHARDGPT_CUDA_CHECK_LAUNCH("residual_layernorm_forward_kernel");
 }
 
+// LayerNorm rows: in registers where they fit (LnGroups), else the one-warp-per-row kernels
+// that read the row from memory per pass. Both give bitwise the same result for a given C
+// whatever the pointers' alignment (the fused residual kernel follows the same choice).
 void CudaKernels::layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const float* w,
                                     const float* b, int N, int C) const {
   if (N == 0) return;
   Bind();
-  const int rows_per_block = kThreads / 32;
+  const int rows_per_block = kThreads / 32, blocks = (N + rows_per_block - 1) / rows_per_block;
+  const int groups = LnGroups(C);
+  const bool vec = cuda::Aligned16(out) && cuda::Aligned16(inp) && cuda::Aligned16(w) && cuda::Aligned16(b);
   WithAct([&](auto t) {
     using A = decltype(t);
-    SHARDGPT_LAUNCH(layernorm_forward_kernel<A>, (N + rows_per_block - 1) / rows_per_block, kThreads, 0, stream_)(
-        static_cast<A*>(out), mean, rstd, static_cast<const A*>(inp), w, b, N, C);
+    A* o = static_cast<A*>(out);
+    const A* x = static_cast<const A*>(inp);
+    auto* layernorm_forward_regs =
+        groups == 4 ? &layernorm_forward_regs_kernel<4, A> : &layernorm_forward_regs_kernel<8, A>;
+    if (groups != 0)
+      SHARDGPT_LAUNCH(layernorm_forward_regs, blocks, kThreads, 0, stream_)(o, mean, rstd, x, w, b, N, C, vec);
+    else
+      SHARDGPT_LAUNCH(layernorm_forward_kernel<A>, blocks, kThreads, 0, stream_)(o, mean, rstd, x, w, b, N, C);
   });
   SHARDGPT_CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
 }
 
-// dinp: one warp per row. dw, db: per-chunk partials (fixed chunks of kRowsPerChunk rows), then
-// one thread per column adds the chunks in order.
+// dinp: one warp per row (in registers where LnGroups(C) allows). dw, db: per-chunk partials
+// (fixed chunks of kRowsPerChunk rows; 128-bit loads where C % 8 == 0 and dout, inp are
+// aligned), then one thread per column adds the chunks in order.
 void CudaKernels::layernorm_backward(void* dinp, float* dw, float* db, const void* dout, const void* inp,
                                      const float* w, const float* mean, const float* rstd, int N, int C) const {
   if (N == 0 || C == 0) return;
@@ -713,14 +929,26 @@ void CudaKernels::layernorm_backward(void* dinp, float* dw, float* db, const voi
   const int rows_per_block = kThreads / 32;
   const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
   float* partial = static_cast<float*>(Scratch(sizeof(float) * chunks * 2 * C));
+  const int groups = LnGroups(C);
+  const bool vec = cuda::Aligned16(dinp) && cuda::Aligned16(dout) && cuda::Aligned16(inp) && cuda::Aligned16(w);
   WithAct([&](auto t) {
     using A = decltype(t);
     const A *d = static_cast<const A*>(dout), *x = static_cast<const A*>(inp);
-    SHARDGPT_LAUNCH(layernorm_backward_dinp_kernel<A>, (N + rows_per_block - 1) / rows_per_block, kThreads, 0,
-                    stream_)(static_cast<A*>(dinp), d, x, w, mean, rstd, N, C);
+    const int blocks = (N + rows_per_block - 1) / rows_per_block;
+    A* dx = static_cast<A*>(dinp);
+    auto* layernorm_backward_dinp_regs =
+        groups == 4 ? &layernorm_backward_dinp_regs_kernel<4, A> : &layernorm_backward_dinp_regs_kernel<8, A>;
+    if (groups != 0)
+      SHARDGPT_LAUNCH(layernorm_backward_dinp_regs, blocks, kThreads, 0, stream_)(dx, d, x, w, mean, rstd, N, C, vec);
+    else
+      SHARDGPT_LAUNCH(layernorm_backward_dinp_kernel<A>, blocks, kThreads, 0, stream_)(dx, d, x, w, mean, rstd, N, C);
     SHARDGPT_CUDA_CHECK_LAUNCH("layernorm_backward_dinp_kernel");
-    SHARDGPT_LAUNCH(layernorm_backward_partial_kernel<A>, dim3((C + 31) / 32, chunks), dim3(32, 8), 0, stream_)(
-        partial, d, x, mean, rstd, N, C);
+    if (C % cuda::kVec == 0 && cuda::Aligned16(dout) && cuda::Aligned16(inp))
+      SHARDGPT_LAUNCH(layernorm_backward_partial_vec_kernel<A>, dim3((C + kLnGroupCols - 1) / kLnGroupCols, chunks),
+                      dim3(32, 8), 0, stream_)(partial, d, x, mean, rstd, N, C);
+    else
+      SHARDGPT_LAUNCH(layernorm_backward_partial_kernel<A>, dim3((C + 31) / 32, chunks), dim3(32, 8), 0, stream_)(
+          partial, d, x, mean, rstd, N, C);
     SHARDGPT_CUDA_CHECK_LAUNCH("layernorm_backward_partial_kernel");
   });
   SHARDGPT_LAUNCH(add_chunk_sums_kernel, (C + kThreads - 1) / kThreads, kThreads, 0, stream_)(dw, partial, chunks, 2 * C, C);

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/bf16.h"
@@ -128,27 +129,36 @@ TEST_P(GpuBf16Act, EncoderBitwise) {
   EXPECT_EQ(dwpe.Get(true), dwpe.Get(false));
 }
 
+// C: LayerNorm rows in registers (96; 264, a partial last group; 1600, 8 groups a lane) and
+// from memory (45, odd). The fused LayerNorm is bitwise layernorm_forward's on the stored res.
 TEST_P(GpuBf16Act, LayernormAndResidual) {
-  const int N = 50, C = 96;
-  const size_t n = (size_t)N * C;
-  auto x = Act(n, 6, -2, 2), a = Act(n, 7), dout = Act(n, 8), dinp = Act(n, 9);
-  auto w = F32(RandomFloats(C, 10)), b = F32(RandomFloats(C, 11));
-  auto out = Act(n, 12), res = Act(n, 13), res2 = Act(n, 14), ln = Act(n, 15);
-  auto mean = F32(std::vector<float>(N)), rstd = F32(std::vector<float>(N));
-  auto dw = F32(std::vector<float>(C, 0.25f)), db = F32(std::vector<float>(C, 0.0f));
-  for (bool g : {true, false}) {
-    k(g).layernorm_forward(out.p(g), mean.p(g), rstd.p(g), x.p(g), w.p(g), b.p(g), N, C);
-    k(g).layernorm_backward(dinp.p(g), dw.p(g), db.p(g), dout.p(g), x.p(g), w.p(g), mean.p(g), rstd.p(g), N, C);
-    k(g).residual_forward(res.p(g), x.p(g), a.p(g), n);
-    k(g).residual_layernorm_forward(res2.p(g), ln.p(g), mean.p(g), rstd.p(g), x.p(g), a.p(g), w.p(g), b.p(g), N, C);
+  for (auto [N, C] : {std::pair{50, 96}, std::pair{21, 264}, std::pair{9, 1600}, std::pair{20, 45}}) {
+    SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C));
+    const size_t n = (size_t)N * C;
+    auto x = Act(n, 6, -2, 2), a = Act(n, 7), dout = Act(n, 8), dinp = Act(n, 9);
+    auto w = F32(RandomFloats(C, 10)), b = F32(RandomFloats(C, 11));
+    auto out = Act(n, 12), res = Act(n, 13), res2 = Act(n, 14), ln = Act(n, 15), ln2 = Act(n, 20);
+    auto mean = F32(std::vector<float>(N)), rstd = F32(std::vector<float>(N));
+    auto mean2 = F32(std::vector<float>(N)), rstd2 = F32(std::vector<float>(N));
+    auto dw = F32(std::vector<float>(C, 0.25f)), db = F32(std::vector<float>(C, 0.0f));
+    for (bool g : {true, false}) {
+      k(g).layernorm_forward(out.p(g), mean.p(g), rstd.p(g), x.p(g), w.p(g), b.p(g), N, C);
+      k(g).layernorm_backward(dinp.p(g), dw.p(g), db.p(g), dout.p(g), x.p(g), w.p(g), mean.p(g), rstd.p(g), N, C);
+      k(g).residual_forward(res.p(g), x.p(g), a.p(g), n);
+      k(g).residual_layernorm_forward(res2.p(g), ln.p(g), mean.p(g), rstd.p(g), x.p(g), a.p(g), w.p(g), b.p(g), N, C);
+    }
+    Near(out, kTolAct, "layernorm out");
+    Near(dinp, kTolAct, "layernorm dinp");
+    ExpectNear(dw.Get(true), dw.Get(false), 1e-5, "layernorm dw");
+    ExpectNear(db.Get(true), db.Get(false), 1e-5, "layernorm db");
+    EXPECT_EQ(res.Get(true), res.Get(false));  // one fp32 add, one rounding: bitwise
+    EXPECT_EQ(res2.Get(true), res.Get(true));  // the fused residual is the residual
+    Near(ln, kTolAct, "residual layernorm ln");
+    k(true).layernorm_forward(ln2.p(true), mean2.p(true), rstd2.p(true), res.p(true), w.p(true), b.p(true), N, C);
+    EXPECT_EQ(ln2.Get(true), ln.Get(true));  // the fused LayerNorm is layernorm_forward's
+    EXPECT_EQ(mean2.Get(true), mean.Get(true));
+    EXPECT_EQ(rstd2.Get(true), rstd.Get(true));
   }
-  Near(out, kTolAct, "layernorm out");
-  Near(dinp, kTolAct, "layernorm dinp");
-  ExpectNear(dw.Get(true), dw.Get(false), 1e-5, "layernorm dw");
-  ExpectNear(db.Get(true), db.Get(false), 1e-5, "layernorm db");
-  EXPECT_EQ(res.Get(true), res.Get(false));  // one fp32 add, one rounding: bitwise
-  EXPECT_EQ(res2.Get(true), res.Get(true));  // the fused residual is the residual
-  Near(ln, kTolAct, "residual layernorm ln");
 }
 
 TEST_P(GpuBf16Act, GeluAndCrossEntropy) {

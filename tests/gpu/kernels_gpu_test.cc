@@ -242,8 +242,11 @@ TEST_F(GpuTest, Encoder) {
   }
 }
 
+// C: in registers (C % 8 == 0, C <= 2048: 96, 768, 264 with a partial last group of 256
+// columns, 1600 with 8 groups a lane) and from memory (45, 2056).
 TEST_F(GpuTest, Layernorm) {
-  for (auto [N, C] : {std::pair{70, 96}, std::pair{600, 768}}) {
+  for (auto [N, C] : {std::pair{70, 96}, std::pair{600, 768}, std::pair{41, 264}, std::pair{9, 1600},
+                      std::pair{20, 45}, std::pair{5, 2056}}) {
     SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C));
     auto inp = Make(RandomFloats((size_t)N * C, 10, -2.0f, 3.0f), "inp");
     auto w = Make(RandomFloats(C, 11), "w");
@@ -271,7 +274,8 @@ TEST_F(GpuTest, Layernorm) {
 // residual_forward + layernorm_forward (the model fuses them in the forward, and kBlock's
 // re-forward runs layernorm_forward alone on the saved res3: the two must agree bit for bit).
 TEST_F(GpuTest, ResidualLayernormFused) {
-  for (auto [N, C] : {std::pair{70, 96}, std::pair{37, 45}, std::pair{300, 768}}) {
+  for (auto [N, C] : {std::pair{70, 96}, std::pair{37, 45}, std::pair{300, 768}, std::pair{20, 264},
+                      std::pair{9, 1600}}) {
     SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C));
     const size_t NC = (size_t)N * C;
     auto a = Make(RandomFloats(NC, 14, -2.0f, 3.0f), "a");
@@ -294,6 +298,61 @@ TEST_F(GpuTest, ResidualLayernormFused) {
     ExpectBitwise(mean.Gpu(), mean2.Gpu(), "fused mean vs layernorm_forward");
     ExpectBitwise(rstd.Gpu(), rstd2.Gpu(), "fused rstd vs layernorm_forward");
   }
+}
+
+// The register path of LayerNorm (C % 8 == 0, C <= 2048) loads with 128-bit accesses only
+// when every pointer is 16-byte aligned, else with scalar loads of the same columns: from
+// tensors one float off alignment it gives bitwise the aligned results (forward, residual +
+// LayerNorm, backward), and they match the CPU twin. dw and db: the 128-bit column sums
+// (aligned) are bitwise the scalar kernel's (misaligned).
+TEST_F(GpuTest, LayernormMisalignedIsBitwiseAligned) {
+  const int N = 21, C = 264;
+  const size_t NC = (size_t)N * C;
+  const auto x = RandomFloats(NC, 30, -2.0f, 3.0f), a = RandomFloats(NC, 31), dout = RandomFloats(NC, 32);
+  const auto dinp0 = RandomFloats(NC, 33), w = RandomFloats(C, 34), b = RandomFloats(C, 35);
+  std::vector<float> out[2], res[2], ln[2], dinp[2], stats[2], dwb[2];  // [offset], the GPU's
+  for (int off : {0, 1}) {
+    SCOPED_TRACE("offset " + std::to_string(off));
+    auto at = [&](const std::vector<float>& v, const std::string& what) {
+      std::vector<float> s(off, 0.0f);
+      s.insert(s.end(), v.begin(), v.end());
+      return Make(s, what);
+    };
+    auto tail = [&](std::vector<float> v) { return std::vector<float>(v.begin() + off, v.end()); };
+    auto tx = at(x, "x"), ta = at(a, "a"), td = at(dout, "dout"), tdx = at(dinp0, "dinp"), tw = at(w, "w"),
+         tb = at(b, "b");
+    auto tout = at(std::vector<float>(NC), "out"), tres = at(std::vector<float>(NC), "res"),
+         tln = at(std::vector<float>(NC), "ln");
+    auto mean = Zeros(N, "mean"), rstd = Zeros(N, "rstd"), mean2 = Zeros(N, "mean2"), rstd2 = Zeros(N, "rstd2");
+    auto dw = Zeros(C, "dw"), db = Zeros(C, "db");
+    for (bool g : {true, false}) {
+      k(g).layernorm_forward(tout.p(g) + off, mean.p(g), rstd.p(g), tx.p(g) + off, tw.p(g) + off, tb.p(g) + off, N, C);
+      k(g).residual_layernorm_forward(tres.p(g) + off, tln.p(g) + off, mean2.p(g), rstd2.p(g), tx.p(g) + off,
+                                      ta.p(g) + off, tw.p(g) + off, tb.p(g) + off, N, C);
+      k(g).layernorm_backward(tdx.p(g) + off, dw.p(g), db.p(g), td.p(g) + off, tx.p(g) + off, tw.p(g) + off,
+                              mean.p(g), rstd.p(g), N, C);
+    }
+    ExpectNear(tail(tout.Gpu()), tail(tout.Cpu()), kTolF32, "out");
+    ExpectNear(tail(tln.Gpu()), tail(tln.Cpu()), kTolF32, "fused ln");
+    ExpectNear(tail(tdx.Gpu()), tail(tdx.Cpu()), kTolF32, "dinp");
+    out[off] = tail(tout.Gpu()), res[off] = tail(tres.Gpu()), ln[off] = tail(tln.Gpu()), dinp[off] = tail(tdx.Gpu());
+    ExpectNear(dw.Gpu(), dw.Cpu(), kTolF32, "dw");
+    ExpectNear(db.Gpu(), db.Cpu(), kTolF32, "db");
+    dwb[off] = dw.Gpu();
+    const auto dbv = db.Gpu();
+    dwb[off].insert(dwb[off].end(), dbv.begin(), dbv.end());
+    stats[off] = mean.Gpu();
+    for (auto* t : {&rstd, &mean2, &rstd2}) {
+      const auto v = t->Gpu();
+      stats[off].insert(stats[off].end(), v.begin(), v.end());
+    }
+  }
+  ExpectBitwise(out[1], out[0], "out");
+  ExpectBitwise(res[1], res[0], "res");
+  ExpectBitwise(ln[1], ln[0], "fused ln");
+  ExpectBitwise(dinp[1], dinp[0], "dinp");
+  ExpectBitwise(stats[1], stats[0], "mean, rstd");
+  ExpectBitwise(dwb[1], dwb[0], "dw, db");  // the 128-bit column sums are the scalar ones
 }
 
 struct MatmulCase {
