@@ -36,6 +36,7 @@
 #include <deque>
 #include <random>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cuda_emu.h"
@@ -117,6 +118,7 @@ struct Block {
   const char* barrier_file = nullptr;
   int barrier_line = 0;
   void* shared = nullptr;
+  uint64_t generation = 0;  // unique per block run in the process (static shared poisoning)
   std::mt19937_64* rng = nullptr;
   bool warps_run_ahead = false;  // released lanes queue first (see the header comment)
   bool cp_async_at_start = false;  // cp.async copies land when started, not at their wait
@@ -126,6 +128,17 @@ struct Block {
 };
 
 __thread Block* tls_block = nullptr;
+
+// The pattern of shared memory a block has not written yet (dynamic and static alike).
+constexpr unsigned char kSharedPoison = 0xff;
+
+// Block generations: distinct over all host threads, so a generation never repeats.
+std::atomic<uint64_t> g_block_generations{0};
+
+// For each static shared variable of this host thread (its address), the generation of the
+// block that last poisoned it. Per host thread like the variables themselves: host threads run
+// grids concurrently (emulated ranks, the NCCL hand-off thread).
+thread_local std::unordered_map<const void*, uint64_t> tls_static_shared;
 
 // Fiber stacks of this host thread, grown to the largest block seen.
 struct StackPool {
@@ -348,9 +361,10 @@ void RunGrid(const GridLaunch& g) {
     const uint64_t id = order[k];
     blockIdx = uint3{(unsigned)(id % g.grid.x), (unsigned)(id / g.grid.x % g.grid.y),
                      (unsigned)(id / ((uint64_t)g.grid.x * g.grid.y))};
-    // Dynamic shared memory: exactly the launch's bytes, uninitialised (0xff).
+    // Dynamic shared memory: exactly the launch's bytes, uninitialised (the poison pattern).
     b.shared = g.shared_bytes ? std::malloc(g.shared_bytes) : nullptr;
-    if (b.shared) std::memset(b.shared, 0xff, g.shared_bytes);
+    if (b.shared) std::memset(b.shared, kSharedPoison, g.shared_bytes);
+    b.generation = ++g_block_generations;
     RunBlock(&b);
     std::free(b.shared);
     b.shared = nullptr;
@@ -401,6 +415,14 @@ void CpAsyncWait(int newer_groups_left) {
 void* DynamicShared() {
   if (tls_block == nullptr) Fail("dynamic shared memory used outside a kernel");
   return tls_block->shared;
+}
+
+void PoisonStaticShared(void* p, size_t bytes) {
+  if (tls_block == nullptr) Fail("static shared memory declared outside a kernel");
+  uint64_t& poisoned_by = tls_static_shared[p];
+  if (poisoned_by == tls_block->generation) return;
+  poisoned_by = tls_block->generation;
+  std::memset(p, kSharedPoison, bytes);
 }
 
 void SyncThreads(const char* file, int line) {

@@ -86,7 +86,7 @@ __global__ void encoder_forward_kernel(A* out, const int32_t* tokens, const floa
 // thread per n compares against every m (tiles of the tokens in shared memory): O(N^2) integer
 // compares, ~2.7e8 for N = 16k, well under a millisecond on a GPU, and no scan or atomics.
 __global__ void encoder_sort_kernel(int32_t* sorted, const int32_t* tokens, int N) {
-  __shared__ int32_t tile[256];
+  SHARDGPT_SHARED(int32_t, tile, [256]);
   const int n = blockIdx.x * blockDim.x + threadIdx.x;
   const int32_t tn = n < N ? tokens[n] : 0;
   int r = 0;
@@ -369,7 +369,8 @@ inline int LnGroups(int C) {
 template <typename A>
 __global__ void layernorm_backward_partial_kernel(float* partial, const A* dout, const A* inp,
                                                   const float* mean, const float* rstd, int N, int C) {
-  __shared__ float sdw[8][33], sdb[8][33];
+  SHARDGPT_SHARED(float, sdw, [8][33]);
+  SHARDGPT_SHARED(float, sdb, [8][33]);
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int c = blockIdx.x * 32 + tx;
   const int n0 = blockIdx.y * kRowsPerChunk, n1 = min(N, n0 + kRowsPerChunk);
@@ -558,7 +559,8 @@ __device__ __forceinline__ void softmax_combine(float& m, float& s, float m2, fl
 template <typename A>
 __global__ void crossentropy_softmax_kernel(A* logits, float* losses, const int32_t* targets, int V, int Vp,
                                             float dloss_scale) {
-  __shared__ float shm_m[32], shm_s[32];
+  SHARDGPT_SHARED(float, shm_m, [32]);
+  SHARDGPT_SHARED(float, shm_s, [32]);
   const size_t n = blockIdx.x;
   A* x = logits + n * Vp;
   const int tgt = targets[n];
@@ -598,7 +600,7 @@ __global__ void crossentropy_softmax_kernel(A* logits, float* losses, const int3
 // *acc += float(sum_n losses[n] / N): one block; each thread sums its stride in double, then a
 // fixed block tree (the CPU twin add_mean_loss sums serially: equal to rounding).
 __global__ void add_mean_loss_kernel(double* acc, const float* losses, int N) {
-  __shared__ double shm[32];
+  SHARDGPT_SHARED(double, shm, [32]);
   double s = 0.0;
   for (int i = threadIdx.x; i < N; i += blockDim.x) s += losses[i];
   s = cuda::block_sum(s, shm);
@@ -640,7 +642,7 @@ __global__ void accumulate_kernel(Dst* dst, const Src* src, size_t n, bool vec) 
 // partial[block] = sum of x[i]^2 (in double) over the block's grid-stride elements, fixed order.
 template <typename T>
 __global__ void sum_squares_kernel(double* partial, const T* x, size_t n) {
-  __shared__ double shm[32];
+  SHARDGPT_SHARED(double, shm, [32]);
   double s = 0.0;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
     const double v = cuda::load_f32(x, i);

@@ -118,7 +118,7 @@ __global__ void rmsnorm_backward_dinp_kernel(A* dinp, const A* dout, const A* in
 template <typename A>
 __global__ void rmsnorm_backward_partial_kernel(float* partial, const A* dout, const A* inp, const float* rstd,
                                                 int N, int C) {
-  __shared__ float sdw[8][33];
+  SHARDGPT_SHARED(float, sdw, [8][33]);
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int c = blockIdx.x * 32 + tx;
   const int n0 = blockIdx.y * kRowsPerChunk, n1 = min(N, n0 + kRowsPerChunk);

@@ -72,7 +72,7 @@ void BroadcastBias(void* D, DType d_type, const void* bias, int m, int n, cudaSt
 // then row y = 0 adds the 8 sums in order.  partial[chunk][o] = sum_{n in chunk} X[n, o]
 template <typename A>
 __global__ void column_sums_partial_kernel(float* partial, const A* X, int N, int OC) {
-  __shared__ float s[8][33];
+  SHARDGPT_SHARED(float, s, [8][33]);
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int o = blockIdx.x * 32 + tx;
   const int n0 = blockIdx.y * cuda::kRowsPerChunk, n1 = min(N, n0 + cuda::kRowsPerChunk);

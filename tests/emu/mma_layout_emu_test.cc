@@ -132,7 +132,7 @@ enum Op { kLdm, kLdmTrans, kLoadA, kLoadBnk, kLoadBkn, kAccToA };
 // kLoadBkn: the loader at (p, q) = (r0, c0), (n0, k0), (k0, n0). kAccToA: lo, hi from acc.
 __global__ void load_kernel(uint32_t* out, const uint16_t* tile, const int* rows, const float* acc, int op, int p,
                             int q) {
-  __shared__ __align__(16) uint16_t s[kTileRows * kTileLd];
+  SHARDGPT_SHARED(__align__(16) uint16_t, s, [kTileRows * kTileLd]);
   const int lane = threadIdx.x;
   for (int i = lane; i < kTileRows * kTileLd; i += 32) s[i] = tile[i];
   __syncthreads();

@@ -32,7 +32,7 @@ __global__ void ids_kernel(int* out) {
 
 // Reverses each block's slice through shared memory: needs the barrier between write and read.
 __global__ void reverse_kernel(int* data) {
-  __shared__ int s[256];
+  SHARDGPT_SHARED(int, s, [256]);
   const int t = threadIdx.x, base = blockIdx.x * blockDim.x;
   s[t] = data[base + t];
   __syncthreads();
@@ -41,10 +41,22 @@ __global__ void reverse_kernel(int* data) {
 
 // The same without the barrier: reads slots other threads have not written yet.
 __global__ void reverse_no_barrier_kernel(int* data) {
-  __shared__ int s[256];
+  SHARDGPT_SHARED(int, s, [256]);
   const int t = threadIdx.x, base = blockIdx.x * blockDim.x;
   s[t] = data[base + t];
   data[base + t] = s[blockDim.x - 1 - t];
+}
+
+// Every block stages the same values (s[t] = 3 t + 1) in static shared memory. Each thread
+// records what its slot held before its write (out[0][b][t]) and, after the barrier when
+// `barrier`, what its mirror slot holds (out[1][b][t]).
+__global__ void stage_alike_kernel(int* out, int barrier) {
+  SHARDGPT_SHARED(int, s, [256]);
+  const int t = threadIdx.x, n = blockDim.x, b = blockIdx.x;
+  out[b * n + t] = s[t];
+  s[t] = 3 * t + 1;
+  if (barrier) __syncthreads();
+  out[(gridDim.x + b) * n + t] = s[n - 1 - t];
 }
 
 // out[4 * lane + k]: the four shuffles of lane's value lane * 10 + 1
@@ -102,7 +114,7 @@ __global__ void add_one_vec_kernel(float* x) {
 // any wait (stage 0), after wait<2> (1), wait<1> (2) and wait<0> (3). Each lane reads only what
 // it copied: no barrier is needed.
 __global__ void cp_async_kernel(int* out, const int* src, int offset) {
-  __shared__ __align__(16) int s[3][32][4];
+  SHARDGPT_SHARED(__align__(16) int, s, [3][32][4]);
   const int lane = threadIdx.x;
   for (int g = 0; g < 3; g++)
     for (int k = 0; k < 4; k++) s[g][lane][k] = -1;
@@ -125,7 +137,7 @@ __global__ void cp_async_kernel(int* out, const int* src, int offset) {
 // Two warps pass three shuffles each; lane 0 of warp w writes, after its k-th, the block's tick
 // count into out[3 w + k]: the order in which the two warps advanced.
 __global__ void schedule_kernel(int* out) {
-  __shared__ int ticks;
+  SHARDGPT_SHARED(int, ticks, );
   if (threadIdx.x == 0) ticks = 0;
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -180,6 +192,26 @@ TEST(CudaEmulation, BarrierOrdersSharedMemoryAndItsAbsenceShows) {
   for (int b = 0; b < blocks; b++)
     for (int t = 0; t < threads; t++) wrong += r[b * threads + t] != b * threads + threads - 1 - t;
   EXPECT_GT(wrong, 0) << "a missing __syncthreads() went unnoticed";
+  CHECK_CUDA(cudaFree(d));
+}
+
+// Static shared memory holds the poison pattern (0xff bytes) at every block start, not the
+// previous block's values: a missing barrier over data that every block stages alike shows.
+TEST(CudaEmulation, StaticSharedIsPoisonedAtEveryBlockStart) {
+  const int blocks = 4, threads = 128, n = blocks * threads;
+  int* d = nullptr;
+  CHECK_CUDA(cudaMalloc(&d, 2 * n * sizeof(int)));
+  for (int barrier : {1, 0}) {
+    SHARDGPT_LAUNCH(stage_alike_kernel, blocks, threads, 0, nullptr)(d, barrier);
+    const std::vector<int> r = Download(d, 2 * n);
+    int wrong = 0;
+    for (int i = 0; i < n; i++) {
+      EXPECT_EQ(r[i], -1) << "block " << i / threads << " thread " << i % threads << " (barrier " << barrier << ")";
+      wrong += r[n + i] != 3 * (threads - 1 - i % threads) + 1;
+    }
+    if (barrier) EXPECT_EQ(wrong, 0) << "a block's own writes before its barrier were lost";
+    else EXPECT_GT(wrong, 0) << "a missing __syncthreads() over data every block stages alike went unnoticed";
+  }
   CHECK_CUDA(cudaFree(d));
 }
 

@@ -13,8 +13,8 @@ namespace {
 
 // A 16x16, B 16x8 ([k][n]), C 16x8, D 16x8, all row-major in global memory; one block of 32.
 __global__ void mma_test_kernel(float* D, const uint16_t* A, const uint16_t* B, const float* C, int source) {
-  __shared__ __align__(16) uint16_t sa[16 * 24];  // leading dimension 24 (padded, a multiple of 8)
-  __shared__ __align__(16) uint16_t sb[16 * 24];
+  SHARDGPT_SHARED(__align__(16) uint16_t, sa, [16 * 24]);  // leading dimension 24 (padded, a multiple of 8)
+  SHARDGPT_SHARED(__align__(16) uint16_t, sb, [16 * 24]);
   const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
   uint32_t a[4], b[2];
   if (source == 0) {

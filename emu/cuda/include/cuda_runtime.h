@@ -26,10 +26,11 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __constant__
-// One copy per host thread: all fibers of a block run on the thread that runs the block, and
-// blocks run one after another there (a later block sees stale values, as on a GPU it would see
-// garbage; kernels must not rely on either).
-#define __shared__ static thread_local
+// Static shared memory is declared with SHARDGPT_SHARED (model/cuda/launch.cuh), which gives
+// each host thread its own copy and fills it with the poison pattern when a block first reaches
+// the declaration. A bare __shared__ would keep the previous block's values and hide a missing
+// barrier, so it does not compile here.
+#define __shared__ static_assert(false, "declare static shared memory with SHARDGPT_SHARED (model/cuda/launch.cuh)");
 #define __align__(n) __attribute__((aligned(n)))
 
 // ---- vector types and built-ins ----
@@ -218,6 +219,11 @@ enum class WarpOp { kShflSync, kShflXor, kShflUp, kShflDown, kBallot, kAny, kAll
 // slot); returns what this lane receives. For ballot/any/all, value is the predicate (0/1).
 uint64_t WarpCollective(WarpOp op, unsigned mask, uint64_t value, int param, int width, const char* file, int line);
 void SyncThreads(const char* file, int line);
+// Fills the static shared variable at p (bytes long, this host thread's copy) with the poison
+// pattern of uninitialised shared memory (0xff bytes) the first time a thread of the running
+// block calls it, and does nothing for the block's other threads. Every thread executes a
+// declaration before it can touch the variable, so no thread of the block has written it yet.
+void PoisonStaticShared(void* p, size_t bytes);
 template <typename T>
 uint64_t ToBits(T v) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffle of a type wider than 8 bytes");
