@@ -401,7 +401,8 @@ __global__ void layernorm_backward_partial_kernel(float* partial, const A* dout,
 template <typename A>
 __global__ void layernorm_backward_partial_vec_kernel(float* partial, const A* dout, const A* inp,
                                                       const float* mean, const float* rstd, int N, int C) {
-  __shared__ float sdw[8][kLnGroupCols], sdb[8][kLnGroupCols];
+  SHARDGPT_SHARED(float, sdw, [8][kLnGroupCols]);
+  SHARDGPT_SHARED(float, sdb, [8][kLnGroupCols]);
   const int tx = threadIdx.x, ty = threadIdx.y, k0 = tx * cuda::kVec;
   const int c = blockIdx.x * kLnGroupCols + k0;
   const int n0 = blockIdx.y * kRowsPerChunk, n1 = min(N, n0 + kRowsPerChunk);
