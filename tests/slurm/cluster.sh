@@ -76,6 +76,8 @@ slurm_write_conf() {
     echo "SelectType=select/cons_tres"
     echo "SelectTypeParameters=CR_Core"
     echo "ReturnToService=2"
+    # the nodes are what this file says (CPUs), not what slurmd detects under an affinity mask
+    echo "SlurmdParameters=config_overrides"
     # job ids (and so PMIx's /tmp/spmix_appdir_0_<job>.<step>) unlike another test cluster's
     echo "FirstJobId=$((1000 + RANDOM * 30))"
     # finished jobs stay visible to scontrol for an hour; a timed-out step is killed 5 s after SIGTERM
@@ -163,13 +165,16 @@ slurm_work_dir() {
   mkdir -p "$C"
 }
 # slurm_local_cluster_up CLUSTER_DIR [CONF_STEP...]: a one-node cluster on localhost (all this
-# machine's CPUs): slurm.conf written, then each CONF_STEP run as a command (e.g. extra lines
+# machine's CPUs, at least 2): slurm.conf written, then each CONF_STEP run as a command (e.g. extra lines
 # or gres), SLURM_CONF exported, munged, slurmctld and slurmd started, the node idle within
 # 60 s. On failure it prints which step failed and returns 1. Not in a $(...): the daemons
 # would hold its pipe.
 slurm_local_cluster_up() {
   local c=$1 step; shift
-  slurm_write_conf "$c" localhost "localhost 127.0.0.1 $(nproc)" || { echo "slurm.conf"; return 1; }
+  # the scenarios run 2 tasks on the node: at least 2 CPUs, whatever the affinity mask allows
+  # (under `taskset -c 0` they share one core; no task binding here)
+  local cpus; cpus=$(nproc); [ "$cpus" -ge 2 ] || cpus=2
+  slurm_write_conf "$c" localhost "localhost 127.0.0.1 $cpus" || { echo "slurm.conf"; return 1; }
   for step in "$@"; do eval "$step" || { echo "$step"; return 1; }; done
   export SLURM_CONF=$c/slurm.conf
   slurm_start_munge "$c" || { echo "munged"; return 1; }
