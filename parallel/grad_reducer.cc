@@ -96,7 +96,8 @@ class FullGradients : public GradReducer {
                                std::move(then));
       return;
     }
-    auto tmp = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kComm, count * DTypeSize(rd), "reduce buffer"));
+    auto tmp = std::make_shared<DeviceBuffer>(
+        ctx_.NewUnfilledBuffer(MemKind::kComm, count * DTypeSize(rd), "reduce buffer"));
     ctx_.kernels().convert(grads, d, tmp->data(), rd, count);
     // all-reduce: the whole buffer comes back; reduce-scatter: the owned block of it
     const size_t back_offset = all_reduce ? 0 : own, back_count = all_reduce ? count : shard;
@@ -158,7 +159,8 @@ class LastMicroReduceScatter final : public FullGradients {
     if (ctx_.plan.rank_major_is_flat())
       return AverageInPlace(Full(u), s.padded, false, s.shard, [this, u]() { TakeNormPartials(u); });
     const size_t e = ctx_.elt();
-    auto rm = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kGrads, s.padded * e, "rank-major gradient"));
+    auto rm =
+        std::make_shared<DeviceBuffer>(ctx_.NewUnfilledBuffer(MemKind::kGrads, s.padded * e, "rank-major gradient"));
     ctx_.device->Zero(rm->data(), rm->bytes());  // padding rows: reduced, never read
     ctx_.CopyIn(u, Full(u), rm->data(), e);
     AverageInPlace(rm->data(), s.padded, false, s.shard, [this, u, rm, e]() {
@@ -204,13 +206,13 @@ class EveryMicroReduceScatter final : public GradReducer {
     auto send = std::make_shared<DeviceBuffer>(std::move(scratch_[u]));
     if (!ctx_.plan.rank_major_is_flat()) {  // copy-in: the unit's gradient in rank-major order
       auto rm = std::make_shared<DeviceBuffer>(
-          ctx_.NewBuffer(MemKind::kGrads, s.padded * sizeof(float), "rank-major fp32 gradient"));
+          ctx_.NewUnfilledBuffer(MemKind::kGrads, s.padded * sizeof(float), "rank-major fp32 gradient"));
       ctx_.device->Zero(rm->data(), rm->bytes());  // padding rows: reduced, never read
       ctx_.CopyIn(u, send->data(), rm->data(), sizeof(float));
       send = rm;
     }
     if (rd == DType::kBF16) {  // convert now and free the fp32 scratch at once
-      auto bf = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kComm, s.padded * 2, "bf16 gradient"));
+      auto bf = std::make_shared<DeviceBuffer>(ctx_.NewUnfilledBuffer(MemKind::kComm, s.padded * 2, "bf16 gradient"));
       ctx_.kernels().convert(send->data(), DType::kF32, bf->data(), DType::kBF16, s.padded);
       send = bf;
     }
@@ -254,7 +256,8 @@ class EveryMicroReduceScatter final : public GradReducer {
     const size_t n = ctx_.plan.unit(u).shard;
     const DType d = ctx_.opt.dtype, rd = ctx_.opt.reduce_dtype;
     if (rd == d) return AverageAcrossGroups(ctx_, Shard(u), n, d, [this, u]() { TakeNormPartials(u); });
-    auto tmp = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kGrads, n * DTypeSize(rd), "cross-group reduce buffer"));
+    auto tmp = std::make_shared<DeviceBuffer>(
+        ctx_.NewUnfilledBuffer(MemKind::kGrads, n * DTypeSize(rd), "cross-group reduce buffer"));
     ctx_.kernels().convert(Shard(u), d, tmp->data(), rd, n);
     AverageAcrossGroups(ctx_, tmp->data(), n, rd, [this, tmp, u, n, d, rd]() {
       ctx_.kernels().convert(tmp->data(), rd, Shard(u), d, n);

@@ -87,10 +87,16 @@ class ShardedParams final : public ParamStore {
   void Gather(int u) {
     const UnitShardInfo& s = ctx_.plan.unit(u);
     const std::string& name = ctx_.layout.units()[u].name;
-    gathered_[u] = ctx_.NewBuffer(MemKind::kParams, s.padded * ctx_.elt(), "gathered parameters of unit " + name);
+    // Flat: the all-gather writes every element, padding included, so no zero-fill. Per-param:
+    // the copy-out writes the real elements only; the padding stays zero.
+    const bool flat = ctx_.plan.rank_major_is_flat();
+    const std::string what = "gathered parameters of unit " + name;
+    gathered_[u] = flat ? ctx_.NewUnfilledBuffer(MemKind::kParams, s.padded * ctx_.elt(), what)
+                        : ctx_.NewBuffer(MemKind::kParams, s.padded * ctx_.elt(), what);
     void* dst = gathered_[u].data();
-    if (!ctx_.plan.rank_major_is_flat()) {
-      rank_major_[u] = ctx_.NewBuffer(MemKind::kParams, s.padded * ctx_.elt(), "rank-major parameters of unit " + name);
+    if (!flat) {
+      rank_major_[u] =
+          ctx_.NewUnfilledBuffer(MemKind::kParams, s.padded * ctx_.elt(), "rank-major parameters of unit " + name);
       dst = rank_major_[u].data();
     }
     SetFlightUnit(u);  // a prefetch belongs to the unit it gathers

@@ -531,6 +531,84 @@ TEST(EngineStaged, DeviceMemoryPathIsBitwiseTheHostPath) {
   }
 }
 
+// A CPU device whose unfilled allocations (Device::AllocateUnfilled) come back full of 0xff
+// bytes (NaN as fp32 and bf16), as fresh memory under the CUDA emulation does, and which counts
+// the bytes so handed out.
+class PoisonUnfilledDevice final : public Device {
+ public:
+  explicit PoisonUnfilledDevice(Device& inner) : d_(inner) {}
+  uint64_t unfilled_bytes() const { return unfilled_bytes_; }
+  std::string name() const override { return d_.name(); }
+  bool is_cuda() const override { return false; }
+  bool host_accessible() const override { return true; }
+  void* Allocate(size_t bytes, const std::string& what) override { return d_.Allocate(bytes, what); }
+  void* AllocateUnfilled(size_t bytes, const std::string& what) override {
+    void* p = d_.AllocateUnfilled(bytes, what);
+    if (p != nullptr) std::memset(p, 0xff, bytes);
+    unfilled_bytes_ += bytes;
+    return p;
+  }
+  void Free(void* p) override { d_.Free(p); }
+  void CopyToDevice(void* dst, const void* src, size_t bytes) override { d_.CopyToDevice(dst, src, bytes); }
+  void CopyToHost(void* dst, const void* src, size_t bytes) override { d_.CopyToHost(dst, src, bytes); }
+  void Copy(void* dst, const void* src, size_t bytes) override { d_.Copy(dst, src, bytes); }
+  void Zero(void* p, size_t bytes) override { d_.Zero(p, bytes); }
+  void Synchronize() override { d_.Synchronize(); }
+  std::shared_ptr<DeviceEvent> RecordEvent() override { return d_.RecordEvent(); }
+  void* AllocateHost(size_t bytes) override { return d_.AllocateHost(bytes); }
+  void FreeHost(void* p) override { d_.FreeHost(p); }
+  void StageToHost(void* dst, const void* src, size_t bytes) override { d_.StageToHost(dst, src, bytes); }
+  void StageToDevice(void* dst, const void* src, size_t bytes) override { d_.StageToDevice(dst, src, bytes); }
+  Kernels& kernels() override { return d_.kernels(); }
+
+ private:
+  Device& d_;
+  uint64_t unfilled_bytes_ = 0;
+};
+
+// The engine's per-step buffers left unfilled (reduce buffers filled by a conversion, rank-major
+// buffers filled by a collective or a copy-in, ZeRO-3's gathered units) are overwritten before
+// they are read: with every such block poisoned, each stage, layout and reduce dtype gives
+// bitwise the trajectory of zero-filled memory, and the poisoned path is really taken.
+TEST(EngineUnfilled, PoisonedUnfilledBuffersChangeNothing) {
+  SetComputeThreads(1);
+  std::unique_ptr<Device> plain = NewCpuDevice(false);
+  auto comm = World();
+  struct Case {
+    int stage;
+    DType dtype, reduce;
+    ShardLayout layout;
+  };
+  std::vector<Case> cases;
+  for (int stage = 0; stage <= 3; stage++) {
+    for (DType reduce : {DType::kF32, DType::kBF16}) {
+      cases.push_back({stage, DType::kBF16, reduce, ShardLayout::kFlat});
+      if (stage >= 1) cases.push_back({stage, DType::kBF16, reduce, ShardLayout::kPerParam});
+    }
+    if (stage >= 1) cases.push_back({stage, DType::kF32, DType::kF32, ShardLayout::kPerParam});
+  }
+  for (const Case& c : cases) {
+    EngineOptions eo;
+    eo.zero_stage = c.stage;
+    eo.dtype = c.dtype;
+    eo.reduce_dtype = c.reduce;
+    eo.shard_layout = c.layout;
+    const std::string what = "stage " + std::to_string(c.stage) + " " + DTypeName(c.dtype) + " reduce " +
+                             DTypeName(c.reduce) + (c.layout == ShardLayout::kPerParam ? " per-param" : " flat");
+    PoisonUnfilledDevice poisoned(*plain);
+    const Trajectory ref = RunEngine(*comm, eo, 2, 0.05f, nullptr, *plain);
+    const Trajectory got = RunEngine(*comm, eo, 2, 0.05f, nullptr, poisoned);
+    EXPECT_EQ(ref.losses, got.losses) << what;
+    EXPECT_EQ(ref.norms, got.norms) << what;
+    EXPECT_EQ(ref.params, got.params) << what;
+    // where a per-step buffer is left unfilled: ZeRO-3's gathers, a reduce in another dtype,
+    // a rank-major copy-in, stage 2's bf16 wire copy of the fp32 gradient
+    const bool unfilled = c.stage == 3 || c.reduce != c.dtype || c.layout == ShardLayout::kPerParam ||
+                          (c.stage == 2 && c.reduce == DType::kBF16);
+    if (unfilled) EXPECT_GT(poisoned.unfilled_bytes(), 0u) << what;
+  }
+}
+
 // ZeRO-3 start-up without the full model: every rank initialising only its owned slices gives
 // bitwise the state of loading the full initialisation, at every stage and both dtypes.
 TEST(EngineInit, OwnedSlicesEqualTheFullInitialisation) {
