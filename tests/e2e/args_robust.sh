@@ -2,7 +2,9 @@
 # Arguments out of range or in conflict (--threads, sample's options) are one clear error line
 # with a non-zero exit on every rank, and outputs that would overwrite an input of the same
 # command (by realpath through symlinks, by device+inode for hard links, or inside the
-# checkpoint read) are refused before anything is written; the input is unchanged after.
+# checkpoint read) are refused before anything is written; the input is unchanged after. The
+# refusals run ARGS_ROBUST_JOBS (default 4) at a time where none writes what another reads;
+# `settle` waits for them before a check that depends on their outcome.
 set -u
 BIN=$1
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -13,19 +15,28 @@ M="--n-layer 1 --n-embd 32 --n-head 2 --seq-len 16 --micro-batch 2"
 D="--data $T/data/train.bin --steps 2 $M"
 "$BIN" train $D --ckpt-dir "$T/ck" --save-model "$T/model.bin" --quiet >/dev/null || { echo "setup train failed"; exit 1; }
 CK="$T/ck/$(cat "$T/ck/latest")"
-fails=0
-# check NAME EXPECTED_SUBSTRING NP -- ARGS...: rc != 0, no timeout, exactly one error line containing the substring
+fails=0 cases=0 JOBS=${ARGS_ROBUST_JOBS:-4} PIDS=()
+mkdir -p "$T/results"
+# check NAME EXPECTED_SUBSTRING NP -- ARGS...: rc != 0, no timeout, exactly one error line
+# containing the substring. In the background; the verdict goes to results/NNN.ok or .fail.
 check() {
   local name=$1 want=$2 np=$3; shift 4
-  local out rc
-  out=$(timeout 120 mpirun -np "$np" --oversubscribe "$BIN" "$@" 2>&1 >/dev/null); rc=$?
-  local n; n=$(grep -c '^shardgpt: error:' <<<"$out")
-  if [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ "$n" -ne 1 ] || ! grep -q -- "$want" <<<"$out"; then
-    echo "FAIL $name: rc=$rc, $n error lines, wanted '$want'"; echo "$out" | head -5; fails=$((fails+1))
-  else
-    echo "ok   $name: $(grep '^shardgpt: error:' <<<"$out")"
-  fi
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+  cases=$((cases + 1))
+  local result; result=$(printf '%s/results/%03d' "$T" "$cases")
+  (
+    out=$(timeout 120 mpirun -np "$np" --oversubscribe "$BIN" "$@" 2>&1 >/dev/null); rc=$?
+    n=$(grep -c '^shardgpt: error:' <<<"$out")
+    if [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ "$n" -ne 1 ] || ! grep -q -- "$want" <<<"$out"; then
+      { echo "FAIL $name: rc=$rc, $n error lines, wanted '$want'"; echo "$out" | head -5; } >"$result.fail"
+    else
+      echo "ok   $name: $(grep '^shardgpt: error:' <<<"$out")" >"$result.ok"
+    fi
+  ) &
+  PIDS+=($!)
 }
+# every check started so far has its verdict
+settle() { [ ${#PIDS[@]} -eq 0 ] || wait "${PIDS[@]}"; PIDS=(); }
 # ---- --threads bounded by the cores this process may use ----
 for n in 0 -1 40000 100000; do check "threads $n" "--threads" 2 -- train $D --threads "$n"; done
 # ---- sample ----
@@ -68,12 +79,14 @@ check "val-data inside the data glob" "--val-data $T/data/val.bin is also a --da
 # an existing --log: refused for a fresh run; --log-overwrite replaces it; a running job's log is locked
 echo '{"step": 1}' > "$T/old.jsonl"
 check "fresh run onto an existing log" "--log $T/old.jsonl exists" 2 -- train $D --log "$T/old.jsonl"
+settle
 [ "$(cat "$T/old.jsonl")" = '{"step": 1}' ] || { echo "FAIL: the existing log was changed"; fails=$((fails+1)); }
 "$BIN" train $D --log "$T/old.jsonl" --log-overwrite --quiet >/dev/null && [ "$(wc -l < "$T/old.jsonl")" -eq 2 ] \
   || { echo "FAIL: --log-overwrite did not replace the log"; fails=$((fails+1)); }
 [ ! -e "$T/old.jsonl.lock" ] || { echo "FAIL: the log's lock is left after the run"; fails=$((fails+1)); }
 echo '{"step": 7}' > "$T/other.jsonl"
 check "resume onto another run's log" "has no row of step 2" 2 -- train $D --steps 4 --ckpt-dir "$T/ck" --resume latest --log "$T/other.jsonl"
+settle
 # --resume auto (the requeue idiom) before any checkpoint: the log is the job's own, started again
 echo '{"step": 1}' > "$T/req.jsonl"
 "$BIN" train $D --ckpt-dir "$T/ck_req" --resume auto --log "$T/req.jsonl" --quiet >/dev/null \
@@ -81,6 +94,7 @@ echo '{"step": 1}' > "$T/req.jsonl"
 sleep 600 & holder=$!
 echo "$(hostname) $holder -" > "$T/held.jsonl.lock"
 check "log held by a running job"    "--log $T/held.jsonl is in use by another job" 2 -- train $D --log "$T/held.jsonl"
+settle
 kill $holder; wait $holder 2>/dev/null
 [ ! -e "$T/held.jsonl" ] || { echo "FAIL: the held log was opened"; fails=$((fails+1)); }
 "$BIN" train $D --log "$T/held.jsonl" --quiet >/dev/null || { echo "FAIL: a dead holder's log lock was not taken over"; fails=$((fails+1)); }
@@ -91,5 +105,10 @@ sum_after=$(cat "$T/data/train.bin" "$T/data/val.bin" "$CK"/* | md5sum)
 # and the legal neighbours still work: a --threads inside the bound, an export beside the checkpoint
 "$BIN" train $D --threads 1 --quiet >/dev/null || { echo "FAIL: --threads 1 refused"; fails=$((fails+1)); }
 "$BIN" export "$CK" --out "$T/e.h5" --llmc "$T/e.bin" >/dev/null || { echo "FAIL: a legal export failed"; fails=$((fails+1)); }
+settle
+for r in "$T"/results/*; do cat "$r"; done
+fails=$((fails + $(find "$T/results" -name '*.fail' | wc -l)))
+ran=$(find "$T/results" -type f | wc -l)
+[ "$ran" -eq "$cases" ] || { echo "FAIL: $cases cases started, $ran verdicts"; fails=$((fails+1)); }
 [ $fails -eq 0 ] || { echo "$fails case(s) failed"; exit 1; }
 echo "args_robust ok"
