@@ -2,15 +2,17 @@
 # The demo: prepares the King James Bible (Debian's bible-kjv) as byte-level token shards,
 # trains a small GPT on 2 MPI ranks (ZeRO stage 1 by default), prints the loss falling, a
 # validation loss, and a text sample. Installs what it needs and builds only the trainer first
-# (into BUILD, default build/; a folder it configures has the tests and benchmarks off, and
-# scripts/build.sh or scripts/test.sh turn them on in the same folder).
+# (into BUILD, default build/; a folder it configures has the tests, the benchmarks and the
+# CUDA backend off, since the demo trains on the CPU, and scripts/build.sh or scripts/test.sh
+# turn them on in the same folder).
 # Usage: scripts/demo.sh [extra train flags, e.g. --zero-stage 3 --dtype bf16]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 scripts/install-deps.sh demo
 if [ ! -f "$BUILD/CMakeCache.txt" ]; then
-  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSHARDGPT_TESTS=OFF -DSHARDGPT_BENCH=OFF >/dev/null
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSHARDGPT_TESTS=OFF -DSHARDGPT_BENCH=OFF \
+    -DSHARDGPT_CUDA=OFF >/dev/null
 fi
 cmake --build "$BUILD" -j "$(nproc)" --target shardgpt
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -4,7 +4,8 @@
 # at a time; then the CUDA backend's tests under the CUDA emulation (scripts/test-emu.sh).
 #   scripts/test.sh               the whole suite
 #   scripts/test.sh --quick       the inner loop: builds only what the quick suite needs
-#                                 (target quick: shardgpt and the unit tests) and runs them (the
+#                                 (target quick: shardgpt and the unit tests, CPU backend only,
+#                                 into BUILD_QUICK, default build-quick/) and runs them (the
 #                                 labels unit and quick: every unit test and a few end-to-end runs);
 #                                 no emulation build
 #   scripts/test.sh [--quick] ARGS  extra arguments go to ctest (e.g. -R resume, -L mpi, -LE slurm)
@@ -16,7 +17,8 @@ BUILD=${BUILD:-build}
 JOBS=${SHARDGPT_TEST_JOBS:-$(nproc)}
 if [ "${1:-}" = --quick ]; then
   shift
-  scripts/build.sh quick
+  BUILD=${BUILD_QUICK:-build-quick}
+  BUILD=$BUILD SHARDGPT_CUDA=${SHARDGPT_CUDA:-OFF} scripts/build.sh quick
   (cd "$BUILD" && ctest --output-on-failure --timeout 900 -j "$JOBS" -L '^(unit|quick)$' "$@")
   exit 0
 fi
