@@ -30,9 +30,11 @@ CC=clang CXX=clang++ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Sanitize -DCMAKE_
 cmake --build "$BUILD" -j "$(nproc)"
 [ "${SHARDGPT_SANITIZE_BUILD_ONLY:-0}" = 1 ] && exit 0
 
-# fast_unwind_on_malloc=0: full allocation stacks, so that Open MPI's leaks at exit name the
-# libraries tests/lsan.supp suppresses (its unloaded components would show as unknown modules).
-export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:symbolize=1:fast_unwind_on_malloc=0
+# Executables that initialise MPI record full allocation stacks (fast_unwind_on_malloc=0, compiled
+# in: tests/asan_mpi_defaults.cc), so that Open MPI's leaks at exit name the libraries
+# tests/lsan.supp suppresses (its unloaded components would show as unknown modules); the
+# others keep the fast unwinder. Not set here: the environment would override both.
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:symbolize=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp:print_suppressions=0
 start=$(date +%s)
