@@ -25,7 +25,7 @@
 namespace shardgpt {
 namespace {
 
-constexpr int kGlobalBatch = 16, kT = 32, kSteps = 3;
+constexpr int kGlobalBatch = 8, kT = 32, kSteps = 3;
 const GPTConfig kConfig{2, 4, 64, 64, 300};
 
 using harness::NodeLocalRank;
