@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "model/device.h"
+#include "model/forwarding_device.h"
 
 namespace shardgpt {
 
@@ -286,33 +287,13 @@ class ProfilingKernels final : public Kernels {
 };
 
 // Forwards every Device call to `inner`; kernels() is the profiling wrapper.
-class ProfilingDevice final : public Device {
+class ProfilingDevice final : public ForwardingDevice {
  public:
-  explicit ProfilingDevice(Device& inner) : d_(inner), k_(inner.kernels()) {}
+  explicit ProfilingDevice(Device& inner) : ForwardingDevice(inner), k_(inner.kernels()) {}
   ProfilingKernels& profile() { return k_; }
-  Device& inner() { return d_; }
-  std::string name() const override { return d_.name(); }
-  bool is_cuda() const override { return d_.is_cuda(); }
-  bool host_accessible() const override { return d_.host_accessible(); }
-  void* Allocate(size_t bytes, const std::string& what) override { return d_.Allocate(bytes, what); }
-  void* AllocateUnfilled(size_t bytes, const std::string& what) override { return d_.AllocateUnfilled(bytes, what); }
-  void Free(void* p) override { d_.Free(p); }
-  uint64_t free_bytes() const override { return d_.free_bytes(); }
-  DeviceCounters counters() const override { return d_.counters(); }
-  void CopyToDevice(void* dst, const void* src, size_t bytes) override { d_.CopyToDevice(dst, src, bytes); }
-  void CopyToHost(void* dst, const void* src, size_t bytes) override { d_.CopyToHost(dst, src, bytes); }
-  void Copy(void* dst, const void* src, size_t bytes) override { d_.Copy(dst, src, bytes); }
-  void Zero(void* p, size_t bytes) override { d_.Zero(p, bytes); }
-  void Synchronize() override { d_.Synchronize(); }
-  std::shared_ptr<DeviceEvent> RecordEvent() override { return d_.RecordEvent(); }
-  void* AllocateHost(size_t bytes) override { return d_.AllocateHost(bytes); }
-  void FreeHost(void* p) override { d_.FreeHost(p); }
-  void StageToHost(void* dst, const void* src, size_t bytes) override { d_.StageToHost(dst, src, bytes); }
-  void StageToDevice(void* dst, const void* src, size_t bytes) override { d_.StageToDevice(dst, src, bytes); }
   Kernels& kernels() override { return k_; }
 
  private:
-  Device& d_;
   ProfilingKernels k_;
 };
 

@@ -3,7 +3,7 @@
 # with a non-zero exit on every rank, and outputs that would overwrite an input of the same
 # command (by realpath through symlinks, by device+inode for hard links, or inside the
 # checkpoint read) are refused before anything is written; the input is unchanged after. The
-# refusals run ARGS_ROBUST_JOBS (default 4) at a time where none writes what another reads;
+# refusals run four at a time where none writes what another reads (tests/e2e/lib/checks.sh);
 # `settle` waits for them before a check that depends on their outcome.
 set -u
 BIN=$1
@@ -15,28 +15,10 @@ M="--n-layer 1 --n-embd 32 --n-head 2 --seq-len 16 --micro-batch 2"
 D="--data $T/data/train.bin --steps 2 $M"
 "$BIN" train $D --ckpt-dir "$T/ck" --save-model "$T/model.bin" --quiet >/dev/null || { echo "setup train failed"; exit 1; }
 CK="$T/ck/$(cat "$T/ck/latest")"
-fails=0 cases=0 JOBS=${ARGS_ROBUST_JOBS:-4} PIDS=()
-mkdir -p "$T/results"
-# check NAME EXPECTED_SUBSTRING NP -- ARGS...: rc != 0, no timeout, exactly one error line
-# containing the substring. In the background; the verdict goes to results/NNN.ok or .fail.
-check() {
-  local name=$1 want=$2 np=$3; shift 4
-  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
-  cases=$((cases + 1))
-  local result; result=$(printf '%s/results/%03d' "$T" "$cases")
-  (
-    out=$(timeout 120 mpirun -np "$np" --oversubscribe "$BIN" "$@" 2>&1 >/dev/null); rc=$?
-    n=$(grep -c '^shardgpt: error:' <<<"$out")
-    if [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ "$n" -ne 1 ] || ! grep -q -- "$want" <<<"$out"; then
-      { echo "FAIL $name: rc=$rc, $n error lines, wanted '$want'"; echo "$out" | head -5; } >"$result.fail"
-    else
-      echo "ok   $name: $(grep '^shardgpt: error:' <<<"$out")" >"$result.ok"
-    fi
-  ) &
-  PIDS+=($!)
-}
-# every check started so far has its verdict
-settle() { [ ${#PIDS[@]} -eq 0 ] || wait "${PIDS[@]}"; PIDS=(); }
+fails=0
+source "$(dirname "$0")/lib/checks.sh"
+# check NAME EXPECTED_SUBSTRING NP -- ARGS...: within 120 s (lib/checks.sh)
+check() { local name=$1 want=$2 np=$3; shift 4; run_check "$name" "$want" "$np" 120 -- "$@"; }
 # ---- --threads bounded by the cores this process may use ----
 for n in 0 -1 40000 100000; do check "threads $n" "--threads" 2 -- train $D --threads "$n"; done
 # ---- sample ----
@@ -106,9 +88,7 @@ sum_after=$(cat "$T/data/train.bin" "$T/data/val.bin" "$CK"/* | md5sum)
 "$BIN" train $D --threads 1 --quiet >/dev/null || { echo "FAIL: --threads 1 refused"; fails=$((fails+1)); }
 "$BIN" export "$CK" --out "$T/e.h5" --llmc "$T/e.bin" >/dev/null || { echo "FAIL: a legal export failed"; fails=$((fails+1)); }
 settle
-for r in "$T"/results/*; do cat "$r"; done
-fails=$((fails + $(find "$T/results" -name '*.fail' | wc -l)))
-ran=$(find "$T/results" -type f | wc -l)
-[ "$ran" -eq "$cases" ] || { echo "FAIL: $cases cases started, $ran verdicts"; fails=$((fails+1)); }
+report_checks
+fails=$((fails + check_fails))
 [ $fails -eq 0 ] || { echo "$fails case(s) failed"; exit 1; }
 echo "args_robust ok"

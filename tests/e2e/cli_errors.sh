@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every bad input gives exactly one "shardgpt: error:" line naming the problem, a non-zero
 # exit on every rank, and no hang (each case runs under a timeout, on 2 ranks). The cases are
-# independent (none writes what another reads) and run CLI_ERRORS_JOBS (default 4) at a time;
+# independent (none writes what another reads) and run four at a time (tests/e2e/lib/checks.sh);
 # the results are printed in the cases' order.
 set -u
 BIN=$1
@@ -11,25 +11,10 @@ printf 'In the beginning God created the heaven and the earth. %.0s' $(seq 1 400
 "$BIN" prepare --input "$T/text.txt" --output "$T/data" >/dev/null || { echo "prepare failed"; exit 1; }
 printf 'not a shard at all, just some bytes that are long enough to fill a header of 1024 bytes %.0s' $(seq 1 20) > "$T/bad.bin"
 echo '{}' > "$T/model.bin"
-fails=0 cases=0 JOBS=${CLI_ERRORS_JOBS:-4}
-mkdir -p "$T/results"
-# check NAME EXPECTED_SUBSTRING -- ARGS...: run on 2 ranks, expect rc != 0, one error line
-# containing the substring. In the background; the verdict goes to results/NNN.ok or .fail.
-check() {
-  local name=$1 want=$2; shift 3
-  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
-  cases=$((cases + 1))
-  local result; result=$(printf '%s/results/%03d' "$T" "$cases")
-  (
-    out=$(timeout 60 mpirun -np 2 --oversubscribe "$BIN" "$@" 2>&1 >/dev/null); rc=$?
-    n=$(grep -c '^shardgpt: error:' <<<"$out")
-    if [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ "$n" -ne 1 ] || ! grep -q -- "$want" <<<"$out"; then
-      { echo "FAIL $name: rc=$rc, $n error lines, wanted '$want'"; echo "$out" | head -5; } >"$result.fail"
-    else
-      echo "ok   $name: $(grep '^shardgpt: error:' <<<"$out")" >"$result.ok"
-    fi
-  ) &
-}
+fails=0
+source "$(dirname "$0")/lib/checks.sh"
+# check NAME EXPECTED_SUBSTRING -- ARGS...: on 2 ranks, within 60 s (lib/checks.sh)
+check() { local name=$1 want=$2; shift 3; run_check "$name" "$want" 2 60 -- "$@"; }
 D="--data $T/data/train.bin --steps 2 --seq-len 16 --micro-batch 2"
 check unknown-flag      "--bogus"            -- train --bogus
 check no-subcommand     "subcommand"         --
@@ -128,10 +113,8 @@ check save-model-dir    "/nonexistent/dir"   -- train $D --save-model /nonexiste
 "$BIN" train $D --save-model "$T/init.bin" --quiet >/dev/null 2>&1 || { echo "FAIL: could not save a model"; exit 1; }
 check init-shape        "--n-layer 7 disagrees with --init $T/init.bin, whose model has" -- train $D --init "$T/init.bin" --n-layer 7
 check init-preset       "--model d12 (n-layer) 12 disagrees with --init" -- train $D --init "$T/init.bin" --model d12
-wait
-for r in "$T"/results/*; do cat "$r"; done
-fails=$(find "$T/results" -name '*.fail' | wc -l)
-ran=$(find "$T/results" -type f | wc -l)
-[ "$ran" -eq "$cases" ] || { echo "FAIL: $cases cases started, $ran verdicts"; fails=$((fails+1)); }
+settle
+report_checks
+fails=$((fails + check_fails))
 [ -s "$good/index.h5" ] && "$BIN" ckpt verify "$good" >/dev/null || { echo "FAIL: the good checkpoint was damaged"; fails=$((fails+1)); }
 [ $fails -eq 0 ] && echo "all CLI error cases ok" || { echo "$fails case(s) failed"; exit 1; }

@@ -15,6 +15,7 @@
 
 #include "bench/kernel_profile.h"
 #include "io/llmc_model.h"
+#include "model/forwarding_device.h"
 #include "model/gpt.h"
 #include "model/kernels_cpu.h"
 #include "model/kernels_cpu_bf16.h"
@@ -534,35 +535,18 @@ TEST(EngineStaged, DeviceMemoryPathIsBitwiseTheHostPath) {
 // A CPU device whose unfilled allocations (Device::AllocateUnfilled) come back full of 0xff
 // bytes (NaN as fp32 and bf16), as fresh memory under the CUDA emulation does, and which counts
 // the bytes so handed out.
-class PoisonUnfilledDevice final : public Device {
+class PoisonUnfilledDevice final : public ForwardingDevice {
  public:
-  explicit PoisonUnfilledDevice(Device& inner) : d_(inner) {}
+  using ForwardingDevice::ForwardingDevice;
   uint64_t unfilled_bytes() const { return unfilled_bytes_; }
-  std::string name() const override { return d_.name(); }
-  bool is_cuda() const override { return false; }
-  bool host_accessible() const override { return true; }
-  void* Allocate(size_t bytes, const std::string& what) override { return d_.Allocate(bytes, what); }
   void* AllocateUnfilled(size_t bytes, const std::string& what) override {
-    void* p = d_.AllocateUnfilled(bytes, what);
+    void* p = inner().AllocateUnfilled(bytes, what);
     if (p != nullptr) std::memset(p, 0xff, bytes);
     unfilled_bytes_ += bytes;
     return p;
   }
-  void Free(void* p) override { d_.Free(p); }
-  void CopyToDevice(void* dst, const void* src, size_t bytes) override { d_.CopyToDevice(dst, src, bytes); }
-  void CopyToHost(void* dst, const void* src, size_t bytes) override { d_.CopyToHost(dst, src, bytes); }
-  void Copy(void* dst, const void* src, size_t bytes) override { d_.Copy(dst, src, bytes); }
-  void Zero(void* p, size_t bytes) override { d_.Zero(p, bytes); }
-  void Synchronize() override { d_.Synchronize(); }
-  std::shared_ptr<DeviceEvent> RecordEvent() override { return d_.RecordEvent(); }
-  void* AllocateHost(size_t bytes) override { return d_.AllocateHost(bytes); }
-  void FreeHost(void* p) override { d_.FreeHost(p); }
-  void StageToHost(void* dst, const void* src, size_t bytes) override { d_.StageToHost(dst, src, bytes); }
-  void StageToDevice(void* dst, const void* src, size_t bytes) override { d_.StageToDevice(dst, src, bytes); }
-  Kernels& kernels() override { return d_.kernels(); }
 
  private:
-  Device& d_;
   uint64_t unfilled_bytes_ = 0;
 };
 
