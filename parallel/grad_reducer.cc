@@ -159,9 +159,8 @@ class LastMicroReduceScatter final : public FullGradients {
     if (ctx_.plan.rank_major_is_flat())
       return AverageInPlace(Full(u), s.padded, false, s.shard, [this, u]() { TakeNormPartials(u); });
     const size_t e = ctx_.elt();
-    auto rm =
-        std::make_shared<DeviceBuffer>(ctx_.NewUnfilledBuffer(MemKind::kGrads, s.padded * e, "rank-major gradient"));
-    ctx_.device->Zero(rm->data(), rm->bytes());  // padding rows: reduced, never read
+    // zero-filled: the copy-in writes the real elements; the padding rows are reduced, never read
+    auto rm = std::make_shared<DeviceBuffer>(ctx_.NewBuffer(MemKind::kGrads, s.padded * e, "rank-major gradient"));
     ctx_.CopyIn(u, Full(u), rm->data(), e);
     AverageInPlace(rm->data(), s.padded, false, s.shard, [this, u, rm, e]() {
       const uint8_t* own = rm->as<uint8_t>() + ctx_.rank * ctx_.plan.unit(u).shard * e;
@@ -205,9 +204,9 @@ class EveryMicroReduceScatter final : public GradReducer {
     inflight_++;
     auto send = std::make_shared<DeviceBuffer>(std::move(scratch_[u]));
     if (!ctx_.plan.rank_major_is_flat()) {  // copy-in: the unit's gradient in rank-major order
+      // zero-filled: the copy-in writes the real elements; the padding rows are reduced, never read
       auto rm = std::make_shared<DeviceBuffer>(
-          ctx_.NewUnfilledBuffer(MemKind::kGrads, s.padded * sizeof(float), "rank-major fp32 gradient"));
-      ctx_.device->Zero(rm->data(), rm->bytes());  // padding rows: reduced, never read
+          ctx_.NewBuffer(MemKind::kGrads, s.padded * sizeof(float), "rank-major fp32 gradient"));
       ctx_.CopyIn(u, send->data(), rm->data(), sizeof(float));
       send = rm;
     }

@@ -550,8 +550,8 @@ class PoisonUnfilledDevice final : public ForwardingDevice {
   uint64_t unfilled_bytes_ = 0;
 };
 
-// The engine's per-step buffers left unfilled (reduce buffers filled by a conversion, rank-major
-// buffers filled by a collective or a copy-in, ZeRO-3's gathered units) are overwritten before
+// The engine's per-step buffers left unfilled (reduce buffers filled by a conversion, ZeRO-3's
+// rank-major and flat gathered units filled by an all-gather) are overwritten before
 // they are read: with every such block poisoned, each stage, layout and reduce dtype gives
 // bitwise the trajectory of zero-filled memory, and the poisoned path is really taken.
 TEST(EngineUnfilled, PoisonedUnfilledBuffersChangeNothing) {
@@ -586,9 +586,8 @@ TEST(EngineUnfilled, PoisonedUnfilledBuffersChangeNothing) {
     EXPECT_EQ(ref.norms, got.norms) << what;
     EXPECT_EQ(ref.params, got.params) << what;
     // where a per-step buffer is left unfilled: ZeRO-3's gathers, a reduce in another dtype,
-    // a rank-major copy-in, stage 2's bf16 wire copy of the fp32 gradient
-    const bool unfilled = c.stage == 3 || c.reduce != c.dtype || c.layout == ShardLayout::kPerParam ||
-                          (c.stage == 2 && c.reduce == DType::kBF16);
+    // stage 2's bf16 wire copy of the fp32 gradient
+    const bool unfilled = c.stage == 3 || c.reduce != c.dtype || (c.stage == 2 && c.reduce == DType::kBF16);
     if (unfilled) EXPECT_GT(poisoned.unfilled_bytes(), 0u) << what;
   }
 }
